@@ -1,0 +1,76 @@
+"""What the engine records: every action, transfer and synchronization with its times.
+
+The timeline is plain data. The results layer turns it into metrics, traces and plots
+without knowing how it was produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from mpsim.schedules.actions import Action
+
+
+class ActionRecord(NamedTuple):
+    """One compute action on one rank.
+
+    ``ready_s`` is when the rank could have started it (previous action and its sends
+    done); ``start_s - ready_s`` is time spent waiting for the input. ``input_sent_s`` is
+    when the producer of that input finished (None for an action with no remote input).
+    """
+
+    rank: int
+    index: int
+    action: Action
+    ready_s: float
+    start_s: float
+    end_s: float
+    input_sent_s: float | None = None
+
+
+class TransferRecord(NamedTuple):
+    """A point-to-point transfer of an activation (F) or gradient (B/I) between ranks."""
+
+    src_rank: int
+    dst_rank: int
+    action: Action  # the producing action
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class SyncRecord:
+    """A gradient synchronization interval on a rank's data-parallel stream, or a finalize step."""
+
+    rank: int
+    kind: str  # "dp-comm", "embedding-sync", "optimizer"
+    label: str
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class Timeline:
+    """Everything one simulated step did."""
+
+    num_ranks: int
+    actions: list[list[ActionRecord]] = field(default_factory=list)
+    transfers: list[TransferRecord] = field(default_factory=list)
+    syncs: list[SyncRecord] = field(default_factory=list)
+    send_waits: list[tuple[int, float, float]] = field(default_factory=list)  # (rank, start, end) blocked on sends
+    rank_end_s: list[float] = field(default_factory=list)
+
+    @property
+    def step_time_s(self) -> float:
+        return max(self.rank_end_s) if self.rank_end_s else 0.0
+
+    @property
+    def pipeline_end_s(self) -> float:
+        """When the last compute action on any rank ended."""
+        return max((records[-1].end_s for records in self.actions if records), default=0.0)
+
+    def compute_end_s(self, rank: int) -> float:
+        """When ``rank``'s last compute action ended."""
+        records = self.actions[rank]
+        return records[-1].end_s if records else 0.0

@@ -1,0 +1,30 @@
+"""Errors a user can fix, reported as one line naming the file, the field and the fix.
+
+Every problem with the input (a malformed file, a wrong unit, a layout a framework would
+refuse) becomes an :class:`InputError`. The command line prints ``str(error)`` and exits
+with code 2; nothing about the input is ever reported as a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class InputError(Exception):
+    """A problem with the user's input: where it is (file, field) and what to do."""
+
+    message: str
+    file: str | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = ": ".join(part for part in (self.file, self.field) if part)
+        return f"{where}: {self.message}" if where else self.message
+
+    def located(self, file: str | None = None, field: str | None = None) -> "InputError":
+        """The same error with a file and field filled in where they were missing."""
+        return InputError(self.message, self.file or file, self.field or field)
+
+
+EXIT_INPUT_ERROR = 2

@@ -1,0 +1,44 @@
+"""Where mpsim looks for hardware, model and scenario files referenced by name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+# kind of reference -> folder under a data root
+KIND_DIRS = {
+    "accelerator": "hardware/accelerators",
+    "system": "hardware/systems",
+    "model": "scenarios/models",
+    "scenario": "scenarios",
+}
+
+
+def data_roots() -> list[Path]:
+    """Folders holding ``hardware/`` and ``scenarios/``: $MPSIM_PATH, the checkout, the installed copy."""
+    roots: list[Path] = []
+    for entry in os.environ.get("MPSIM_PATH", "").split(os.pathsep):
+        if entry:
+            roots.append(Path(entry))
+    for candidate in (PACKAGE_DIR.parent, PACKAGE_DIR / "_data"):
+        if (candidate / "hardware").is_dir() and candidate not in roots:
+            roots.append(candidate)
+    return roots
+
+
+def display_path(path: Path) -> str:
+    """A path as the user should read it: relative to the working directory or a data root."""
+    path = path.resolve()
+    for base in [Path.cwd(), *data_roots()]:
+        try:
+            return str(path.relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return str(path)
+
+
+def normalize_name(name: str) -> str:
+    """Names compare without case, and '-', '_', ' ' are the same."""
+    return name.lower().replace("_", "-").replace(" ", "-")

@@ -1,0 +1,78 @@
+"""Pipeline schedules as data: generators, the text form, validation.
+
+``build_schedule`` is the one entry point: a name (or ``file:PATH``) and the layout's
+(pp, vpp, microbatches) in, a validated :class:`Schedule` out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mpsim.schedules.actions import Action, Schedule, ScheduleTextError, load_schedule_file, schedule_from_text
+from mpsim.schedules.generators import Generator, gpipe, interleaved_1f1b, one_f_one_b
+from mpsim.schedules.validate import ScheduleError, validate
+
+# name -> (generator, uses virtual stages)
+GENERATORS: dict[str, tuple[Generator, bool]] = {
+    "gpipe": (gpipe, False),
+    "1f1b": (one_f_one_b, False),
+    "interleaved-1f1b": (interleaved_1f1b, True),
+}
+ALIASES = {"1f1b-interleaved": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "1f1b-i": "interleaved-1f1b",
+           "pipedream-flush": "1f1b"}
+
+
+def schedule_names() -> list[str]:
+    """Names ``parallel.schedule`` accepts (besides ``file:PATH``)."""
+    return sorted(GENERATORS)
+
+
+def canonical_name(name: str) -> str:
+    """The registry name of a schedule, accepting aliases and any case."""
+    key = name.strip().lower().replace("_", "-")
+    return ALIASES.get(key, key)
+
+
+def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir: Path | None = None,
+                   check: bool = False) -> Schedule:
+    """A valid schedule; raises ScheduleError with a one-line reason.
+
+    Schedules read from a file are always validated; generated ones only with ``check``.
+    """
+    if name.startswith("file:"):
+        path = Path(name[5:])
+        if base_dir is not None and not path.is_absolute() and (base_dir / path).is_file():
+            path = base_dir / path
+        if not path.is_file():
+            raise ScheduleError(f"schedule file {name[5:]!r} not found")
+        try:
+            schedule = load_schedule_file(path)
+        except ScheduleTextError as exc:
+            raise ScheduleError(f"{path.name}: {exc}") from None
+        expected = (pp, pp * vpp, num_microbatches)
+        actual = (schedule.num_ranks, schedule.num_stages, schedule.num_microbatches)
+        if actual != expected:
+            raise ScheduleError(f"{path.name} has {actual[0]} ranks, {actual[1]} stages, {actual[2]} microbatches; "
+                                f"the plan has pp={pp}, pp x vpp={pp * vpp} stages, {num_microbatches} microbatches")
+    else:
+        key = canonical_name(name)
+        if key not in GENERATORS:
+            raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(schedule_names())}, or file:PATH")
+        generator, uses_vpp = GENERATORS[key]
+        if uses_vpp and vpp < 2:
+            raise ScheduleError(f"{key} needs virtual stages: set parallel.vpp to 2 or more")
+        if not uses_vpp and vpp > 1:
+            raise ScheduleError(f"{key} runs one stage per rank, but parallel.vpp={vpp}; "
+                                f"use interleaved-1f1b or set vpp: 1")
+        try:
+            schedule = generator(pp, vpp, num_microbatches)
+        except ValueError as exc:
+            raise ScheduleError(str(exc)) from None
+        if not check:
+            return schedule  # generators are checked over a grid by the test suite
+    validate(schedule)
+    return schedule
+
+
+__all__ = ["Action", "GENERATORS", "Schedule", "ScheduleError", "build_schedule", "canonical_name",
+           "schedule_from_text", "schedule_names", "validate"]

@@ -1,0 +1,113 @@
+"""A pipeline schedule as data: an ordered list of compute actions per rank.
+
+An action is ``(stage, kind, microbatch)`` and prints the way
+``torch.distributed.pipelining`` prints it: ``0F3`` is the forward of stage 0 on
+microbatch 3, ``1B3`` its full backward, ``1I3`` the input-gradient half and ``1W3``
+the weight-gradient half. Stages are global model-chunk indices; a rank may hold
+several (interleaved, V-shaped schedules). The engine runs any valid schedule, so a new
+schedule is a new list, never an engine change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+KINDS = ("F", "B", "I", "W")
+
+
+class Action(NamedTuple):
+    """One compute action: run ``kind`` of ``stage`` for ``microbatch``."""
+
+    stage: int
+    kind: str
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank action lists and where each stage lives."""
+
+    name: str
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.actions)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_to_rank)
+
+    @property
+    def split_backward(self) -> bool:
+        """True when backward is split into input-gradient (I) and weight-gradient (W)."""
+        return any(a.kind == "I" for rank in self.actions for a in rank)
+
+    def to_text(self) -> str:
+        """One comma-separated line of actions per rank (the CSV torch's schedules read)."""
+        return "".join(",".join(str(a) for a in rank) + "\n" for rank in self.actions)
+
+
+_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+
+
+class ScheduleTextError(ValueError):
+    """A schedule text file that cannot be parsed; ``line`` is 1-based."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+def parse_actions(text: str) -> list[list[Action]]:
+    """Parse the text form: one line per rank, actions separated by commas or spaces."""
+    ranks: list[list[Action]] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if ":" in line:  # optional "rank 3:" prefix
+            line = line.split(":", 1)[1]
+        actions = []
+        for token in re.split(r"[,\s]+", line):
+            if not token:
+                continue
+            match = _ACTION.match(token)
+            if not match:
+                raise ScheduleTextError(number, f"{token!r} is not an action like 0F3, 1B3, 1I3 or 1W3")
+            actions.append(Action(int(match.group(1)), match.group(2), int(match.group(3))))
+        ranks.append(actions)
+    if not ranks:
+        raise ScheduleTextError(1, "no actions found")
+    return ranks
+
+
+def schedule_from_text(text: str, name: str = "file") -> Schedule:
+    """Build a schedule from its text form; the stage of each rank is read off its actions."""
+    ranks = parse_actions(text)
+    owner: dict[int, int] = {}
+    for rank, actions in enumerate(ranks):
+        for action in actions:
+            previous = owner.setdefault(action.stage, rank)
+            if previous != rank:
+                raise ScheduleTextError(rank + 1, f"stage {action.stage} appears on rank {previous} and rank {rank}")
+    num_stages = max(owner) + 1
+    missing = [s for s in range(num_stages) if s not in owner]
+    if missing:
+        raise ScheduleTextError(1, f"stage {missing[0]} has no actions (stages must be 0..{num_stages - 1})")
+    microbatches = max(a.microbatch for actions in ranks for a in actions) + 1
+    return Schedule(name, microbatches, tuple(owner[s] for s in range(num_stages)),
+                    tuple(tuple(actions) for actions in ranks))
+
+
+def load_schedule_file(path: Path) -> Schedule:
+    """Read a schedule text file."""
+    return schedule_from_text(path.read_text(), name=f"file:{path.name}")

@@ -1,0 +1,88 @@
+"""Schedule generators: pure functions of (pp, vpp, microbatches) returning a Schedule.
+
+Each generator reproduces the per-rank order of the framework implementation it is
+named after (Megatron-LM and ``torch.distributed.pipelining``), so that simulated and
+real runs execute the same actions in the same order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+from mpsim.schedules.actions import Action, Schedule
+
+
+def loop_placement(pp: int, vpp: int) -> tuple[int, ...]:
+    """Stage ``s`` on rank ``s % pp`` (Megatron's interleaved placement)."""
+    return tuple(stage % pp for stage in range(pp * vpp))
+
+
+def gpipe(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """GPipe (Huang et al. 2019): all forwards, then all backwards, in microbatch order."""
+    ranks = []
+    for rank in range(pp):
+        forwards = [Action(rank, "F", mb) for mb in range(num_microbatches)]
+        backwards = [Action(rank, "B", mb) for mb in range(num_microbatches)]
+        ranks.append(tuple(forwards + backwards))
+    return Schedule("gpipe", num_microbatches, loop_placement(pp, 1), tuple(ranks))
+
+
+def one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """1F1B / PipeDream-Flush (Narayanan et al. 2021): pp-1-rank warm-up forwards, then F,B pairs."""
+    ranks = []
+    for rank in range(pp):
+        warmup = min(pp - 1 - rank, num_microbatches)
+        actions = [Action(rank, "F", mb) for mb in range(warmup)]
+        for i in range(num_microbatches - warmup):
+            actions += [Action(rank, "F", warmup + i), Action(rank, "B", i)]
+        actions += [Action(rank, "B", mb) for mb in range(num_microbatches - warmup, num_microbatches)]
+        ranks.append(tuple(actions))
+    return Schedule("1f1b", num_microbatches, loop_placement(pp, 1), tuple(ranks))
+
+
+def interleaved_rounds(pp: int, num_microbatches: int) -> int:
+    """Microbatches per round of the interleaved schedule (``pp`` when it divides the count)."""
+    rounds = max(1, num_microbatches // pp)
+    if num_microbatches % rounds:
+        raise ValueError(f"interleaved 1F1B needs the number of microbatches ({num_microbatches}) to be a "
+                         f"multiple of its number of rounds ({rounds} = microbatches // pp)")
+    return num_microbatches // rounds
+
+
+def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM; depth-first as in torch).
+
+    Each rank holds ``vpp`` chunks (stages ``rank + k*pp``) and runs microbatches in
+    rounds of ``per_round`` per chunk; warm-up is ``(vpp-1)*per_round + 2*(pp-1-rank)``.
+    """
+    per_round = interleaved_rounds(pp, num_microbatches)
+    total = vpp * num_microbatches
+    ranks = []
+    for rank in range(pp):
+        warmup = min((vpp - 1) * per_round + 2 * (pp - 1 - rank), total)
+
+        def fwd_stage(step: int) -> int:
+            return ((step // per_round) % vpp) * pp + rank
+
+        def bwd_stage(step: int) -> int:
+            return (vpp - 1 - ((step - warmup) // per_round) % vpp) * pp + rank
+
+        next_fwd: dict[int, int] = defaultdict(int)
+        next_bwd: dict[int, int] = defaultdict(int)
+        actions: list[Action] = []
+
+        def emit(stage: int, kind: str, counter: dict[int, int]) -> None:
+            actions.append(Action(stage, kind, counter[stage]))
+            counter[stage] += 1
+
+        for step in range(total + warmup):
+            if step < total:
+                emit(fwd_stage(step), "F", next_fwd)
+            if step >= warmup:
+                emit(bwd_stage(step), "B", next_bwd)
+        ranks.append(tuple(actions))
+    return Schedule("interleaved-1f1b", num_microbatches, loop_placement(pp, vpp), tuple(ranks))
+
+
+Generator = Callable[[int, int, int], Schedule]

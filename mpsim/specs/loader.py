@@ -1,0 +1,266 @@
+"""Reading scenario files: YAML, references by name or path, ``--set`` overrides.
+
+A scenario names its parts (``system: dgx-a100``, ``model: gpt3-175b``) or points at
+files (``model: models/my_model.yaml``); the loader resolves each reference into the
+tree, remembers which file every subtree came from, applies ``--set a.b=value``
+overrides, and validates the whole tree with pydantic. Any problem becomes one
+:class:`InputError` line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from mpsim.errors import InputError
+from mpsim.paths import KIND_DIRS, data_roots, display_path, normalize_name
+from mpsim.specs.scenario import Scenario
+
+Path_ = tuple[str, ...]
+
+# where a string stands for another file, and what kind of file it names
+REFERENCE_FIELDS: dict[Path_, str] = {
+    ("cluster", "system"): "system",
+    ("cluster", "system", "accelerator"): "accelerator",
+    ("model",): "model",
+}
+
+
+@dataclass
+class Origins:
+    """Which file (or ``--set``) each subtree of the config came from."""
+
+    sources: dict[Path_, str] = field(default_factory=dict)
+
+    def file_for(self, path: Path_) -> tuple[str, Path_]:
+        """The source of ``path`` and the path relative to that source."""
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in self.sources:
+                return self.sources[path[:cut]], path[cut:]
+        return "", path
+
+    def locate(self, error: InputError) -> InputError:
+        """Fill in the file of an error that names only a dotted field of the scenario."""
+        if error.file or not error.field:
+            return error
+        path = tuple(error.field.split("."))
+        source, rest = self.file_for(path)
+        return InputError(error.message, source or None, ".".join(rest) or error.field)
+
+
+@dataclass
+class LoadedScenario:
+    """A validated scenario and where its parts came from."""
+
+    scenario: Scenario
+    origins: Origins
+    path: Path | None = None
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML (or JSON) file; a syntax error names the line."""
+    label = display_path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError("file not found", label) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", label) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"malformed YAML: {where}{problem}", label) from None
+
+
+def _index(kind: str) -> dict[str, Path]:
+    """Every file of a kind in the data roots, by normalized stem and by its ``name``."""
+    found: dict[str, Path] = {}
+    for root in data_roots():
+        folder = root / KIND_DIRS[kind]
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.yaml")):
+            found.setdefault(normalize_name(path.stem), path)
+            try:
+                data = yaml.safe_load(path.read_text())
+            except (yaml.YAMLError, OSError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get("name"), str):
+                found.setdefault(normalize_name(data["name"]), path)
+    return found
+
+
+def available(kind: str) -> list[str]:
+    """Names a reference of ``kind`` may use."""
+    return sorted({normalize_name(p.stem) for p in _index(kind).values()})
+
+
+def find_reference(ref: str, kind: str, relative_to: Path | None) -> Path:
+    """Resolve a name or path to a file; unknown names list the known ones."""
+    looks_like_path = ref.endswith((".yaml", ".yml", ".json")) or "/" in ref
+    if looks_like_path:
+        candidates = [Path(ref)]
+        if relative_to is not None:
+            candidates.insert(0, relative_to / ref)
+        candidates += [root / ref for root in data_roots()]
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate
+        raise InputError(f"{kind} file {ref!r} not found")
+    index = _index(kind)
+    key = normalize_name(ref)
+    if key in index:
+        return index[key]
+    close = difflib.get_close_matches(key, list(index), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(available(kind))}"
+    raise InputError(f"unknown {kind} {ref!r}{hint}")
+
+
+def _get(tree: Any, path: Path_) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def _resolve_at(tree: dict, path: Path_, origins: Origins, base_dirs: dict[Path_, Path]) -> None:
+    """Replace a string reference at ``path`` by the file it names (in place)."""
+    parent = _get(tree, path[:-1]) if len(path) > 1 else tree
+    if not isinstance(parent, dict):
+        return
+    value = parent.get(path[-1])
+    if not isinstance(value, str):
+        return
+    kind = REFERENCE_FIELDS[path]
+    source, rel = origins.file_for(path)
+    base = None
+    for cut in range(len(path), -1, -1):
+        if path[:cut] in base_dirs:
+            base = base_dirs[path[:cut]]
+            break
+    try:
+        file = find_reference(value, kind, base)
+    except InputError as exc:
+        raise InputError(exc.message, source or None, ".".join(rel) or None) from None
+    data = read_yaml(file)
+    if not isinstance(data, dict):
+        raise InputError(f"a {kind} file must be a mapping of fields, got {type(data).__name__}",
+                         display_path(file))
+    parent[path[-1]] = data
+    origins.sources[path] = display_path(file)
+    base_dirs[path] = file.parent
+
+
+def resolve_references(tree: dict, origins: Origins, base_dirs: dict[Path_, Path]) -> None:
+    """Resolve every string reference in the tree, outermost first."""
+    for path in sorted(REFERENCE_FIELDS, key=len):
+        _resolve_at(tree, path, origins, base_dirs)
+
+
+def parse_override(text: str) -> tuple[Path_, Any]:
+    """``a.b=value`` -> (('a', 'b'), value parsed as YAML)."""
+    label = f"--set {text}"
+    if "=" not in text:
+        raise InputError("expected FIELD=VALUE, e.g. parallel.tp=4", label)
+    key, raw = text.split("=", 1)
+    path = tuple(part for part in key.strip().split(".") if part)
+    if not path:
+        raise InputError("empty field name", label)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_override(tree: dict, path: Path_, value: Any, origins: Origins, base_dirs: dict[Path_, Path],
+                   label: str) -> None:
+    """Set ``path`` in the tree to ``value``, resolving references on the way down."""
+    node = tree
+    for depth, key in enumerate(path[:-1]):
+        here = path[: depth + 1]
+        if here in REFERENCE_FIELDS and isinstance(node.get(key), str):
+            _resolve_at(tree, here, origins, base_dirs)
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise InputError(f"{'.'.join(here)} is a value, not a group of fields", label)
+        node = child
+    node[path[-1]] = value
+    origins.sources[path] = label
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class that owns the fields at ``loc`` (for 'did you mean')."""
+    current: Any = model
+    for key in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        info = current.model_fields.get(str(key))
+        if info is None:
+            return None
+        annotation = info.annotation
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                current = candidate
+                break
+        else:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def validation_error(exc: ValidationError, origins: Origins, root: type[BaseModel] = Scenario) -> InputError:
+    """One line from pydantic's error list: the first problem, its file and field."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = tuple(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "missing":
+        message = "required field is missing"
+    elif first["type"] == "extra_forbidden":
+        owner = _model_at(root, loc[:-1])
+        known = list(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        message = f"unknown field" + (f"; did you mean '{close[0]}'?" if close else
+                                      (f"; known fields: {', '.join(known)}" if known else ""))
+    elif "input" in first and first["type"] not in ("value_error", "assertion_error"):
+        message = f"{message} (got {first['input']!r})"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    source, rest = origins.file_for(loc)
+    return InputError(message, source or None, ".".join(rest) or None)
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
+    """Load, resolve, override and validate a scenario file."""
+    file = Path(path)
+    if not file.is_file():
+        try:
+            file = find_reference(str(path), "scenario", None)
+        except InputError:
+            raise InputError("scenario file not found", str(path)) from None
+    tree = read_yaml(file)
+    label = display_path(file)
+    if not isinstance(tree, dict):
+        raise InputError("a scenario file must be a mapping of fields (name, cluster, model, parallel)", label)
+    origins = Origins({(): label})
+    base_dirs: dict[Path_, Path] = {(): file.parent}
+    parsed = [(parse_override(text), f"--set {text}") for text in overrides]
+    for (opath, value), olabel in parsed:
+        apply_override(tree, opath, value, origins, base_dirs, olabel)
+    resolve_references(tree, origins, base_dirs)
+    try:
+        scenario = Scenario.model_validate(tree)
+    except ValidationError as exc:
+        raise validation_error(exc, origins) from None
+    return LoadedScenario(scenario, origins, file)

@@ -1,0 +1,73 @@
+"""The embedding on the first pipeline stage and the LM head + loss on the last.
+
+With vocabularies of 128K-256K tokens the logits GEMM and the vocab-parallel cross
+entropy are a large share of the last stage, which is why real runs give the first and
+last stages fewer layers. Both are split over TP by vocabulary (Megatron's
+VocabParallelEmbedding and vocab-parallel cross entropy).
+"""
+
+from __future__ import annotations
+
+from mpsim.workload.ops import Item, Op, collective, memory_op
+from mpsim.workload.transformer import LayerContext, LayerPasses, _column_backward, _linear, _norm
+
+# Megatron's vocab-parallel cross entropy works on an fp32 copy of the logits: cast,
+# max, subtract, exp, sum and normalise in place, each a pass over the [tokens, vocab/tp]
+# buffer (bytes per logit beyond reading the bf16 logits).
+CROSS_ENTROPY_FWD_BYTES_PER_LOGIT = 32
+CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 12
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Vocabulary padded the way Megatron does (to a multiple of 128 x tp)."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+def embedding_passes(ctx: LayerContext, learned_positions: bool) -> LayerPasses:
+    """Token (and position) embedding lookup on one TP rank."""
+    elems = ctx.tokens * ctx.hidden
+    e = ctx.act_bytes
+    forward: list[Item] = [memory_op("embedding.lookup", 2 * elems * e)]
+    if learned_positions:
+        forward.append(memory_op("embedding.positions", 3 * elems * e))
+    backward_input: list[Item] = []
+    if ctx.tp > 1:
+        kind = "reduce-scatter" if ctx.sequence_parallel else "all-reduce"
+        forward.append(collective(f"embedding.{kind.replace('-', '_')}", kind, "tp", ctx.activation_message))
+        if ctx.sequence_parallel:
+            backward_input.append(collective("embedding.grad_all_gather", "all-gather", "tp",
+                                             ctx.activation_message))
+    if ctx.dropout:
+        local = ctx.norm_tokens * ctx.hidden
+        forward.append(memory_op("embedding.dropout", local * (2 * e + 1)))
+        backward_input.insert(0, memory_op("embedding.dropout.grad", local * (2 * e + 1)))
+    # the weight gradient is a scatter-add of the token gradients into an fp32 table
+    grad_bytes = elems * (e + 2 * ctx.wgrad_accumulate_bytes)
+    backward_weight: list[Item] = [memory_op("embedding.wgrad", grad_bytes)]
+    if learned_positions:
+        backward_weight.append(memory_op("embedding.positions.wgrad", grad_bytes))
+    return LayerPasses(tuple(forward), (), tuple(backward_input + backward_weight), tuple(backward_input),
+                       tuple(backward_weight))
+
+
+def head_passes(ctx: LayerContext, vocab_local: int) -> LayerPasses:
+    """Final norm, logits GEMM and vocab-parallel cross entropy on one TP rank."""
+    tokens, e = ctx.tokens, ctx.act_bytes
+    logits, dgrad, wgrad = _linear(ctx, "head.logits", tokens, vocab_local, ctx.hidden)
+    gather = None
+    forward: list[Item] = [_norm(ctx, "head.norm")]
+    if ctx.tp > 1 and ctx.sequence_parallel:
+        gather = collective("head.all_gather", "all-gather", "tp", ctx.activation_message)
+        forward.append(gather)
+    n_logits = tokens * vocab_local
+    forward += [logits, memory_op("head.cross_entropy", n_logits * (e + CROSS_ENTROPY_FWD_BYTES_PER_LOGIT))]
+    if ctx.tp > 1:
+        # max, sum of exponentials and target logit are all-reduced over the vocab shards
+        forward += [collective(f"head.cross_entropy.all_reduce_{what}", "all-reduce", "tp", tokens * 4)
+                    for what in ("max", "sum", "target")]
+    ce_grad: Op = memory_op("head.cross_entropy.grad", n_logits * (e + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT))
+    combined, input_only, weight_only = _column_backward(ctx, "head.logits", dgrad, wgrad, gather)
+    norm_grad = _norm(ctx, "head.norm", backward=True)
+    return LayerPasses(tuple(forward), (), (ce_grad, *combined, norm_grad), (ce_grad, *input_only, norm_grad),
+                       tuple(weight_only))

@@ -1,0 +1,92 @@
+"""Ops: the unit of work the cost model prices.
+
+An :class:`Op` is one kernel (a GEMM, a fused attention kernel, a memory-bound
+elementwise or norm kernel) or one collective on a named process group. A *pass* is the
+ordered list of what one rank runs for a forward or backward piece of a layer; an
+:class:`Overlap` inside a pass is a collective that runs on the communication stream
+while the listed compute ops run (Megatron overlaps the input-gradient all-reduce with
+the weight-gradient GEMM this way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+OpKind = Literal["gemm", "attention", "memory", "collective"]
+CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "send-recv"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel or one collective, with the work it does on one rank."""
+
+    name: str
+    kind: OpKind
+    flops: float = 0.0
+    bytes: float = 0.0  # HBM traffic: bytes read + written
+    # GEMMs: (batch, m, n, k) of C[m, n] = A[m, k] @ B[k, n]
+    shape: tuple[int, int, int, int] | None = None
+    # attention kernels: "forward" or "backward"
+    direction: str = ""
+    # collectives: what, over which group, payload as nccl-tests counts it
+    collective: CollectiveKind | None = None
+    group: str = ""
+    message_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """A collective that runs concurrently with a run of compute ops."""
+
+    comm: Op
+    compute: tuple[Op, ...]
+
+
+Item = Union[Op, Overlap]
+
+
+@dataclass(frozen=True)
+class Block:
+    """A labelled run of items: one layer's forward, its recompute, the LM head's backward, ..."""
+
+    label: str  # "layer 3", "embedding", "lm head"
+    category: str  # "forward", "backward", "recompute", "weight-grad"
+    items: tuple[Item, ...]
+
+
+Pass = tuple[Block, ...]
+
+
+def gemm(name: str, m: int, n: int, k: int, *, batch: int = 1, in_bytes: int = 2, out_bytes: int = 2,
+         accumulate_bytes: int = 0) -> Op:
+    """A (batched) GEMM C[m,n] = A[m,k] B[k,n]; ``accumulate_bytes`` adds a read-modify-write of C."""
+    flops = 2.0 * batch * m * n * k
+    traffic = batch * (in_bytes * (m * k + k * n) + out_bytes * m * n + 2 * accumulate_bytes * m * n)
+    return Op(name, "gemm", flops=flops, bytes=float(traffic), shape=(batch, m, n, k))
+
+
+def memory_op(name: str, bytes_moved: float, flops: float = 0.0) -> Op:
+    """A bandwidth-bound kernel (norm, activation, dropout, softmax, optimizer)."""
+    return Op(name, "memory", flops=flops, bytes=float(bytes_moved))
+
+
+def collective(name: str, kind: CollectiveKind, group: str, message_bytes: float) -> Op:
+    """A collective over ``group``; ``message_bytes`` is the buffer size nccl-tests would report."""
+    return Op(name, "collective", collective=kind, group=group, message_bytes=float(message_bytes))
+
+
+def compute_ops(items: list[Item] | tuple[Item, ...]) -> list[Op]:
+    """Every compute (non-collective) op in a pass, in order."""
+    found: list[Op] = []
+    for item in items:
+        if isinstance(item, Overlap):
+            found.extend(item.compute)
+        elif item.kind != "collective":
+            found.append(item)
+    return found
+
+
+def pass_flops(items: list[Item] | tuple[Item, ...]) -> float:
+    """FLOPs a pass executes."""
+    return sum(op.flops for op in compute_ops(items))
