@@ -19,10 +19,11 @@ from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
 from mpsim.workload.stages import Workload
 
-# Adam step per parameter (Megatron mixed precision): read fp32 grad, master weight, m, v
-# (16 B), write master, m, v (12 B), write the bf16 weight (2 B), read the grad again for
-# the global norm used by clipping (4 B).
-ADAM_BYTES_PER_PARAM = 34
+# Adam step per parameter (Megatron mixed precision): read the fp32 grad for the global norm
+# used by clipping (4 B); read fp32 grad, master weight, m, v (16 B) and write master, m, v
+# (12 B) in the fused Adam kernel; copy the master weight to the bf16 model weight (4 B
+# read, 2 B written).
+ADAM_BYTES_PER_PARAM = 38
 GRAD_ZERO_BYTES_PER_PARAM = 4
 
 
@@ -58,12 +59,25 @@ class CostModel:
         self.system = scenario.cluster.system
         self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype)
         self.placements = {dim: group_placement(layout, dim) for dim in ("tp", "dp", "pp")}
+        # share of the SMs a running collective takes from compute that overlaps it
+        self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
         self._passes: dict[int, tuple[Pass, ActionCost]] = {}
 
     def collective_s(self, op: Op) -> float:
         """Seconds of a collective op on its group."""
         assert op.collective is not None
         return collective_time(op.collective, op.message_bytes, self.placements[op.group], self.system)
+
+    def overlapped_s(self, compute_s: float, comm_s: float) -> float:
+        """Wall time of ``compute_s`` of work overlapped with a ``comm_s`` collective.
+
+        The collective's kernels hold some SMs while it runs, so the compute beside it
+        runs at ``1 - f`` of its speed until the collective ends.
+        """
+        slow = 1.0 - self.comm_sm_fraction
+        if compute_s <= comm_s * slow:
+            return comm_s
+        return compute_s + comm_s * self.comm_sm_fraction
 
     def price(self, work: Pass) -> ActionCost:
         """Duration and segments of a pass (cached per pass object)."""
@@ -84,10 +98,11 @@ class CostModel:
                                                 clock + busy, op_s))
                         busy += op_s
                         flops += op.flops
-                    clock += max(busy, comm_s)
+                    span = self.overlapped_s(busy, comm_s)
+                    clock += span
                     compute += busy
                     comm += comm_s
-                    exposed += max(0.0, comm_s - busy)
+                    exposed += max(0.0, span - busy)
                 elif item.kind == "collective":
                     comm_s = self.collective_s(item)
                     segments.append(Segment("tp", "tp-comm", f"{block.label} {item.name}", clock, comm_s))

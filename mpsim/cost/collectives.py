@@ -3,7 +3,11 @@
 A ring collective over ``n`` ranks takes ``steps`` latency terms plus the bytes each rank
 moves over its slowest link: all-reduce ``2(n-1)`` steps and ``2(n-1)/n * S`` bytes,
 all-gather and reduce-scatter ``n-1`` steps and ``(n-1)/n * S`` (Thakur et al. 2005;
-NCCL's tuning model adds a fixed base latency per call). A group that spans nodes with
+NCCL's tuning model adds a fixed base latency per call). Measured nccl-tests curves
+reach their peak more slowly than those latencies imply; where a system file gives the
+half-bandwidth message size ``n_1/2`` of its measured curve (Hockney's characterization),
+the bus bandwidth at size ``S`` is taken as ``peak * S / (S + n_1/2)`` instead, whichever
+is slower. A group that spans nodes with
 several ranks per node runs hierarchically: reduce-scatter inside the node, the
 collective across nodes on 1/g of the data, all-gather inside the node.
 
@@ -25,19 +29,20 @@ class LinkCost:
 
     bandwidth: float  # bytes/s one rank can push, one direction
     step_latency_s: float
+    half_bandwidth_bytes: float = 0.0  # Hockney's n_1/2 of the measured collective curve
 
 
 def scale_up_link(system: SystemSpec) -> LinkCost:
     """Per-device link inside a node."""
     up = system.scale_up
-    return LinkCost(up.bandwidth_per_device * up.efficiency, up.step_latency)
+    return LinkCost(up.bandwidth_per_device * up.efficiency, up.step_latency, up.half_bandwidth_bytes)
 
 
 def scale_out_link(system: SystemSpec) -> LinkCost:
     """Per-device share of the node's NICs across nodes."""
     out = system.scale_out
     per_device = out.nic_bandwidth * out.nics_per_node / system.devices_per_node
-    return LinkCost(per_device * out.efficiency / out.oversubscription, out.step_latency)
+    return LinkCost(per_device * out.efficiency / out.oversubscription, out.step_latency, out.half_bandwidth_bytes)
 
 
 def ring_time(kind: str, message_bytes: float, n: int, link: LinkCost, base_latency_s: float) -> float:
@@ -50,7 +55,11 @@ def ring_time(kind: str, message_bytes: float, n: int, link: LinkCost, base_late
         steps, volume = n - 1, (n - 1) / n * message_bytes
     else:
         raise ValueError(f"unknown collective {kind!r}")
-    return base_latency_s + steps * link.step_latency_s + volume / link.bandwidth
+    latency_bound = base_latency_s + steps * link.step_latency_s + volume / link.bandwidth
+    # measured curves rise more slowly than the latency terms alone say: bus bandwidth
+    # follows S / (S + n_1/2) of its peak (fitted to nccl-tests, see the system file)
+    measured_shape = volume * (1.0 + link.half_bandwidth_bytes / message_bytes) / link.bandwidth
+    return max(latency_bound, measured_shape)
 
 
 def collective_time(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> float:

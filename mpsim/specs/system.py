@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from mpsim.specs.accelerator import AcceleratorSpec
 from mpsim.specs.base import Spec
-from mpsim.units import Bandwidth, Seconds
+from mpsim.units import Bandwidth, Bytes, Seconds
 
 
 class ScaleUpSpec(Spec):
@@ -27,6 +27,8 @@ class ScaleUpSpec(Spec):
     bandwidth_per_device: Bandwidth = Field(gt=0, description="per device, one direction")
     efficiency: float = Field(gt=0, le=1)
     step_latency: Seconds = Field(ge=0, description="latency per ring step inside a node")
+    half_bandwidth_bytes: Bytes = Field(
+        0.0, ge=0, description="message size at which a collective reaches half its peak bus bandwidth (Hockney's n_1/2)")
 
 
 class ScaleOutSpec(Spec):
@@ -39,6 +41,8 @@ class ScaleOutSpec(Spec):
     efficiency: float = Field(gt=0, le=1)
     step_latency: Seconds = Field(ge=0, description="latency per ring step across nodes")
     oversubscription: float = Field(1.0, ge=1.0, description="fat-tree taper, 2.0 means 2:1")
+    half_bandwidth_bytes: Bytes = Field(
+        0.0, ge=0, description="message size at which a collective reaches half its peak bus bandwidth (Hockney's n_1/2)")
 
 
 class SystemSpec(Spec):
@@ -51,6 +55,8 @@ class SystemSpec(Spec):
     scale_up: ScaleUpSpec
     scale_out: ScaleOutSpec
     collective_base_latency: Seconds = Field(ge=0, description="fixed cost of one collective call")
+    collective_channels: int = Field(
+        0, ge=0, description="SMs a running collective occupies (NCCL channels); compute overlapped with it slows down")
 
 
 class ClusterSpec(Spec):

@@ -29,7 +29,7 @@ def layer_activation_bytes(ctx: LayerContext, recompute: str) -> float:
             core = ctx.microbatch_size * ctx.heads_local * ctx.seq_length * 4  # softmax log-sum-exp
         else:
             scores = ctx.microbatch_size * ctx.heads_local * ctx.seq_length ** 2
-            core = scores * (2 * e + (mask + e if ctx.dropout else 0))  # probs (+ mask, dropped probs)
+            core = scores * (e + (mask + e if ctx.dropout else 0))  # probs (+ dropout mask and output)
     attention = 2 * local * h * e + qkv + core + context + local * h * mask  # norm in, qkv in, ..., mask
     ffn_in = tokens * ctx.fc1_local * e
     ffn_out = tokens * ctx.ffn_local * e

@@ -1,0 +1,168 @@
+"""Metrics of one simulated step: time, throughput, MFU/HFU, bubble and its causes, memory.
+
+Conventions, stated because they swing the numbers:
+
+* ``bubble_fraction``: mean over pipeline ranks of the time the rank's compute stream is
+  idle before the last pipeline action anywhere ends, divided by that pipeline time.
+  With uniform stages and free communication it is exactly (p-1)/(m+p-1) for 1F1B.
+* Idle time is split by cause: ``warmup`` (before the rank's first action), ``cooldown``
+  (after its last), ``pp_transfer`` (waiting for an activation or gradient that its
+  producer had already finished, i.e. exposed pipeline communication), ``pp_dependency``
+  (waiting for the producer's compute), ``send_blocked`` (waiting for own sends).
+* ``mfu`` uses model FLOPs (no recompute, full attention matrix; Korthikanti et al. 2022
+  eq. 7, NeMo's formula for GQA/SwiGLU); ``hfu`` uses the FLOPs the simulated ranks
+  executed, recompute and causal-attention savings included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mpsim.results.memory import RankMemory, rank_memory
+from mpsim.simulate import SimulationResult
+from mpsim.workload.flops import model_flops_per_sequence
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """Where one pipeline rank's step went, in seconds."""
+
+    rank: int
+    compute_s: float  # actions on the compute stream, in-line TP communication included
+    tp_comm_exposed_s: float
+    idle_warmup_s: float
+    idle_cooldown_s: float
+    idle_pp_dependency_s: float
+    idle_pp_transfer_s: float
+    idle_send_blocked_s: float
+    dp_comm_exposed_s: float  # after the last backward, until gradients are reduced
+    embedding_sync_s: float
+    optimizer_s: float
+    end_s: float
+
+    @property
+    def idle_s(self) -> float:
+        return (self.idle_warmup_s + self.idle_cooldown_s + self.idle_pp_dependency_s + self.idle_pp_transfer_s
+                + self.idle_send_blocked_s)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The report of one simulated step."""
+
+    scenario: str
+    system: str
+    accelerator: str
+    devices: int
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    microbatch_size: int
+    num_microbatches: int
+    global_batch_size: int
+    schedule: str
+    step_time_s: float
+    pipeline_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    model_tflops_per_device: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    bubble_s: float
+    exposed_tp_comm_s: float
+    exposed_pp_comm_s: float
+    exposed_dp_comm_s: float
+    optimizer_s: float
+    peak_memory_bytes: float
+    capacity_bytes: float
+    out_of_memory: bool
+    ranks: list[RankTime] = field(default_factory=list)
+    memory: list[RankMemory] = field(default_factory=list)
+
+
+def _rank_time(result: SimulationResult, rank: int, pipeline_end: float) -> RankTime:
+    timeline, costs = result.timeline, result.costs
+    records = timeline.actions[rank]
+    compute = sum(r.end_s - r.start_s for r in records)
+    tp_exposed = sum(costs[(r.action.stage, r.action.kind)].tp_exposed_s for r in records)
+    warmup = records[0].start_s if records else pipeline_end
+    cooldown = pipeline_end - (records[-1].end_s if records else 0.0)
+    dependency = transfer = 0.0
+    for record in records[1:]:
+        wait = record.start_s - record.ready_s
+        if wait <= 0:
+            continue
+        if record.input_sent_s is None:
+            dependency += wait
+            continue
+        # the part of the wait after the producer had finished is the transfer in flight
+        in_flight = record.start_s - max(record.ready_s, record.input_sent_s)
+        transfer += max(0.0, in_flight)
+        dependency += wait - max(0.0, in_flight)
+    send_blocked = sum(end - start for r, start, end in timeline.send_waits
+                       if r == rank and end <= (records[-1].end_s if records else 0.0))
+    compute_end = records[-1].end_s if records else 0.0
+    syncs = [s for s in timeline.syncs if s.rank == rank]
+    dp_end = max((s.end_s for s in syncs if s.kind == "dp-comm"), default=compute_end)
+    embedding = sum(s.end_s - s.start_s for s in syncs if s.kind == "embedding-sync")
+    optimizer = sum(s.end_s - s.start_s for s in syncs if s.kind == "optimizer")
+    return RankTime(rank, compute, tp_exposed, warmup, cooldown, dependency, transfer, send_blocked,
+                    max(0.0, dp_end - compute_end), embedding, optimizer, timeline.rank_end_s[rank])
+
+
+def summarize(result: SimulationResult) -> Summary:
+    """All metrics of a simulated step."""
+    scenario, layout, timeline = result.scenario, result.layout, result.timeline
+    system = scenario.cluster.system
+    accelerator = system.accelerator
+    step = timeline.step_time_s
+    pipeline_end = timeline.pipeline_end_s
+    ranks = [_rank_time(result, r, pipeline_end) for r in range(timeline.num_ranks)]
+    n = len(ranks)
+    tokens = layout.global_batch_size * scenario.model.seq_length
+    model_flops = model_flops_per_sequence(scenario.model) * layout.global_batch_size
+    # each simulated rank stands for its TP group (tp ranks) and every DP replica
+    executed = sum(result.costs[(r.action.stage, r.action.kind)].flops for rs in timeline.actions for r in rs)
+    hardware_flops = executed * layout.tp * layout.dp
+    peak_flops = accelerator.peak(scenario.training.dtype)
+    capacity = accelerator.memory.capacity
+    memory = rank_memory(result.schedule, result.workload, capacity, dp=layout.dp,
+                         grad_bytes=4 if scenario.training.fp32_grad_accumulation else 2,
+                         distributed_optimizer=scenario.training.distributed_optimizer)
+    peak_memory = max(m.peak_memory_bytes for m in memory)
+    mean = lambda values: sum(values) / n  # noqa: E731
+    return Summary(
+        scenario=scenario.name,
+        system=system.name,
+        accelerator=accelerator.name,
+        devices=layout.devices,
+        tp=layout.tp, pp=layout.pp, dp=layout.dp, vpp=layout.vpp,
+        microbatch_size=layout.microbatch_size,
+        num_microbatches=layout.num_microbatches,
+        global_batch_size=layout.global_batch_size,
+        schedule=result.schedule.name,
+        step_time_s=step,
+        pipeline_time_s=pipeline_end,
+        tokens_per_s=tokens / step,
+        tokens_per_s_per_device=tokens / step / layout.devices,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hardware_flops,
+        model_tflops_per_device=model_flops / step / layout.devices / 1e12,
+        mfu=model_flops / (step * layout.devices * peak_flops),
+        hfu=hardware_flops / (step * layout.devices * peak_flops),
+        bubble_fraction=mean([r.idle_s for r in ranks]) / pipeline_end if pipeline_end > 0 else 0.0,
+        bubble_s=mean([r.idle_s for r in ranks]),
+        exposed_tp_comm_s=mean([r.tp_comm_exposed_s for r in ranks]),
+        exposed_pp_comm_s=mean([r.idle_pp_transfer_s + r.idle_send_blocked_s for r in ranks]),
+        exposed_dp_comm_s=mean([r.dp_comm_exposed_s + r.embedding_sync_s for r in ranks]),
+        optimizer_s=max(r.optimizer_s for r in ranks),
+        peak_memory_bytes=peak_memory,
+        capacity_bytes=capacity,
+        out_of_memory=peak_memory > capacity,
+        ranks=ranks,
+        memory=memory,
+    )

@@ -1,0 +1,98 @@
+"""The summary printed by ``mpsim run``, and the same as one JSON object."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from mpsim.results.metrics import Summary
+from mpsim.units import format_bytes, format_seconds
+
+JSON_SCHEMA_VERSION = 1
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f} %" if whole > 0 else "-"
+
+
+def _memory_rows(summary: Summary) -> list[str]:
+    memory = summary.memory
+    shown = list(range(len(memory)))
+    if len(memory) > 12:
+        worst = max(range(len(memory)), key=lambda r: memory[r].peak_memory_bytes)
+        shown = sorted({0, 1, len(memory) - 2, len(memory) - 1, worst})
+    header = f"    {'rank':>4}  {'stages':<12} {'weights':>11} {'grads':>11} {'optimizer':>11} " \
+             f"{'activations':>11} {'in flight':>9} {'total':>11}"
+    rows = [header]
+    previous = -1
+    for r in shown:
+        if r != previous + 1:
+            rows.append("    ...")
+        m = memory[r]
+        stages = ",".join(str(s) for s in m.stages)
+        if len(stages) > 12:
+            stages = stages[:10] + ".."
+        flag = "" if m.fits else f"  OUT OF MEMORY (largest: {m.largest_category})"
+        rows.append(f"    {m.rank:>4}  {stages:<12} {format_bytes(m.weights_bytes):>11} {format_bytes(m.grads_bytes):>11} "
+                    f"{format_bytes(m.optimizer_bytes):>11} {format_bytes(m.activations_peak_bytes):>11} "
+                    f"{m.peak_in_flight:>9} {format_bytes(m.peak_memory_bytes):>11}{flag}")
+        previous = r
+    return rows
+
+
+def format_summary(summary: Summary) -> str:
+    """Human-readable summary of a simulated step."""
+    s = summary
+    step = s.step_time_s
+    ranks = s.ranks
+    n = len(ranks)
+    mean = lambda attr: sum(getattr(r, attr) for r in ranks) / n  # noqa: E731
+    vpp = f" (vpp {s.vpp})" if s.vpp > 1 else ""
+    lines = [
+        s.scenario,
+        f"  cluster      {s.devices} x {s.accelerator} ({s.system})",
+        f"  layout       TP {s.tp} x PP {s.pp}{vpp} x DP {s.dp}; {s.num_microbatches} microbatches of "
+        f"{s.microbatch_size} per pipeline; schedule {s.schedule}",
+        f"  step time    {format_seconds(step)}   tokens/s {s.tokens_per_s:,.0f} total, "
+        f"{s.tokens_per_s_per_device:,.0f} per device",
+        f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
+        f"HFU {100 * s.hfu:.1f} %",
+        f"  bubble       {100 * s.bubble_fraction:.1f} % of the pipeline time ({format_seconds(s.bubble_s)} idle per "
+        f"rank): warm-up {format_seconds(mean('idle_warmup_s'))}, cool-down {format_seconds(mean('idle_cooldown_s'))}, "
+        f"waiting on other stages {format_seconds(mean('idle_pp_dependency_s'))}, on transfers "
+        f"{format_seconds(mean('idle_pp_transfer_s'))}, on own sends {format_seconds(mean('idle_send_blocked_s'))}",
+        f"  exposed comm TP {format_seconds(s.exposed_tp_comm_s)} ({_pct(s.exposed_tp_comm_s, step)}), "
+        f"PP {format_seconds(s.exposed_pp_comm_s)} ({_pct(s.exposed_pp_comm_s, step)}), "
+        f"DP {format_seconds(s.exposed_dp_comm_s)} ({_pct(s.exposed_dp_comm_s, step)}); "
+        f"optimizer step {format_seconds(s.optimizer_s)}",
+        f"  memory       peak {format_bytes(s.peak_memory_bytes)} of {format_bytes(s.capacity_bytes)} per device",
+        *_memory_rows(s),
+    ]
+    oom = [m for m in s.memory if not m.fits]
+    if oom:
+        worst = max(oom, key=lambda m: m.peak_memory_bytes)
+        lines.append(f"  WARNING: out of memory on {len(oom)} of {len(s.memory)} pipeline ranks; rank {worst.rank} "
+                     f"needs {format_bytes(worst.peak_memory_bytes)} of {format_bytes(worst.capacity_bytes)} "
+                     f"(largest: {worst.largest_category})")
+    return "\n".join(lines)
+
+
+def summary_dict(summary: Summary) -> dict[str, Any]:
+    """The summary as plain JSON-ready data (fields documented in docs/json.md)."""
+    data = asdict(summary)
+    data["schema_version"] = JSON_SCHEMA_VERSION
+    for rank, memory in zip(data["ranks"], summary.ranks):
+        rank["idle_s"] = memory.idle_s
+    for entry, memory in zip(data["memory"], summary.memory):
+        entry["model_state_bytes"] = memory.model_state_bytes
+        entry["peak_memory_bytes"] = memory.peak_memory_bytes
+        entry["fits"] = memory.fits
+        entry["largest_category"] = memory.largest_category
+        entry["stages"] = list(memory.stages)
+    return data
+
+
+def summary_json(summary: Summary) -> str:
+    """The summary as one JSON object."""
+    return json.dumps(summary_dict(summary), indent=2, sort_keys=False)

@@ -1,0 +1,34 @@
+"""Shared helpers: paths and a uniform-cost engine input builder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpsim.engine import EngineInput
+from mpsim.schedules import Schedule
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+
+
+def uniform_input(schedule: Schedule, forward_s: float = 1.0, backward_s: float = 2.0, weight_s: float | None = None,
+                  transfer_s: float = 0.0, **options) -> EngineInput:
+    """Engine input where every stage costs the same (the closed-form bubble setting)."""
+    weight_s = backward_s / 2 if weight_s is None else weight_s
+    action_s = {}
+    for stage in range(schedule.num_stages):
+        action_s[(stage, "F")] = forward_s
+        action_s[(stage, "B")] = backward_s
+        action_s[(stage, "I")] = backward_s - weight_s
+        action_s[(stage, "W")] = weight_s
+    transfers = {}
+    for stage in range(schedule.num_stages - 1):
+        transfers[(stage, stage + 1)] = transfers[(stage + 1, stage)] = transfer_s
+    return EngineInput(schedule=schedule, action_s=action_s, transfer_s=transfers, **options)
+
+
+@pytest.fixture
+def scenarios_dir() -> Path:
+    return SCENARIOS

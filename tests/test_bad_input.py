@@ -1,0 +1,104 @@
+"""Every kind of bad input gives one clear line naming the file and field, and exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCENARIOS
+
+BASE = """name: test
+cluster:
+  system: dgx-a100
+  nodes: 1
+model: gpt3-175b
+parallel:
+  tp: 8
+  pp: 1
+  microbatch_size: 1
+  global_batch_size: 8
+  schedule: 1f1b
+"""
+
+SYSTEM = (SCENARIOS.parent / "hardware" / "systems" / "dgx_a100.yaml").read_text()
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=cwd)
+
+
+CASES = [
+    # (id, scenario text or None for BASE, extra args, expected fragments of the one line)
+    ("missing field", BASE.replace("  global_batch_size: 8\n", ""), [], ["parallel.global_batch_size",
+                                                                        "required"]),
+    ("unknown field", BASE.replace("  tp: 8", "  tpp: 8"), [], ["parallel.tpp", "unknown field", "tp"]),
+    ("malformed yaml", BASE + "  : [oops\n", [], ["malformed YAML", "line"]),
+    ("not a mapping", "- a\n- b\n", [], ["must be a mapping"]),
+    ("tp not dividing heads", BASE.replace("tp: 8", "tp: 5"), ["--set", "cluster.nodes=5"],
+     ["parallel.tp", "does not divide", "num_attention_heads=96"]),
+    ("tp across nodes", BASE.replace("tp: 8", "tp: 16").replace("nodes: 1", "nodes: 2"), [],
+     ["parallel.tp", "more than one", "allow_tp_across_nodes"]),
+    ("too few devices", BASE.replace("pp: 1", "pp: 2"), [], ["parallel", "does not divide the cluster's 8 devices"]),
+    ("dp mismatch", BASE.replace("pp: 1", "pp: 1\n  dp: 2"), [], ["parallel.dp", "cluster has 8 devices"]),
+    ("batch not divisible", BASE.replace("global_batch_size: 8", "global_batch_size: 7"), ["--set", "parallel.tp=4"],
+     ["parallel.global_batch_size", "not divisible"]),
+    ("unknown schedule", BASE.replace("schedule: 1f1b", "schedule: zigzag"), [],
+     ["parallel.schedule", "unknown schedule 'zigzag'", "1f1b"]),
+    ("layers not splitting", BASE.replace("pp: 1", "pp: 5"), ["--set", "cluster.nodes=5"],
+     ["parallel.pp", "96 layers do not split evenly"]),
+    ("layers_per_stage wrong sum", BASE.replace("pp: 1", "pp: 1\n  layers_per_stage: [95]"), [],
+     ["parallel.layers_per_stage", "sums to 95"]),
+    ("vpp without interleaved", BASE.replace("pp: 1", "pp: 1\n  vpp: 2"), [], ["parallel.schedule", "vpp"]),
+    ("negative tp", BASE.replace("tp: 8", "tp: -8"), [], ["parallel.tp", "greater than 0"]),
+    ("wrong type", BASE.replace("tp: 8", "tp: eight"), [], ["parallel.tp", "integer"]),
+    ("unknown system", BASE.replace("system: dgx-a100", "system: dgx-a1000"), [],
+     ["cluster.system", "unknown system 'dgx-a1000'", "dgx-a100"]),
+    ("unknown model", BASE.replace("model: gpt3-175b", "model: gpt5"), [], ["model", "unknown model 'gpt5'"]),
+    ("bad --set", BASE, ["--set", "parallel.tp"], ["--set parallel.tp", "FIELD=VALUE"]),
+    ("unknown recompute", BASE.replace("schedule: 1f1b", "schedule: 1f1b\n  recompute: some"), [],
+     ["parallel.recompute", "selective"]),
+    ("unsupported dtype", BASE + "training:\n  dtype: fp8\n", [], ["training.dtype", "fp8", "a100"]),
+    ("bad order", BASE.replace("schedule: 1f1b", "schedule: 1f1b\n  order: tp-pp"), [],
+     ["parallel.order", "each of tp, dp, pp"]),
+    ("missing scenario file", None, ["does/not/exist.yaml"], ["does/not/exist.yaml", "not found"]),
+    ("missing schedule file", BASE.replace("schedule: 1f1b", "schedule: file:nope.txt"), [],
+     ["parallel.schedule", "nope.txt", "not found"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_scenario(tmp_path, case):
+    _, text, extra, fragments = case
+    args = list(extra)
+    if text is not None:
+        path = tmp_path / "scenario.yaml"
+        path.write_text(text)
+        args.insert(0, str(path))
+    result = run_cli("run", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("edit,fragments", [
+    (lambda s: s.replace('bandwidth_per_device: "300 GB/s"', 'bandwidth_per_device: "300 GB"'),
+     ["scale_up.bandwidth_per_device", "is a bytes"]),
+    (lambda s: s.replace('bandwidth_per_device: "300 GB/s"', 'bandwidth_per_device: "-300 GB/s"'),
+     ["scale_up.bandwidth_per_device", "greater than 0"]),
+    (lambda s: s.replace("efficiency: 0.80", "efficiency: 1.8"), ["scale_up.efficiency", "less than or equal"]),
+])
+def test_bad_hardware_file_names_that_file(tmp_path, edit, fragments):
+    (tmp_path / "system.yaml").write_text(edit(SYSTEM))
+    (tmp_path / "scenario.yaml").write_text(BASE.replace("system: dgx-a100", "system: system.yaml"))
+    result = run_cli("run", "scenario.yaml", cwd=tmp_path)
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert line.startswith("error: system.yaml: "), line
+    for fragment in fragments:
+        assert fragment in line, line

@@ -1,0 +1,51 @@
+"""The command line: summary, JSON, trace and plot."""
+
+from __future__ import annotations
+
+import json
+
+from mpsim.cli import main
+from tests.conftest import SCENARIOS
+
+SCENARIO = str(SCENARIOS / "llama3_70b_32xh100.yaml")
+
+
+def test_run_prints_summary(capsys):
+    assert main(["run", SCENARIO]) == 0
+    out = capsys.readouterr().out
+    for fragment in ("step time", "MFU", "HFU", "bubble", "exposed comm", "memory", "tokens/s"):
+        assert fragment in out
+
+
+def test_json_has_documented_fields(capsys):
+    assert main(["run", SCENARIO, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "tokens_per_s", "mfu", "hfu", "bubble_fraction", "exposed_tp_comm_s",
+                "exposed_pp_comm_s", "exposed_dp_comm_s", "peak_memory_bytes", "out_of_memory", "ranks", "memory"):
+        assert key in data
+    assert len(data["ranks"]) == 4
+    assert data["memory"][0]["peak_memory_bytes"] > 0
+
+
+def test_trace_is_chrome_trace_json(tmp_path):
+    path = tmp_path / "trace.json"
+    assert main(["run", SCENARIO, "--trace", str(path)]) == 0
+    events = json.loads(path.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1, 2, 3}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
+    assert any(e["cat"] == "forward" and e["name"] == "0F0" for e in slices)
+    assert any(e["cat"] == "tp-comm" for e in slices)
+
+
+def test_plot_writes_png(tmp_path):
+    path = tmp_path / "timeline.png"
+    assert main(["run", SCENARIO, "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_set_override_changes_result(capsys):
+    main(["run", SCENARIO, "--json"])
+    base = json.loads(capsys.readouterr().out)["step_time_s"]
+    main(["run", SCENARIO, "--json", "--set", "parallel.global_batch_size=32"])
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > base
