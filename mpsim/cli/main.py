@@ -1,0 +1,38 @@
+"""The ``mpsim`` entry point: builds the parser from the command modules and runs one."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from mpsim.errors import EXIT_INPUT_ERROR, InputError
+
+# one module per subcommand, each with register(commands)
+COMMAND_MODULES = ["mpsim.cli.run"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mpsim`` argument parser."""
+    parser = argparse.ArgumentParser(prog="mpsim", description="Simulate model-parallel training before you run it.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mpsim`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
