@@ -6,12 +6,14 @@ docs/architecture.md); this module only wires them together in a fixed order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mpsim.cost.actions import (ActionCost, CostModel, grad_buckets, optimizer_s, pipeline_transfer_s, stage_costs,
-                                tied_embedding_sync_s)
+from mpsim.cost.actions import (ActionCost, CostModel, grad_buckets, optimizer_s, overlapped_cost, pipeline_transfer_s,
+                                stage_costs, tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, simulate as run_engine
+from mpsim.engine.core import duration_key
+from mpsim.schedules.actions import Overlapped
 from mpsim.errors import InputError
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
 from mpsim.specs.layout import Layout, resolve_layout
@@ -27,8 +29,13 @@ class SimulationResult:
     layout: Layout
     schedule: Schedule
     workload: Workload
-    costs: dict[tuple[int, str], ActionCost]
+    costs: dict[tuple, ActionCost]  # by engine.core.duration_key of an action or overlapped pair
     timeline: Timeline
+    engine_input: EngineInput
+
+    def cost(self, item) -> ActionCost:
+        """The cost of a schedule item (action or overlapped pair)."""
+        return self.costs[duration_key(item)]
 
 
 def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = None) -> Schedule:
@@ -69,12 +76,57 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
     )
 
 
+def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> dict[tuple, ActionCost]:
+    """Costs of every (stage, kind), plus every overlapped pair the schedule runs."""
+    costs: dict[tuple, ActionCost] = dict(stage_costs(workload, model))
+    for actions in schedule.actions:
+        for item in actions:
+            if isinstance(item, Overlapped):
+                costs[duration_key(item)] = overlapped_cost(
+                    costs[(item.forward.stage, "F")], costs[(item.backward.stage, item.backward.kind)])
+    return costs
+
+
 def simulate(scenario: Scenario, base_dir: Path | None = None) -> SimulationResult:
     """Simulate one training step of ``scenario``."""
     layout = resolve_layout(scenario)
     schedule = plan_schedule(scenario, layout, base_dir)
     workload = build_workload(scenario, layout)
     model = CostModel(scenario, layout)
-    costs = stage_costs(workload, model)
-    timeline = run_engine(engine_input(scenario, layout, workload, schedule, model, costs))
-    return SimulationResult(scenario, layout, schedule, workload, costs, timeline)
+    costs = schedule_costs(schedule, workload, model)
+    inp = engine_input(scenario, layout, workload, schedule, model, costs)
+    return SimulationResult(scenario, layout, schedule, workload, costs, run_engine(inp), inp)
+
+
+@dataclass(frozen=True)
+class BubbleReference:
+    """How long each action waits in the same schedule with balanced stages and free communication.
+
+    Every stage costs the mean of its kind, transfers take no time and sends do not
+    block; what idle time remains is the schedule's own fill and drain. For each rank:
+    the wait before each action (before the first: the warm-up) and after the last
+    (the cool-down). Comparing a real gap with its reference splits it into schedule
+    structure and stage imbalance.
+    """
+
+    waits_before: tuple[tuple[float, ...], ...]
+    drain_after: tuple[float, ...]
+
+
+def bubble_reference(result: SimulationResult) -> BubbleReference:
+    """Re-run the step with balanced stages and free pipeline communication."""
+    inp = result.engine_input
+    by_kind: dict[tuple, list[float]] = {}
+    for key, seconds in inp.action_s.items():
+        by_kind.setdefault(key[1::2], []).append(seconds)  # ("F",), ("B",), ("F", "B") for pairs
+    mean = {kind: sum(values) / len(values) for kind, values in by_kind.items()}
+    balanced = replace(inp, action_s={key: mean[key[1::2]] for key in inp.action_s},
+                       transfer_s={key: 0.0 for key in inp.transfer_s}, send_blocking=False, grad_buckets={},
+                       pair_syncs=(), finalize_s=())
+    timeline = run_engine(balanced)
+    end = timeline.pipeline_end_s
+    waits = []
+    for records in timeline.actions:
+        ready = [0.0] + [r.end_s for r in records[:-1]]
+        waits.append(tuple(r.start_s - before for r, before in zip(records, ready)))
+    return BubbleReference(tuple(waits), tuple(end - (r[-1].end_s if r else 0.0) for r in timeline.actions))

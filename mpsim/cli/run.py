@@ -11,7 +11,7 @@ from mpsim.errors import InputError
 
 def _run(args: argparse.Namespace) -> int:
     from mpsim.results import format_summary, summarize, summary_json
-    from mpsim.simulate import simulate
+    from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
 
     loaded = load_scenario(args.scenario, args.overrides)
@@ -19,17 +19,18 @@ def _run(args: argparse.Namespace) -> int:
         result = simulate(loaded.scenario, loaded.path.parent if loaded.path else None)
     except InputError as exc:
         raise loaded.origins.locate(exc) from None
-    summary = summarize(result)
+    reference = bubble_reference(result)
+    summary = summarize(result, reference)
     print(summary_json(summary) if args.json else format_summary(summary))
     if args.trace:
         from mpsim.results.trace import write_trace
 
-        write_trace(result, args.trace, ops=not args.trace_actions_only)
+        write_trace(result, args.trace, ops=not args.trace_actions_only, reference=reference)
         print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)", file=sys.stderr)
     if args.plot:
         from mpsim.results.plot import plot_timeline
 
-        plot_timeline(result, summary, args.plot)
+        plot_timeline(result, summary, args.plot, reference=reference)
         print(f"timeline written to {args.plot}", file=sys.stderr)
     return 0
 

@@ -131,6 +131,22 @@ def stage_costs(workload: Workload, model: CostModel) -> dict[tuple[int, str], A
     return costs
 
 
+def overlapped_cost(forward: ActionCost, backward: ActionCost) -> ActionCost:
+    """A forward and a backward run as one overlapped step (DualPipe's F&B).
+
+    Their compute shares the device and adds up; each one's exposed communication can
+    hide under the other's compute, so only what exceeds the pair's compute shows.
+    """
+    compute = forward.compute_s + backward.compute_s
+    exposed = max(0.0, forward.tp_exposed_s + backward.tp_exposed_s - compute)
+    shift = forward.duration_s
+    segments = forward.segments + tuple(
+        Segment(seg.stream, seg.category, seg.label, seg.offset_s + shift, seg.duration_s) for seg in backward.segments)
+    # the pair's segments are laid end to end; the span is the overlapped duration
+    return ActionCost(compute + exposed, compute, forward.tp_comm_s + backward.tp_comm_s, exposed,
+                      forward.flops + backward.flops, segments)
+
+
 def grad_buckets(params: float, model: CostModel) -> tuple[tuple[float, float, str], ...]:
     """DP gradient buckets of a stage: (ready fraction of its last backward, seconds, label)."""
     layout, training = model.layout, model.scenario.training

@@ -24,7 +24,7 @@ from typing import Mapping
 import simpy
 
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
-from mpsim.schedules.actions import Action, Schedule
+from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, parts
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,22 @@ class EngineInput:
     """Plain numbers the engine runs on."""
 
     schedule: Schedule
-    action_s: Mapping[tuple[int, str], float]  # (stage, kind) -> seconds on the compute stream
+    # seconds on the compute stream: (stage, kind) for an action, (forward stage, "F",
+    # backward stage, backward kind) for an overlapped pair
+    action_s: Mapping[tuple, float]
     transfer_s: Mapping[tuple[int, int], float]  # (from_stage, to_stage) -> seconds on the link
     grad_buckets: Mapping[int, tuple[GradBucket, ...]] = field(default_factory=dict)  # stage -> buckets
     overlap_grad_sync: bool = True
     pair_syncs: tuple[tuple[int, int, float, str], ...] = ()  # (rank a, rank b, seconds, label) after DP sync
     finalize_s: tuple[float, ...] = ()  # per rank, after all syncs (optimizer step)
     send_blocking: bool = False
+
+
+def duration_key(item: Item) -> tuple:
+    """The key of an item's duration in ``EngineInput.action_s``."""
+    if isinstance(item, Overlapped):
+        return (item.forward.stage, "F", item.backward.stage, item.backward.kind)
+    return (item.stage, item.kind)
 
 
 def _input_of(action: Action, num_stages: int) -> tuple[str, int, int] | None:
@@ -86,9 +95,10 @@ class _Run:
         # index of the action after which a stage's gradients are final, per rank
         self.last_backward: dict[tuple[int, int], int] = {}
         for rank, actions in enumerate(self.schedule.actions):
-            for index, action in enumerate(actions):
-                if action.kind in ("B", "W"):
-                    self.last_backward[(rank, action.stage)] = index
+            for index, item in enumerate(actions):
+                for action in parts(item):
+                    if action.kind in ("B", "W"):
+                        self.last_backward[(rank, action.stage)] = index
 
     def _deliver(self, key: tuple[str, int, int], at: float) -> None:
         """Make ``key`` available at time ``at``: wake its waiting consumer, or note the time."""
@@ -101,56 +111,59 @@ class _Run:
             waiting._value = None
             self.env.schedule(waiting, delay=at - self.env.now)
 
-    def _rank(self, rank: int):
+    def _rank(self, rank: int):  # noqa: C901 - one loop, kept together so the event flow reads top down
         env, inp, num_stages = self.env, self.inp, self.schedule.num_stages
         stage_to_rank = self.schedule.stage_to_rank
         records = self.timeline.actions[rank]
         dp_free = 0.0
         sends_done = 0.0
-        for index, action in enumerate(self.schedule.actions[rank]):
+        for index, item in enumerate(self.schedule.actions[rank]):
             if inp.send_blocking and sends_done > env.now:
                 wait_from = env.now
                 yield env.timeout(sends_done - env.now)
                 self.timeline.send_waits.append((rank, wait_from, env.now))
             ready = env.now
-            key = _input_of(action, num_stages)
             sent = None
-            if key is not None and stage_to_rank[key[1] + (-1 if key[0] == "act" else 1)] != rank:
+            for action in parts(item):
+                key = _input_of(action, num_stages)
+                if key is None or stage_to_rank[key[1] + (-1 if key[0] == "act" else 1)] == rank:
+                    continue  # no input, or one produced earlier on this rank
                 at = self.arrival.pop(key, None)
                 if at is None:
                     event = self.waiting[key] = env.event()
                     yield event
                 elif at > env.now:
                     yield env.timeout(at - env.now)
-                sent = self.sent_at[key]
+                sent = self.sent_at[key] if sent is None else max(sent, self.sent_at[key])
             start = env.now
-            duration = inp.action_s[(action.stage, action.kind)]
+            duration = inp.action_s[duration_key(item)]
             if duration > 0:
                 yield env.timeout(duration)
             end = env.now
-            records.append(ActionRecord(rank, index, action, ready, start, end, sent))
-            produced = _output_of(action, num_stages)
-            if produced is not None:
-                out_key, consumer_stage = produced
-                consumer = stage_to_rank[consumer_stage]
-                if consumer != rank:
-                    link = (rank, consumer)
-                    tx_start = max(end, self.link_free.get(link, 0.0))
-                    tx_end = tx_start + inp.transfer_s.get((action.stage, consumer_stage), 0.0)
-                    self.link_free[link] = tx_end
-                    self.sent_at[out_key] = end
-                    self.timeline.transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
-                    self._deliver(out_key, tx_end)
-                    sends_done = max(sends_done, tx_end)
-            if inp.overlap_grad_sync and self.last_backward.get((rank, action.stage)) == index:
-                dp_free = self._sync_buckets(rank, action.stage, start, end, dp_free)
+            records.append(ActionRecord(rank, index, item, ready, start, end, sent))
+            for action in parts(item):
+                produced = _output_of(action, num_stages)
+                if produced is not None:
+                    out_key, consumer_stage = produced
+                    consumer = stage_to_rank[consumer_stage]
+                    if consumer != rank:
+                        link = (rank, consumer)
+                        tx_start = max(end, self.link_free.get(link, 0.0))
+                        tx_end = tx_start + inp.transfer_s.get((action.stage, consumer_stage), 0.0)
+                        self.link_free[link] = tx_end
+                        self.sent_at[out_key] = end
+                        self.timeline.transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
+                        self._deliver(out_key, tx_end)
+                        sends_done = max(sends_done, tx_end)
+                if inp.overlap_grad_sync and self.last_backward.get((rank, action.stage)) == index:
+                    dp_free = self._sync_buckets(rank, action.stage, start, end, dp_free)
         if inp.send_blocking and sends_done > env.now:
             wait_from = env.now
             yield env.timeout(sends_done - env.now)
             self.timeline.send_waits.append((rank, wait_from, env.now))
         if not inp.overlap_grad_sync:
             last = records[-1].end_s if records else 0.0
-            stages = sorted({a.stage for a in self.schedule.actions[rank]}, reverse=True)
+            stages = sorted({a.stage for item in self.schedule.actions[rank] for a in parts(item)}, reverse=True)
             for stage in stages:
                 dp_free = self._sync_buckets(rank, stage, last, last, dp_free)
         self.grad_done[rank] = max(dp_free, records[-1].end_s if records else 0.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from mpsim.schedules.actions import Action
+from mpsim.schedules.actions import Action, Item
 
 
 class ActionRecord(NamedTuple):
@@ -22,7 +22,7 @@ class ActionRecord(NamedTuple):
 
     rank: int
     index: int
-    action: Action
+    action: Item  # an Action, or an Overlapped forward+backward pair
     ready_s: float
     start_s: float
     end_s: float

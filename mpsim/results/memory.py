@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.schedules.actions import Schedule
+from mpsim.schedules.actions import Schedule, flat
 from mpsim.workload.memory import model_state_bytes
 from mpsim.workload.stages import Workload
 
@@ -54,7 +54,7 @@ def activation_walk(schedule: Schedule, rank: int, workload: Workload) -> tuple[
     """(peak activation bytes, forwards in flight at the peak) over the rank's action list."""
     level = peak = 0.0
     in_flight = peak_count = 0
-    for stage, kind, _ in schedule.actions[rank]:
+    for stage, kind, _ in flat(schedule.actions[rank]):
         work = workload.stages[stage]
         if kind == "F":
             level += work.activation_bytes

@@ -5,10 +5,15 @@ Conventions, stated because they swing the numbers:
 * ``bubble_fraction``: mean over pipeline ranks of the time the rank's compute stream is
   idle before the last pipeline action anywhere ends, divided by that pipeline time.
   With uniform stages and free communication it is exactly (p-1)/(m+p-1) for 1F1B.
-* Idle time is split by cause: ``warmup`` (before the rank's first action), ``cooldown``
-  (after its last), ``pp_transfer`` (waiting for an activation or gradient that its
-  producer had already finished, i.e. exposed pipeline communication), ``pp_dependency``
-  (waiting for the producer's compute), ``send_blocked`` (waiting for own sends).
+* Idle time is split interval by interval (see ``idle.py``) into the schedule's own fill
+  and drain, stage imbalance, pipeline transfers and blocking sends; the split between
+  the first two needs a :class:`~mpsim.simulate.BubbleReference` (the same schedule run
+  with balanced stages and free communication). ``bubble_schedule_s``,
+  ``bubble_imbalance_s`` and ``bubble_comm_s`` are means over ranks and add up to
+  ``bubble_s`` (with ``stage-wait`` idle when no reference was given).
+* ``bubble_rate_zb`` is Zero Bubble's definition (Qi et al. 2024, Sec. 5.3): the longest
+  stage span (first action start to last action end) minus that stage's compute, over
+  the span.
 * ``mfu`` uses model FLOPs (no recompute, full attention matrix; Korthikanti et al. 2022
   eq. 7, NeMo's formula for GQA/SwiGLU); ``hfu`` uses the FLOPs the simulated ranks
   executed, recompute and causal-attention savings included.
@@ -18,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mpsim.results.idle import idle_by_kind, idle_intervals
 from mpsim.results.memory import RankMemory, rank_memory
-from mpsim.simulate import SimulationResult
+from mpsim.simulate import BubbleReference, SimulationResult
 from mpsim.workload.flops import model_flops_per_sequence
 
 
@@ -30,20 +36,21 @@ class RankTime:
     rank: int
     compute_s: float  # actions on the compute stream, in-line TP communication included
     tp_comm_exposed_s: float
-    idle_warmup_s: float
-    idle_cooldown_s: float
-    idle_pp_dependency_s: float
-    idle_pp_transfer_s: float
-    idle_send_blocked_s: float
+    idle_schedule_s: float  # fill and drain of the schedule itself (warm-up, cool-down)
+    idle_imbalance_s: float  # waiting for a slower stage
+    idle_stage_wait_s: float  # waiting for another stage when no reference run split it
+    idle_transfer_s: float  # waiting for a pipeline transfer in flight
+    idle_send_s: float  # waiting for the rank's own blocking sends
     dp_comm_exposed_s: float  # after the last backward, until gradients are reduced
     embedding_sync_s: float
     optimizer_s: float
     end_s: float
+    span_s: float  # first action start to last action end
 
     @property
     def idle_s(self) -> float:
-        return (self.idle_warmup_s + self.idle_cooldown_s + self.idle_pp_dependency_s + self.idle_pp_transfer_s
-                + self.idle_send_blocked_s)
+        return (self.idle_schedule_s + self.idle_imbalance_s + self.idle_stage_wait_s + self.idle_transfer_s
+                + self.idle_send_s)
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,10 @@ class Summary:
     hfu: float
     bubble_fraction: float
     bubble_s: float
+    bubble_rate_zb: float
+    bubble_schedule_s: float
+    bubble_imbalance_s: float
+    bubble_comm_s: float
     exposed_tp_comm_s: float
     exposed_pp_comm_s: float
     exposed_dp_comm_s: float
@@ -84,49 +95,38 @@ class Summary:
     memory: list[RankMemory] = field(default_factory=list)
 
 
-def _rank_time(result: SimulationResult, rank: int, pipeline_end: float) -> RankTime:
-    timeline, costs = result.timeline, result.costs
+def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
+               reference: BubbleReference | None) -> RankTime:
+    timeline = result.timeline
     records = timeline.actions[rank]
     compute = sum(r.end_s - r.start_s for r in records)
-    tp_exposed = sum(costs[(r.action.stage, r.action.kind)].tp_exposed_s for r in records)
-    warmup = records[0].start_s if records else pipeline_end
-    cooldown = pipeline_end - (records[-1].end_s if records else 0.0)
-    dependency = transfer = 0.0
-    for record in records[1:]:
-        wait = record.start_s - record.ready_s
-        if wait <= 0:
-            continue
-        if record.input_sent_s is None:
-            dependency += wait
-            continue
-        # the part of the wait after the producer had finished is the transfer in flight
-        in_flight = record.start_s - max(record.ready_s, record.input_sent_s)
-        transfer += max(0.0, in_flight)
-        dependency += wait - max(0.0, in_flight)
-    send_blocked = sum(end - start for r, start, end in timeline.send_waits
-                       if r == rank and end <= (records[-1].end_s if records else 0.0))
+    tp_exposed = sum(result.cost(r.action).tp_exposed_s for r in records)
+    waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
+    idle = idle_by_kind(idle_intervals(timeline, rank, pipeline_end, waits))
     compute_end = records[-1].end_s if records else 0.0
     syncs = [s for s in timeline.syncs if s.rank == rank]
     dp_end = max((s.end_s for s in syncs if s.kind == "dp-comm"), default=compute_end)
     embedding = sum(s.end_s - s.start_s for s in syncs if s.kind == "embedding-sync")
     optimizer = sum(s.end_s - s.start_s for s in syncs if s.kind == "optimizer")
-    return RankTime(rank, compute, tp_exposed, warmup, cooldown, dependency, transfer, send_blocked,
-                    max(0.0, dp_end - compute_end), embedding, optimizer, timeline.rank_end_s[rank])
+    span = (records[-1].end_s - records[0].start_s) if records else 0.0
+    return RankTime(rank, compute, tp_exposed, idle["schedule"], idle["imbalance"], idle["stage-wait"],
+                    idle["transfer"], idle["send"], max(0.0, dp_end - compute_end), embedding, optimizer,
+                    timeline.rank_end_s[rank], span)
 
 
-def summarize(result: SimulationResult) -> Summary:
-    """All metrics of a simulated step."""
+def summarize(result: SimulationResult, reference: BubbleReference | None = None) -> Summary:
+    """All metrics of a simulated step; ``reference`` adds the bubble's attribution."""
     scenario, layout, timeline = result.scenario, result.layout, result.timeline
     system = scenario.cluster.system
     accelerator = system.accelerator
     step = timeline.step_time_s
     pipeline_end = timeline.pipeline_end_s
-    ranks = [_rank_time(result, r, pipeline_end) for r in range(timeline.num_ranks)]
+    ranks = [_rank_time(result, r, pipeline_end, reference) for r in range(timeline.num_ranks)]
     n = len(ranks)
     tokens = layout.global_batch_size * scenario.model.seq_length
     model_flops = model_flops_per_sequence(scenario.model) * layout.global_batch_size
     # each simulated rank stands for its TP group (tp ranks) and every DP replica
-    executed = sum(result.costs[(r.action.stage, r.action.kind)].flops for rs in timeline.actions for r in rs)
+    executed = sum(result.cost(r.action).flops for rs in timeline.actions for r in rs)
     hardware_flops = executed * layout.tp * layout.dp
     peak_flops = accelerator.peak(scenario.training.dtype)
     capacity = accelerator.memory.capacity
@@ -135,6 +135,10 @@ def summarize(result: SimulationResult) -> Summary:
                          distributed_optimizer=scenario.training.distributed_optimizer)
     peak_memory = max(m.peak_memory_bytes for m in memory)
     mean = lambda values: sum(values) / n  # noqa: E731
+    idle = [r.idle_s for r in ranks]
+    # Zero Bubble's definition: cost is the longest stage span, ideal its busy time
+    longest = max(ranks, key=lambda r: r.span_s)
+    zb_rate = (longest.span_s - longest.compute_s) / longest.span_s if longest.span_s > 0 else 0.0
     return Summary(
         scenario=scenario.name,
         system=system.name,
@@ -154,10 +158,14 @@ def summarize(result: SimulationResult) -> Summary:
         model_tflops_per_device=model_flops / step / layout.devices / 1e12,
         mfu=model_flops / (step * layout.devices * peak_flops),
         hfu=hardware_flops / (step * layout.devices * peak_flops),
-        bubble_fraction=mean([r.idle_s for r in ranks]) / pipeline_end if pipeline_end > 0 else 0.0,
-        bubble_s=mean([r.idle_s for r in ranks]),
+        bubble_fraction=mean(idle) / pipeline_end if pipeline_end > 0 else 0.0,
+        bubble_s=mean(idle),
+        bubble_rate_zb=zb_rate,
+        bubble_schedule_s=mean([r.idle_schedule_s for r in ranks]),
+        bubble_imbalance_s=mean([r.idle_imbalance_s for r in ranks]),
+        bubble_comm_s=mean([r.idle_transfer_s + r.idle_send_s for r in ranks]),
         exposed_tp_comm_s=mean([r.tp_comm_exposed_s for r in ranks]),
-        exposed_pp_comm_s=mean([r.idle_pp_transfer_s + r.idle_send_blocked_s for r in ranks]),
+        exposed_pp_comm_s=mean([r.idle_transfer_s + r.idle_send_s for r in ranks]),
         exposed_dp_comm_s=mean([r.dp_comm_exposed_s + r.embedding_sync_s for r in ranks]),
         optimizer_s=max(r.optimizer_s for r in ranks),
         peak_memory_bytes=peak_memory,

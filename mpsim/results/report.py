@@ -59,9 +59,12 @@ def format_summary(summary: Summary) -> str:
         f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
         f"HFU {100 * s.hfu:.1f} %",
         f"  bubble       {100 * s.bubble_fraction:.1f} % of the pipeline time ({format_seconds(s.bubble_s)} idle per "
-        f"rank): warm-up {format_seconds(mean('idle_warmup_s'))}, cool-down {format_seconds(mean('idle_cooldown_s'))}, "
-        f"waiting on other stages {format_seconds(mean('idle_pp_dependency_s'))}, on transfers "
-        f"{format_seconds(mean('idle_pp_transfer_s'))}, on own sends {format_seconds(mean('idle_send_blocked_s'))}",
+        f"rank; Zero Bubble's rate {100 * s.bubble_rate_zb:.1f} %)",
+        f"    by cause: schedule fill/drain {format_seconds(s.bubble_schedule_s)}, stage imbalance "
+        f"{format_seconds(s.bubble_imbalance_s)}"
+        + (f", other-stage waits not split {format_seconds(mean('idle_stage_wait_s'))}"
+           if mean("idle_stage_wait_s") > 0 else "")
+        + f", pipeline transfers {format_seconds(mean('idle_transfer_s'))}, own sends {format_seconds(mean('idle_send_s'))}",
         f"  exposed comm TP {format_seconds(s.exposed_tp_comm_s)} ({_pct(s.exposed_tp_comm_s, step)}), "
         f"PP {format_seconds(s.exposed_pp_comm_s)} ({_pct(s.exposed_pp_comm_s, step)}), "
         f"DP {format_seconds(s.exposed_dp_comm_s)} ({_pct(s.exposed_dp_comm_s, step)}); "

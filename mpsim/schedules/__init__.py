@@ -8,29 +8,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mpsim.schedules.actions import Action, Schedule, ScheduleTextError, load_schedule_file, schedule_from_text
-from mpsim.schedules.generators import Generator, gpipe, interleaved_1f1b, one_f_one_b
+from mpsim.schedules.actions import (Action, Item, Overlapped, Schedule, ScheduleTextError, flat,
+                                    load_schedule_file, parts, schedule_from_text)
+from mpsim.schedules.registry import SCHEDULES, canonical_name, generate
 from mpsim.schedules.validate import ScheduleError, validate
 
-# name -> (generator, uses virtual stages)
-GENERATORS: dict[str, tuple[Generator, bool]] = {
-    "gpipe": (gpipe, False),
-    "1f1b": (one_f_one_b, False),
-    "interleaved-1f1b": (interleaved_1f1b, True),
-}
-ALIASES = {"1f1b-interleaved": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "1f1b-i": "interleaved-1f1b",
-           "pipedream-flush": "1f1b"}
+
+GENERATORS = SCHEDULES  # older name of the registry
 
 
 def schedule_names() -> list[str]:
     """Names ``parallel.schedule`` accepts (besides ``file:PATH``)."""
-    return sorted(GENERATORS)
-
-
-def canonical_name(name: str) -> str:
-    """The registry name of a schedule, accepting aliases and any case."""
-    key = name.strip().lower().replace("_", "-")
-    return ALIASES.get(key, key)
+    return list(SCHEDULES)
 
 
 def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir: Path | None = None,
@@ -56,16 +45,10 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
                                 f"the plan has pp={pp}, pp x vpp={pp * vpp} stages, {num_microbatches} microbatches")
     else:
         key = canonical_name(name)
-        if key not in GENERATORS:
+        if key not in SCHEDULES:
             raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(schedule_names())}, or file:PATH")
-        generator, uses_vpp = GENERATORS[key]
-        if uses_vpp and vpp < 2:
-            raise ScheduleError(f"{key} needs virtual stages: set parallel.vpp to 2 or more")
-        if not uses_vpp and vpp > 1:
-            raise ScheduleError(f"{key} runs one stage per rank, but parallel.vpp={vpp}; "
-                                f"use interleaved-1f1b or set vpp: 1")
         try:
-            schedule = generator(pp, vpp, num_microbatches)
+            schedule = generate(key, pp, vpp, num_microbatches)
         except ValueError as exc:
             raise ScheduleError(str(exc)) from None
         if not check:
@@ -74,5 +57,5 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
     return schedule
 
 
-__all__ = ["Action", "GENERATORS", "Schedule", "ScheduleError", "build_schedule", "canonical_name",
-           "schedule_from_text", "schedule_names", "validate"]
+__all__ = ["Action", "Item", "Overlapped", "SCHEDULES", "Schedule", "ScheduleError", "build_schedule",
+           "canonical_name", "flat", "parts", "schedule_from_text", "schedule_names", "validate"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 KINDS = ("F", "B", "I", "W")
 
@@ -29,6 +29,33 @@ class Action(NamedTuple):
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
+class Overlapped(NamedTuple):
+    """A forward and a backward of two microbatches run as one overlapped step (DualPipe).
+
+    The two share the rank's compute; each one's communication hides under the other's
+    compute. Printed the way torch prints its ``OVERLAP_F_B`` action: ``(0F3;7B1)OVERLAP_F_B``.
+    """
+
+    forward: Action
+    backward: Action
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward})OVERLAP_F_B"
+
+
+Item = Union[Action, Overlapped]
+
+
+def parts(item: Item) -> tuple[Action, ...]:
+    """The compute actions of a rank-list item (one, or two for an overlapped pair)."""
+    return (item.forward, item.backward) if isinstance(item, Overlapped) else (item,)
+
+
+def flat(items: "tuple[Item, ...] | list[Item]") -> list[Action]:
+    """Every compute action of a rank list, overlapped pairs expanded (forward first)."""
+    return [action for item in items for action in parts(item)]
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-rank action lists and where each stage lives."""
@@ -36,7 +63,7 @@ class Schedule:
     name: str
     num_microbatches: int
     stage_to_rank: tuple[int, ...]
-    actions: tuple[tuple[Action, ...], ...]
+    actions: tuple[tuple[Item, ...], ...]
 
     @property
     def num_ranks(self) -> int:
@@ -49,7 +76,7 @@ class Schedule:
     @property
     def split_backward(self) -> bool:
         """True when backward is split into input-gradient (I) and weight-gradient (W)."""
-        return any(a.kind == "I" for rank in self.actions for a in rank)
+        return any(a.kind == "I" for rank in self.actions for a in flat(rank))
 
     def to_text(self) -> str:
         """One comma-separated line of actions per rank (the CSV torch's schedules read)."""
@@ -57,6 +84,7 @@ class Schedule:
 
 
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+_OVERLAP = re.compile(r"^\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B$")
 
 
 class ScheduleTextError(ValueError):
@@ -67,24 +95,27 @@ class ScheduleTextError(ValueError):
         self.line = line
 
 
-def parse_actions(text: str) -> list[list[Action]]:
+def _parse_token(token: str, line: int) -> Item:
+    match = _ACTION.match(token)
+    if match:
+        return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+    pair = _OVERLAP.match(token)
+    if pair:
+        forward, backward = (_parse_token(part, line) for part in pair.groups())
+        return Overlapped(forward, backward)  # type: ignore[arg-type]
+    raise ScheduleTextError(line, f"{token!r} is not an action like 0F3, 1B3, 1I3, 1W3 or (0F3;7B1)OVERLAP_F_B")
+
+
+def parse_actions(text: str) -> list[list[Item]]:
     """Parse the text form: one line per rank, actions separated by commas or spaces."""
-    ranks: list[list[Action]] = []
+    ranks: list[list[Item]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         if ":" in line:  # optional "rank 3:" prefix
             line = line.split(":", 1)[1]
-        actions = []
-        for token in re.split(r"[,\s]+", line):
-            if not token:
-                continue
-            match = _ACTION.match(token)
-            if not match:
-                raise ScheduleTextError(number, f"{token!r} is not an action like 0F3, 1B3, 1I3 or 1W3")
-            actions.append(Action(int(match.group(1)), match.group(2), int(match.group(3))))
-        ranks.append(actions)
+        ranks.append([_parse_token(token, number) for token in re.split(r"[,\s]+", line) if token])
     if not ranks:
         raise ScheduleTextError(1, "no actions found")
     return ranks
@@ -95,7 +126,7 @@ def schedule_from_text(text: str, name: str = "file") -> Schedule:
     ranks = parse_actions(text)
     owner: dict[int, int] = {}
     for rank, actions in enumerate(ranks):
-        for action in actions:
+        for action in flat(actions):
             previous = owner.setdefault(action.stage, rank)
             if previous != rank:
                 raise ScheduleTextError(rank + 1, f"stage {action.stage} appears on rank {previous} and rank {rank}")
@@ -103,7 +134,7 @@ def schedule_from_text(text: str, name: str = "file") -> Schedule:
     missing = [s for s in range(num_stages) if s not in owner]
     if missing:
         raise ScheduleTextError(1, f"stage {missing[0]} has no actions (stages must be 0..{num_stages - 1})")
-    microbatches = max(a.microbatch for actions in ranks for a in actions) + 1
+    microbatches = max(a.microbatch for actions in ranks for a in flat(actions)) + 1
     return Schedule(name, microbatches, tuple(owner[s] for s in range(num_stages)),
                     tuple(tuple(actions) for actions in ranks))
 

@@ -85,4 +85,19 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int) -> Schedule:
     return Schedule("interleaved-1f1b", num_microbatches, loop_placement(pp, vpp), tuple(ranks))
 
 
+def looped_bfs(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """Breadth-first pipeline (Lamy-Poirier 2023): every microbatch through a chunk before the next.
+
+    Each rank runs all forwards of its first chunk, then of its second, ...; then the
+    backwards chunk by chunk in reverse, microbatches in reverse order (torch's order).
+    """
+    ranks = []
+    for rank in range(pp):
+        stages = range(rank, pp * vpp, pp)
+        forwards = [Action(stage, "F", mb) for stage in stages for mb in range(num_microbatches)]
+        backwards = [Action(stage, "B", mb) for stage in reversed(stages) for mb in reversed(range(num_microbatches))]
+        ranks.append(tuple(forwards + backwards))
+    return Schedule("looped-bfs", num_microbatches, loop_placement(pp, vpp), tuple(ranks))
+
+
 Generator = Callable[[int, int, int], Schedule]

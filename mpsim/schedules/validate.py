@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mpsim.schedules.actions import Action, Schedule
+from mpsim.schedules.actions import Action, Schedule, flat, parts
 
 
 class ScheduleError(ValueError):
@@ -38,7 +38,7 @@ def check_coverage(schedule: Schedule) -> None:
     """Every action on its stage's rank, every forward and backward exactly once."""
     counts: Counter = Counter()
     for rank, actions in enumerate(schedule.actions):
-        for action in actions:
+        for action in flat(actions):
             if action.stage >= schedule.num_stages:
                 raise ScheduleError(f"rank {rank}: {action} names stage {action.stage}, but there are only "
                                     f"{schedule.num_stages} stages")
@@ -75,6 +75,10 @@ def check_runnable(schedule: Schedule) -> None:
     position = [0] * schedule.num_ranks
     remaining = sum(len(actions) for actions in schedule.actions)
 
+    def blockers(item) -> list[tuple[int, str, int]]:
+        return [dep for action in parts(item) for dep in dependencies(action, schedule.num_stages)
+                if not satisfied(dep)]
+
     def satisfied(dep: tuple[int, str, int]) -> bool:
         stage, kinds, mb = dep
         return any((stage, kind, mb) in done for kind in kinds)
@@ -83,21 +87,20 @@ def check_runnable(schedule: Schedule) -> None:
         progressed = False
         for rank, actions in enumerate(schedule.actions):
             while position[rank] < len(actions):
-                action = actions[position[rank]]
-                if not all(satisfied(dep) for dep in dependencies(action, schedule.num_stages)):
+                item = actions[position[rank]]
+                if blockers(item):
                     break
-                done.add(tuple(action))
+                done.update(tuple(action) for action in parts(item))
                 position[rank] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             for rank, actions in enumerate(schedule.actions):
                 if position[rank] < len(actions):
-                    action = actions[position[rank]]
-                    waits = [dep for dep in dependencies(action, schedule.num_stages) if not satisfied(dep)]
-                    stage, kinds, mb = waits[0]
+                    item = actions[position[rank]]
+                    stage, kinds, mb = blockers(item)[0]
                     needed = " or ".join(f"{stage}{k}{mb}" for k in kinds)
-                    raise ScheduleError(f"deadlock: rank {rank} can never run {action} (action {position[rank]} "
+                    raise ScheduleError(f"deadlock: rank {rank} can never run {item} (action {position[rank]} "
                                         f"of its list): it waits for {needed}, which cannot run first")
 
 

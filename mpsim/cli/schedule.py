@@ -1,0 +1,52 @@
+"""``mpsim schedule``: print a generated schedule in the text form, or check a schedule file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mpsim.errors import InputError
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from mpsim.schedules import ScheduleError, build_schedule, flat
+    from mpsim.schedules.actions import ScheduleTextError, load_schedule_file
+    from mpsim.schedules.validate import validate
+
+    if args.name.startswith("file:") or Path(args.name).is_file():
+        path = Path(args.name.removeprefix("file:"))
+        if not path.is_file():
+            raise InputError("schedule file not found", str(path))
+        try:
+            schedule = load_schedule_file(path)
+            validate(schedule)
+        except (ScheduleTextError, ScheduleError) as exc:
+            raise InputError(str(exc), str(path)) from None
+        actions = sum(len(flat(rank)) for rank in schedule.actions)
+        print(f"{path}: valid: {schedule.num_ranks} ranks, {schedule.num_stages} stages, "
+              f"{schedule.num_microbatches} microbatches, {actions} actions")
+        return 0
+    if args.pp is None or args.microbatches is None:
+        raise InputError("give --pp and --microbatches to generate a schedule", args.name)
+    try:
+        schedule = build_schedule(args.name, args.pp, args.vpp, args.microbatches, check=True)
+    except ScheduleError as exc:
+        raise InputError(str(exc), args.name) from None
+    text = schedule.to_text()
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``schedule`` to the command parser."""
+    parser = commands.add_parser(
+        "schedule", help="print a schedule's per-rank actions (torch.distributed.pipelining notation) or check a file")
+    parser.add_argument("name", help="schedule name (e.g. zbv), or a schedule file to check")
+    parser.add_argument("--pp", type=int, help="pipeline ranks")
+    parser.add_argument("--vpp", type=int, default=1, help="chunks per rank (default 1)")
+    parser.add_argument("--microbatches", type=int, help="microbatches per step")
+    parser.add_argument("--out", metavar="FILE", help="write the text form to FILE instead of printing it")
+    parser.set_defaults(handler=_schedule)

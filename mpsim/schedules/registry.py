@@ -1,0 +1,65 @@
+"""Schedule names, their generators and what they need of the layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpsim.schedules.actions import Schedule
+from mpsim.schedules.dualpipe import dualpipev
+from mpsim.schedules.generators import Generator, gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
+from mpsim.schedules.zero_bubble import interleaved_zero_bubble, zb_h1, zb_h2, zbv
+
+
+@dataclass(frozen=True)
+class ScheduleKind:
+    """A registered schedule: its generator and the chunks per rank it accepts."""
+
+    generator: Generator
+    min_vpp: int
+    max_vpp: int | None  # None: no upper limit
+    description: str
+
+    def check_vpp(self, name: str, vpp: int) -> str | None:
+        """Why ``vpp`` does not fit, or None."""
+        if self.min_vpp == self.max_vpp and vpp != self.min_vpp:
+            return f"{name} runs exactly {self.min_vpp} chunk(s) per rank; set parallel.vpp to {self.min_vpp}"
+        if vpp < self.min_vpp:
+            return f"{name} needs virtual stages: set parallel.vpp to {self.min_vpp} or more"
+        if self.max_vpp is not None and vpp > self.max_vpp:
+            return f"{name} runs one stage per rank, but parallel.vpp={vpp}; set vpp to 1"
+        return None
+
+
+SCHEDULES: dict[str, ScheduleKind] = {
+    "gpipe": ScheduleKind(gpipe, 1, 1, "all forwards, then all backwards (Huang et al. 2019)"),
+    "1f1b": ScheduleKind(one_f_one_b, 1, 1, "one forward, one backward (PipeDream-Flush, Narayanan et al. 2021)"),
+    "interleaved-1f1b": ScheduleKind(interleaved_1f1b, 2, None, "Megatron's interleaved 1F1B, depth first"),
+    "looped-bfs": ScheduleKind(looped_bfs, 1, None, "breadth-first over chunks (Lamy-Poirier 2023)"),
+    "zb-h1": ScheduleKind(zb_h1, 1, 1, "zero bubble, 1F1B memory (Qi et al. 2024)"),
+    "zb-h2": ScheduleKind(zb_h2, 1, 1, "zero bubble, 2p-1 microbatches of memory (Qi et al. 2024)"),
+    "interleaved-zb": ScheduleKind(interleaved_zero_bubble, 1, None, "interleaved 1F1B with split backward (torch ZB1P)"),
+    "zbv": ScheduleKind(zbv, 2, 2, "zero bubble in a V of two chunks per rank (Qi et al. 2024)"),
+    "dualpipev": ScheduleKind(dualpipev, 2, 2, "DualPipe in a V, overlapped forward+backward (DeepSeek-V3)"),
+}
+
+ALIASES = {
+    "1f1b-interleaved": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "1f1b-i": "interleaved-1f1b",
+    "interleaved1f1b": "interleaved-1f1b", "pipedream-flush": "1f1b", "bfs": "looped-bfs", "loopedbfs": "looped-bfs",
+    "zb1p": "interleaved-zb", "interleavedzerobubble": "interleaved-zb", "zb-v": "zbv", "zbvzerobubble": "zbv",
+    "dualpipe-v": "dualpipev", "zbh1": "zb-h1", "zbh2": "zb-h2",
+}
+
+
+def canonical_name(name: str) -> str:
+    """The registry name of a schedule, accepting aliases, torch's class names and any case."""
+    key = name.strip().lower().replace("_", "-")
+    return ALIASES.get(key, ALIASES.get(key.replace("-", ""), key))
+
+
+def generate(name: str, pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """Run a registered generator (ValueError with the reason when the layout does not fit)."""
+    kind = SCHEDULES[name]
+    problem = kind.check_vpp(name, vpp)
+    if problem:
+        raise ValueError(problem)
+    return kind.generator(pp, vpp, num_microbatches)
