@@ -6,7 +6,7 @@ reach the paper's closed forms exactly (the tests check it):
 
 * ZB-H1: 1F1B warm-up, rank ``r`` keeps ``r`` weight gradients pending and runs them in
   the cool-down; bubble ``(p-1)(T_F + T_B - T_W)`` at 1F1B's memory.
-* ZB-H2: ``2(p-1-r)+1`` warm-up forwards fill the start, ``2r`` pending weight gradients
+* ZB-H2: ``2(p-1-r)`` warm-up forwards fill the start, ``2r`` pending weight gradients
   the end; bubble ``(p-1)(T_F + T_B - 2T_W)`` (zero when the three are equal) at
   ``2p-1`` microbatches of activation memory.
 * Interleaved zero bubble: interleaved 1F1B with split backward and one warm-up forward
@@ -54,8 +54,8 @@ def zb_h1(pp: int, vpp: int, num_microbatches: int) -> Schedule:
 
 
 def zb_h2(pp: int, vpp: int, num_microbatches: int) -> Schedule:
-    """ZB-H2: ``2(p-1-r)+1`` warm-up forwards and ``2r`` deferred weight gradients per rank."""
-    ranks = tuple(tuple(_split_backward_1f1b(r, 2 * (pp - 1 - r) + 1, num_microbatches, 2 * r, r))
+    """ZB-H2: ``2(p-1-r)`` warm-up forwards and ``2r`` deferred weight gradients per rank."""
+    ranks = tuple(tuple(_split_backward_1f1b(r, 2 * (pp - 1 - r), num_microbatches, 2 * r, r))
                   for r in range(pp))
     return Schedule("zb-h2", num_microbatches, loop_placement(pp, 1), ranks)
 
