@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.schedules.actions import Schedule, flat
+from mpsim.schedules.actions import Schedule, flat, parts
 from mpsim.workload.memory import model_state_bytes
 from mpsim.workload.stages import Workload
 
@@ -50,26 +50,44 @@ class RankMemory:
         return max(parts, key=parts.__getitem__)
 
 
+def _activation_deltas(work, kind: str) -> tuple[float, int]:
+    """(change in held activation bytes, change in forwards in flight) when an action ends."""
+    if kind == "F":
+        return work.activation_bytes, 1
+    if kind == "B":
+        return -work.activation_bytes, -1
+    if kind == "I":
+        return work.weight_grad_buffer_bytes - work.activation_bytes, -1
+    return -work.weight_grad_buffer_bytes, 0  # W
+
+
+def activation_timeline(timeline, workload: Workload, rank: int) -> list[tuple[float, float]]:
+    """(time, activation bytes held) after every action of ``rank``, from the simulated timeline.
+
+    Activations are counted as allocated from the start of a forward and released at the
+    end of the backward that consumes them.
+    """
+    level = 0.0
+    points = [(0.0, 0.0)]
+    for record in timeline.actions[rank]:
+        for action in parts(record.action):
+            delta, _ = _activation_deltas(workload.stages[action.stage], action.kind)
+            when = record.start_s if delta > 0 else record.end_s
+            level += delta
+            points.append((when, level))
+    return points
+
+
 def activation_walk(schedule: Schedule, rank: int, workload: Workload) -> tuple[float, int]:
     """(peak activation bytes, forwards in flight at the peak) over the rank's action list."""
     level = peak = 0.0
     in_flight = peak_count = 0
     for stage, kind, _ in flat(schedule.actions[rank]):
-        work = workload.stages[stage]
-        if kind == "F":
-            level += work.activation_bytes
-            in_flight += 1
-            if level > peak:
-                peak, peak_count = level, in_flight
-        elif kind == "B":
-            level -= work.activation_bytes
-            in_flight -= 1
-        elif kind == "I":
-            level += work.weight_grad_buffer_bytes - work.activation_bytes
-            in_flight -= 1
-            peak = max(peak, level)
-        else:  # W
-            level -= work.weight_grad_buffer_bytes
+        delta, count = _activation_deltas(workload.stages[stage], kind)
+        level += delta
+        in_flight += count
+        if level > peak:
+            peak, peak_count = level, in_flight
     return peak, peak_count
 
 
