@@ -10,7 +10,7 @@ from typing import Sequence
 from mpsim.errors import EXIT_INPUT_ERROR, InputError
 
 # one module per subcommand, each with register(commands)
-COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.compare", "mpsim.cli.schedule"]
+COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.compare", "mpsim.cli.schedule", "mpsim.cli.hardware", "mpsim.cli.collective"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,95 +1,136 @@
-"""Seconds for a collective on a group's links: the alpha-beta model NCCL itself uses.
+"""Seconds for a collective on a group's links, with the algorithm a real library would pick.
 
-A ring collective over ``n`` ranks takes ``steps`` latency terms plus the bytes each rank
-moves over its slowest link: all-reduce ``2(n-1)`` steps and ``2(n-1)/n * S`` bytes,
-all-gather and reduce-scatter ``n-1`` steps and ``(n-1)/n * S`` (Thakur et al. 2005;
-NCCL's tuning model adds a fixed base latency per call). Measured nccl-tests curves
-reach their peak more slowly than those latencies imply; where a system file gives the
-half-bandwidth message size ``n_1/2`` of its measured curve (Hockney's characterization),
-the bus bandwidth at size ``S`` is taken as ``peak * S / (S + n_1/2)`` instead, whichever
-is slower. A group that spans nodes with
-several ranks per node runs hierarchically: reduce-scatter inside the node, the
-collective across nodes on 1/g of the data, all-gather inside the node.
+This module decides what a group spans and hands it to the right model:
 
-Bandwidths are the link's datasheet rate times the fraction NCCL reaches on large
-messages (its own per-link constants, e.g. 20 of 25 GB/s per NVLink3 link).
+* on GPU nodes and fat trees, NCCL's algorithms (``nccl.py``: ring, double binary tree,
+  hierarchical, NVLS in-switch reduction, NVLS-tree, pairwise all-to-all), and the
+  fastest one for this group and size is taken, as NCCL's tuner does;
+* inside a TPU slice, axis-by-axis collectives on the torus (``torus.py``); across
+  slices, the data-center network joins the slices hierarchically.
+
+What a group spans follows the plan's rank order (``topology.py``): how many nodes it
+touches, how many members share a node (the scale-up links they use), which fat-tree
+levels it climbs (the oversubscription it feels), and on a torus which axes it covers.
+Every algorithm runs at the pace of the slowest link it uses.
+
+Message sizes are nccl-tests sizes: the buffer of an all-reduce, the gathered (total)
+size of an all-gather or reduce-scatter, the per-rank send buffer of an all-to-all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from mpsim.cost.topology import GroupPlacement
+from mpsim.cost import nccl, torus
+from mpsim.cost.links import (LinkCost, in_switch_link, network_taper, scale_out_link, scale_up_link,
+                              transfer_s)
+from mpsim.cost.nccl import KINDS, Estimate, GpuGroup
+from mpsim.cost.topology import GroupPlacement, levels_climbed, torus_extent
 from mpsim.specs.system import SystemSpec
 
-
-@dataclass(frozen=True)
-class LinkCost:
-    """Alpha-beta parameters of one level of the machine, per rank."""
-
-    bandwidth: float  # bytes/s one rank can push, one direction
-    step_latency_s: float
-    half_bandwidth_bytes: float = 0.0  # Hockney's n_1/2 of the measured collective curve
+__all__ = ["KINDS", "Estimate", "LinkCost", "choose_algorithm", "collective_time", "p2p_time", "scale_out_link",
+           "scale_up_link"]
 
 
-def scale_up_link(system: SystemSpec) -> LinkCost:
-    """Per-device link inside a node."""
+def _taper(place: GroupPlacement, system: SystemSpec) -> float:
+    """Oversubscription felt by a group that spans several nodes."""
+    levels = system.scale_out.levels
+    if not levels:
+        return network_taper(system, None)
+    climbed = levels_climbed(place.node_ids(system.devices_per_node), [level.nodes for level in levels])
+    return network_taper(system, climbed)
+
+
+def gpu_group(place: GroupPlacement, system: SystemSpec) -> GpuGroup:
+    """The group as NCCL's algorithms see it on this system."""
     up = system.scale_up
-    return LinkCost(up.bandwidth_per_device * up.efficiency, up.step_latency, up.half_bandwidth_bytes)
+    nvls = in_switch_link(system)
+    return GpuGroup(
+        size=place.size, nodes=place.nodes, per_node=place.per_node,
+        intra=scale_up_link(system, place.per_node),
+        inter=scale_out_link(system, _taper(place, system) if place.nodes > 1 else 1.0),
+        base_latency_s=system.collective_base_latency,
+        in_switch=nvls,
+        in_switch_latency_s=up.in_switch_reduction.latency if up.in_switch_reduction else 0.0,
+        in_switch_min_ranks=up.in_switch_reduction.min_devices if up.in_switch_reduction else 0,
+    )
 
 
-def scale_out_link(system: SystemSpec) -> LinkCost:
-    """Per-device share of the node's NICs across nodes."""
-    out = system.scale_out
-    per_device = out.nic_bandwidth * out.nics_per_node / system.devices_per_node
-    return LinkCost(per_device * out.efficiency / out.oversubscription, out.step_latency, out.half_bandwidth_bytes)
+def torus_group(place: GroupPlacement, system: SystemSpec) -> torus.TorusGroup:
+    """The part of one slice's torus that the group's members on a slice cover."""
+    up = system.scale_up
+    assert up.torus is not None
+    per_node = system.devices_per_node
+    ranks = place.member_ranks(per_node)
+    first = ranks[0] // per_node
+    chips = [rank % per_node for rank in ranks if rank // per_node == first]
+    dims = up.torus.dims
+    extent = torus_extent(chips, dims)
+    wraps = tuple(extent[axis] == dims[axis] and up.torus.wraps(axis) for axis in range(len(dims)))
+    return torus.TorusGroup(tuple(extent), wraps, up.link_bandwidth * up.efficiency, up.step_latency,
+                            system.collective_base_latency)
 
 
-def ring_time(kind: str, message_bytes: float, n: int, link: LinkCost, base_latency_s: float) -> float:
-    """One ring collective over ``n`` ranks on ``link``."""
-    if n <= 1 or message_bytes <= 0:
-        return 0.0
+def _torus_estimates(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> list[Estimate]:
+    """Collectives inside a slice on its torus; across slices, hierarchically over the network."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
+    ici = torus_group(place, system)
+    if place.nodes == 1:
+        return [Estimate("torus", torus.collective_s(kind, message_bytes, ici))]
+    dcn = scale_out_link(system, _taper(place, system))
+    k, g, base = place.nodes, place.per_node, system.collective_base_latency
+    if kind == "all-to-all":
+        remote = (place.size - g) / place.size * message_bytes
+        seconds = torus.collective_s(kind, message_bytes * g / place.size, ici) + transfer_s(
+            base + (place.size - g) * dcn.step_latency_s, [(remote, dcn)], message_bytes)
+        return [Estimate("torus+pairwise", seconds)]
+    across = lambda phase, size: nccl.ring_on_link(phase, size, k, dcn, base)  # noqa: E731
+    inside = lambda phase, size: torus.collective_s(phase, size, ici)  # noqa: E731
     if kind == "all-reduce":
-        steps, volume = 2 * (n - 1), 2 * (n - 1) / n * message_bytes
-    elif kind in ("all-gather", "reduce-scatter"):
-        steps, volume = n - 1, (n - 1) / n * message_bytes
+        seconds = inside("reduce-scatter", message_bytes) + across("all-reduce", message_bytes / g) + inside(
+            "all-gather", message_bytes)
+    elif kind == "all-gather":
+        seconds = across("all-gather", message_bytes / g) + inside("all-gather", message_bytes)
     else:
-        raise ValueError(f"unknown collective {kind!r}")
-    latency_bound = base_latency_s + steps * link.step_latency_s + volume / link.bandwidth
-    # measured curves rise more slowly than the latency terms alone say: bus bandwidth
-    # follows S / (S + n_1/2) of its peak (fitted to nccl-tests, see the system file)
-    measured_shape = volume * (1.0 + link.half_bandwidth_bytes / message_bytes) / link.bandwidth
-    return max(latency_bound, measured_shape)
+        seconds = inside("reduce-scatter", message_bytes) + across("reduce-scatter", message_bytes / g)
+    return [Estimate("torus+ring" if g > 1 else "ring", seconds)]
+
+
+def algorithm_estimates(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> list[Estimate]:
+    """Every algorithm that applies, with its predicted seconds."""
+    if system.scale_up.topology == "torus":
+        return _torus_estimates(kind, message_bytes, place, system)
+    return nccl.candidates(kind, message_bytes, gpu_group(place, system))
+
+
+def choose_algorithm(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> Estimate:
+    """The fastest algorithm for this collective, group and size (what NCCL's tuner would pick)."""
+    if place.size <= 1 or message_bytes <= 0:
+        if kind not in KINDS:
+            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
+        return Estimate("none", 0.0)
+    return min(algorithm_estimates(kind, message_bytes, place, system), key=lambda estimate: estimate.time_s)
 
 
 def collective_time(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> float:
     """Seconds for ``kind`` on a group placed as ``place`` (message as nccl-tests sizes it)."""
-    n = place.size
-    if n <= 1 or message_bytes <= 0:
-        return 0.0
-    base = system.collective_base_latency
-    intra, inter = scale_up_link(system), scale_out_link(system)
-    if place.nodes == 1:
-        return ring_time(kind, message_bytes, n, intra, base)
-    if place.per_node == 1:
-        return ring_time(kind, message_bytes, n, inter, base)
-    g, k = place.per_node, place.nodes
-    if kind == "all-reduce":
-        return (ring_time("reduce-scatter", message_bytes, g, intra, base)
-                + ring_time("all-reduce", message_bytes / g, k, inter, base)
-                + ring_time("all-gather", message_bytes, g, intra, base))
-    if kind == "all-gather":
-        return (ring_time("all-gather", message_bytes / g, k, inter, base)
-                + ring_time("all-gather", message_bytes, g, intra, base))
-    if kind == "reduce-scatter":
-        return (ring_time("reduce-scatter", message_bytes, g, intra, base)
-                + ring_time("reduce-scatter", message_bytes / g, k, inter, base))
-    raise ValueError(f"unknown collective {kind!r}")
+    return choose_algorithm(kind, message_bytes, place, system).time_s
 
 
 def p2p_time(message_bytes: float, same_node: bool, system: SystemSpec) -> float:
-    """A point-to-point send between two ranks (pipeline activations and gradients)."""
+    """A point-to-point send between two ranks (pipeline activations and gradients).
+
+    Inside a node it uses the link between the two devices: the device's whole fabric
+    behind a switch, one peer link on a full mesh or a torus (pipeline neighbours are
+    taken to be torus neighbours). Across nodes it uses the sender's share of the NICs;
+    neighbouring nodes hang below one leaf switch, so only a network without levels
+    applies its oversubscription.
+    """
     if message_bytes <= 0:
         return 0.0
-    link = scale_up_link(system) if same_node else scale_out_link(system)
+    up = system.scale_up
+    if same_node:
+        bandwidth = up.bandwidth_per_device if up.topology == "switch" else up.link_bandwidth
+        link = LinkCost(bandwidth * up.efficiency, up.step_latency)
+    else:
+        link = scale_out_link(system, network_taper(system, None if not system.scale_out.levels else 0))
     return system.collective_base_latency + link.step_latency_s + message_bytes / link.bandwidth

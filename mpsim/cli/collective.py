@@ -1,0 +1,122 @@
+"""``mpsim collective``: predicted time and bus bandwidth of one collective, as nccl-tests prints it.
+
+Example::
+
+    mpsim collective --system dgx-h100 --op all-reduce --ranks 16 --nodes 2 --size 1MB..1GB
+
+Sizes follow nccl-tests: the buffer of an all-reduce, the gathered size of an all-gather
+or reduce-scatter, the send buffer of an all-to-all; a range ``A..B`` doubles from A to
+B like ``all_reduce_perf -b A -e B -f 2``. ``algbw`` is size over time; ``busbw`` scales
+it by the collective's factor (all-reduce ``2(n-1)/n``, the others ``(n-1)/n``) so it
+compares with a link's bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mpsim.errors import InputError
+
+FLOAT_BYTES = 4  # nccl-tests' default type
+
+
+def parse_sizes(text: str) -> list[float]:
+    """``64MB``, ``1MB,8MB`` or ``1MB..1GB`` (doubling) -> sizes in bytes."""
+    from mpsim.units import parse_quantity
+
+    def one(part: str) -> float:
+        try:
+            size = parse_quantity(part.strip(), "bytes")
+        except ValueError as exc:
+            raise InputError(str(exc), field="--size") from None
+        if size <= 0:
+            raise InputError(f"sizes must be positive, got {part.strip()!r}", field="--size")
+        return size
+
+    if ".." in text:
+        low_text, high_text = text.split("..", 1)
+        low, high = one(low_text), one(high_text)
+        if high < low:
+            raise InputError(f"range {text!r} ends below its start", field="--size")
+        sizes = []
+        size = low
+        while size <= high * (1 + 1e-9):
+            sizes.append(size)
+            size *= 2
+        return sizes
+    return [one(part) for part in text.split(",") if part.strip()]
+
+
+def bus_factor(kind: str, ranks: int) -> float:
+    """nccl-tests' bus bandwidth factor of ``kind`` on ``ranks`` ranks."""
+    return 2 * (ranks - 1) / ranks if kind == "all-reduce" else (ranks - 1) / ranks
+
+
+def _positive_int(text: str | None, flag: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise InputError(f"expected a whole number, got {text!r}", field=flag) from None
+    if value <= 0:
+        raise InputError(f"must be at least 1, got {value}", field=flag)
+    return value
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mpsim.cost.collectives import KINDS, algorithm_estimates, choose_algorithm
+    from mpsim.cost.topology import place_ranks
+    from mpsim.specs.catalog import load_system
+
+    if args.op not in KINDS:
+        raise InputError(f"unknown collective {args.op!r}; use one of {', '.join(KINDS)}", field="--op")
+    system = load_system(args.system, args.overrides)
+    ranks = _positive_int(args.ranks, "--ranks")
+    assert ranks is not None
+    per_node_max = system.devices_per_node
+    nodes = _positive_int(args.nodes, "--nodes") or -(-ranks // per_node_max)
+    if ranks % nodes:
+        raise InputError(f"{ranks} ranks do not split evenly over {nodes} nodes", field="--nodes")
+    per_node = ranks // nodes
+    if per_node > per_node_max:
+        raise InputError(f"{per_node} ranks per node, but a {system.name} node has {per_node_max} devices; "
+                         f"use --nodes {-(-ranks // per_node_max)} or more", field="--nodes")
+    sizes = parse_sizes(args.size)
+    members = [node * per_node_max + i for node in range(nodes) for i in range(per_node)]
+    place = place_ranks(members, per_node_max)
+
+    print(f"# mpsim collective: {args.op} on {system.name}, {ranks} ranks on {nodes} node"
+          f"{'s' if nodes > 1 else ''} ({per_node} per node)")
+    print(f"# {'size':>12s} {'count':>12s} {'type':>6s} {'redop':>6s} {'time':>10s} {'algbw':>8s} {'busbw':>8s}  algorithm")
+    print(f"# {'(B)':>12s} {'(elements)':>12s} {'':>6s} {'':>6s} {'(us)':>10s} {'(GB/s)':>8s} {'(GB/s)':>8s}")
+    redop = "sum" if args.op in ("all-reduce", "reduce-scatter") else "none"
+    for size in sizes:
+        if args.algorithm:
+            options = {e.algorithm: e for e in algorithm_estimates(args.op, size, place, system)}
+            if args.algorithm not in options:
+                raise InputError(f"{args.algorithm!r} does not apply here; available: {', '.join(options)}",
+                                 field="--algorithm")
+            estimate = options[args.algorithm]
+        else:
+            estimate = choose_algorithm(args.op, size, place, system)
+        time_s = estimate.time_s
+        algbw = size / time_s / 1e9 if time_s > 0 else 0.0  # one rank: nothing to do
+        busbw = algbw * bus_factor(args.op, ranks) if ranks > 1 else 0.0
+        print(f"  {size:12.0f} {size / FLOAT_BYTES:12.0f} {'float':>6s} {redop:>6s} {time_s * 1e6:10.2f} "
+              f"{algbw:8.2f} {busbw:8.2f}  {estimate.algorithm}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``collective`` to the command parser."""
+    parser = commands.add_parser("collective", help="predicted time and bus bandwidth of a collective (nccl-tests units)")
+    parser.add_argument("--system", required=True, help="system name or file (see `mpsim hardware list`)")
+    parser.add_argument("--op", default="all-reduce", help="all-reduce, all-gather, reduce-scatter or all-to-all")
+    parser.add_argument("--ranks", required=True, help="ranks in the group")
+    parser.add_argument("--nodes", help="nodes the ranks spread over (default: as few as fit)")
+    parser.add_argument("--size", default="1MB..1GB", help="size, list (a,b) or doubling range (a..b), e.g. 1MiB..1GiB")
+    parser.add_argument("--algorithm", help="force an algorithm (ring, tree, nvls, ...) like NCCL_ALGO")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a field of the system, e.g. --set scale_out.oversubscription=2")
+    parser.set_defaults(handler=_run)

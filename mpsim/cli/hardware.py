@@ -1,0 +1,148 @@
+"""``mpsim hardware list`` and ``mpsim hardware show NAME``: the hardware library.
+
+``list`` prints one line per accelerator and per system; ``show`` prints every number of
+one of them with its unit, what it means for a collective (achieved bandwidth per link
+level, the algorithm NCCL or the TPU runtime would use), and the file it came from, whose
+comments give the source of each number.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mpsim.errors import InputError
+
+
+def _gb(bytes_per_s: float) -> str:
+    value = bytes_per_s / 1e9
+    return f"{value:.0f} GB/s" if value >= 10 else f"{value:.2g} GB/s"
+
+
+def _tflops(flops: float) -> str:
+    return f"{flops / 1e12:g} TFLOP/s"
+
+
+def _accelerator_lines(acc) -> list[str]:
+    from mpsim.units import format_bytes, format_seconds
+
+    eff = acc.efficiency
+    peaks = ", ".join(f"{dtype} {_tflops(value)}" for dtype, value in acc.peak_flops.items())
+    return [
+        f"accelerator   {acc.name} ({acc.vendor}) - {acc.description.strip()}",
+        f"peak (dense)  {peaks}",
+        f"memory        {format_bytes(acc.memory.capacity)} at {_gb(acc.memory.bandwidth)}",
+        f"compute units {acc.compute_units} (GEMM output tile {eff.gemm_tile[0]} x {eff.gemm_tile[1]})",
+        f"efficiency    GEMM {eff.gemm:.1%}, HBM {eff.memory:.0%}, attention forward {eff.attention_forward:.0%} / "
+        f"backward {eff.attention_backward:.0%}, kernel overhead {format_seconds(eff.kernel_overhead)}",
+    ]
+
+
+def _system_lines(system) -> list[str]:
+    from mpsim.cost.collectives import choose_algorithm
+    from mpsim.cost.topology import place_ranks
+    from mpsim.units import format_bytes, format_seconds
+
+    up, out = system.scale_up, system.scale_out
+    lines = [f"system        {system.name} - {' '.join(system.description.split())}",
+             f"node          {system.devices_per_node} x {system.accelerator.name}"]
+    fabric = f"scale-up      {up.name or up.topology}: {up.topology}, {_gb(up.bandwidth_per_device)} per device per " \
+             f"direction"
+    if up.links_per_device:
+        fabric += f" over {up.links_per_device} links of {_gb(up.link_bandwidth)}"
+    lines.append(fabric)
+    lines.append(f"              achieved {up.efficiency:.1%} on large messages, {format_seconds(up.step_latency)} per "
+                 f"step; curve n_1/2 {format_bytes(up.half_bandwidth_bytes)}, exponent {up.curve_exponent:g}")
+    if up.torus is not None:
+        wraps = ", ".join("wraps" if up.torus.wraps(axis) else "open" for axis in range(len(up.torus.dims)))
+        lines.append(f"torus         {' x '.join(str(d) for d in up.torus.dims)} ({wraps})")
+    if up.in_switch_reduction is not None:
+        nvls = up.in_switch_reduction
+        lines.append(f"in-switch     reduction (NVLS) from {nvls.min_devices} devices: {nvls.efficiency:.1%} of the link "
+                     f"rate, {format_seconds(nvls.latency)}; curve n_1/2 {format_bytes(nvls.half_bandwidth_bytes)}, "
+                     f"exponent {nvls.curve_exponent:g}")
+    per_device = out.nic_bandwidth * out.nics_per_node / system.devices_per_node
+    lines.append(f"scale-out     {out.name or out.topology}: {out.topology}, {out.nics_per_node} x "
+                 f"{out.nic_bandwidth * 8 / 1e9:g} Gb/s per node = {_gb(per_device)} per device, achieved "
+                 f"{out.efficiency:.0%}, {format_seconds(out.step_latency)} per step")
+    for index, level in enumerate(out.levels):
+        joins = f"{level.nodes} nodes" if level.nodes else "all nodes"
+        lines.append(f"  level       {level.name}: joins {joins}, oversubscription {out.level_oversubscription(index):g}:1")
+    if not out.levels:
+        lines.append(f"  levels      one switch level, oversubscription {out.oversubscription:g}:1")
+    lines.append(f"latency       {format_seconds(system.collective_base_latency)} per collective call; "
+                 f"{system.collective_channels} SMs held by a running collective")
+    node = place_ranks(list(range(system.devices_per_node)), system.devices_per_node)
+    size = 2**30
+    estimate = choose_algorithm("all-reduce", size, node, system)
+    n = system.devices_per_node
+    busbw = size / estimate.time_s * 2 * (n - 1) / n if n > 1 else 0.0
+    lines.append(f"all-reduce    1 GiB over one node: {format_seconds(estimate.time_s)}, busbw {_gb(busbw)} "
+                 f"({estimate.algorithm})")
+    return lines
+
+
+def _list(args: argparse.Namespace) -> int:
+    from mpsim.specs.catalog import accelerator_names, load_accelerator, load_system, system_names
+
+    print(f"{'accelerator':18s} {'vendor':8s} {'bf16/fp16':>15s} {'memory':>9s} {'HBM':>10s} {'GEMM eff':>9s}")
+    for name in accelerator_names():
+        acc = load_accelerator(name)
+        peak = acc.peak_flops.get("bf16") or acc.peak_flops.get("fp16") or max(acc.peak_flops.values())
+        print(f"{acc.name:18s} {acc.vendor:8s} {_tflops(peak):>15s} {acc.memory.capacity / 2**30:5.0f} GiB "
+              f"{_gb(acc.memory.bandwidth):>10s} {acc.efficiency.gemm:9.1%}")
+    print()
+    print(f"{'system':18s} {'accelerator':16s} {'per node':>8s} {'scale-up':>30s} {'scale-out per device':>22s}")
+    for name in system_names():
+        system = load_system(name)
+        up = system.scale_up
+        extra = " +NVLS" if up.in_switch_reduction else ""
+        if up.torus is not None:
+            extra = " " + "x".join(str(d) for d in up.torus.dims)
+        out = system.scale_out
+        share = out.nic_bandwidth * out.nics_per_node / system.devices_per_node
+        print(f"{system.name:18s} {system.accelerator.name:16s} {system.devices_per_node:8d} "
+              f"{up.topology + extra + ' ' + _gb(up.bandwidth_per_device):>30s} {_gb(share):>22s}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from mpsim.paths import display_path
+    from mpsim.specs.catalog import accelerator_file, load_accelerator, load_system, system_file
+
+    try:
+        path = system_file(args.name)
+    except InputError:
+        path = None
+    if path is not None:
+        system = load_system(args.name)
+        print("\n".join(_system_lines(system)))
+        print()
+        print("\n".join(_accelerator_lines(system.accelerator)))
+        print(f"\nfile          {display_path(path)} (sources of every number in its comments)")
+        return 0
+    try:
+        path = accelerator_file(args.name)
+    except InputError:
+        import difflib
+
+        from mpsim.paths import normalize_name
+        from mpsim.specs.catalog import accelerator_names, system_names
+
+        known = system_names() + accelerator_names()
+        close = difflib.get_close_matches(normalize_name(args.name), known, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "see `mpsim hardware list`"
+        raise InputError(f"no system or accelerator named {args.name!r}; {hint}", field="NAME") from None
+    print("\n".join(_accelerator_lines(load_accelerator(args.name))))
+    print(f"\nfile          {display_path(path)} (sources of every number in its comments)")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``hardware list`` and ``hardware show`` to the command parser."""
+    hardware = commands.add_parser("hardware", help="list or show the accelerators and systems of the hardware library")
+    actions = hardware.add_subparsers(dest="hardware_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="one line per accelerator and system")
+    listing.set_defaults(handler=_list)
+    show = actions.add_parser("show", help="every number of one accelerator or system")
+    show.add_argument("name", metavar="NAME", help="accelerator or system name (or file)")
+    show.set_defaults(handler=_show)
