@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mpsim.cost.actions import (ActionCost, CostModel, grad_buckets, optimizer_s, overlapped_cost, pipeline_transfer_s,
-                                stage_costs, tied_embedding_sync_s)
+from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost, stage_costs
+from mpsim.cost.step import (final_grad_buckets, microbatch_grad_buckets, optimizer_s, pipeline_transfer_s,
+                             tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, simulate as run_engine
 from mpsim.engine.core import duration_key
 from mpsim.schedules.actions import Overlapped
@@ -54,11 +55,20 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
     for stage in range(schedule.num_stages - 1):
         seconds = pipeline_transfer_s(workload, model, rank_of[stage], rank_of[stage + 1])
         transfer[(stage, stage + 1)] = transfer[(stage + 1, stage)] = seconds
-    buckets = {stage: tuple(GradBucket(*bucket) for bucket in grad_buckets(work.params, model))
+    buckets = {stage: tuple(GradBucket(*bucket) for bucket in final_grad_buckets(work, model))
                for stage, work in enumerate(workload.stages)}
-    params_per_rank = [0.0] * schedule.num_ranks
+    # asynchronous reductions some actions start on the DP stream (ZeRO-2 per microbatch,
+    # ZeRO-3 per layer)
+    action_buckets: dict[tuple, tuple[GradBucket, ...]] = {}
+    for key, cost in costs.items():
+        per_action = list(cost.async_dp)
+        if key[1] in ("B", "W") and len(key) == 2:
+            per_action += microbatch_grad_buckets(workload.stages[key[0]], model)
+        if per_action:
+            action_buckets[key] = tuple(GradBucket(*bucket) for bucket in per_action)
+    works_per_rank: list[list] = [[] for _ in range(schedule.num_ranks)]
     for stage, work in enumerate(workload.stages):
-        params_per_rank[rank_of[stage]] += work.params
+        works_per_rank[rank_of[stage]].append(work)
     first, last = rank_of[0], rank_of[-1]
     pair_syncs: tuple[tuple[int, int, float, str], ...] = ()
     if scenario.model.tied_embeddings and first != last:
@@ -71,7 +81,8 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         grad_buckets=buckets,
         overlap_grad_sync=scenario.training.overlap_grad_reduce,
         pair_syncs=pair_syncs,
-        finalize_s=tuple(optimizer_s(params, model) for params in params_per_rank),
+        finalize_s=tuple(optimizer_s(works, model) for works in works_per_rank),
+        action_buckets=action_buckets,
         send_blocking=scenario.training.pp_send_blocking,
     )
 

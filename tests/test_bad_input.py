@@ -62,7 +62,7 @@ CASES = [
      ["parallel.recompute", "selective"]),
     ("unsupported dtype", BASE + "training:\n  dtype: fp8\n", [], ["training.dtype", "fp8", "a100"]),
     ("bad order", BASE.replace("schedule: 1f1b", "schedule: 1f1b\n  order: tp-pp"), [],
-     ["parallel.order", "each of tp, dp, pp"]),
+     ["parallel.order", "each of tp, cp, dp, pp"]),
     ("missing scenario file", None, ["does/not/exist.yaml"], ["does/not/exist.yaml", "not found"]),
     ("missing schedule file", BASE.replace("schedule: 1f1b", "schedule: file:nope.txt"), [],
      ["parallel.schedule", "nope.txt", "not found"]),

@@ -8,7 +8,7 @@ from mpsim.specs import load_scenario, resolve_layout
 from mpsim.workload.flops import model_flops_per_sequence
 from mpsim.workload.memory import layer_activation_bytes, layer_weight_grad_buffer_bytes
 from mpsim.workload.stages import build_workload, layer_context
-from mpsim.workload.transformer import layer_passes
+from mpsim.workload.transformer import layer_work
 from mpsim.workload.ops import pass_flops
 
 SCENARIO = "scenarios/megatron_22b_8xa100.yaml"
@@ -61,7 +61,7 @@ def test_model_flops_matches_nemo_for_llama():
 
 def test_layer_gemm_flops_are_24bsh2_per_tp_rank():
     _, ctx = context("parallel.sequence_parallel=false")
-    passes = layer_passes(ctx)
+    passes = layer_work(ctx)
     s, b, h, t = 2048, 4, 6144, 8
     forward = pass_flops(passes.forward)
     assert forward == pytest.approx(24 * b * s * h * h * (1 + s / (6 * h)) / t, rel=1e-9)

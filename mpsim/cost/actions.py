@@ -1,38 +1,32 @@
-"""From per-stage work to the seconds the engine runs on.
+"""From per-stage work to the seconds of each action.
 
 Each pass of a stage (forward, combined backward, input-gradient, weight-gradient) is
-priced op by op into an :class:`ActionCost`: its duration on the compute stream and
-the segments inside it (compute ops, TP collectives, and how much of each collective
-hides under compute). Stages that share their work share their costs.
+priced op by op into an :class:`ActionCost`: its duration on the compute stream and the
+segments inside it (compute ops, TP and CP collectives and how much of each hides under
+compute, ZeRO-3 parameter gathers waited for). Stages that share their work share their
+costs. Per-step costs (gradient buckets, optimizer, pipeline transfers) are in
+``step.py``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.compute import ComputeModel
-from mpsim.cost.topology import group_placement, pipeline_neighbours_share_node, place_ranks
+from mpsim.cost.groups import group_placements
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
 from mpsim.workload.stages import Workload
 
-# Adam step per parameter (Megatron mixed precision): read the fp32 grad for the global norm
-# used by clipping (4 B); read fp32 grad, master weight, m, v (16 B) and write master, m, v
-# (12 B) in the fused Adam kernel; copy the master weight to the bf16 model weight (4 B
-# read, 2 B written).
-ADAM_BYTES_PER_PARAM = 38
-GRAD_ZERO_BYTES_PER_PARAM = 4
-
 
 @dataclass(frozen=True)
 class Segment:
-    """A piece of an action: a compute op on the compute stream or a collective on the TP stream."""
+    """A piece of an action: a compute op, or a collective on the TP or DP stream."""
 
-    stream: str  # "compute" or "tp"
-    category: str  # "forward", "backward", "recompute", "weight-grad", "tp-comm"
+    stream: str  # "compute", "tp" (collectives on the critical path or overlapped), "dp"
+    category: str  # "forward", "backward", "recompute", "weight-grad", "tp-comm", "dp-comm"
     label: str
     offset_s: float
     duration_s: float
@@ -44,10 +38,12 @@ class ActionCost:
 
     duration_s: float
     compute_s: float
-    tp_comm_s: float
-    tp_exposed_s: float
+    tp_comm_s: float  # TP (and CP, EP) collectives inside the action
+    tp_exposed_s: float  # of which not hidden under compute
     flops: float
     segments: tuple[Segment, ...]
+    dp_exposed_s: float = 0.0  # waiting for ZeRO-3 parameter gathers
+    async_dp: tuple[tuple[float, float, str], ...] = ()  # (ready fraction, seconds, label) on the DP stream
 
 
 class CostModel:
@@ -58,7 +54,7 @@ class CostModel:
         self.layout = layout
         self.system = scenario.cluster.system
         self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype)
-        self.placements = {dim: group_placement(layout, dim) for dim in ("tp", "dp", "pp")}
+        self.placements = group_placements(layout)
         # share of the SMs a running collective takes from compute that overlaps it
         self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
         self._passes: dict[int, tuple[Pass, ActionCost]] = {}
@@ -66,7 +62,11 @@ class CostModel:
     def collective_s(self, op: Op) -> float:
         """Seconds of a collective op on its group."""
         assert op.collective is not None
-        return collective_time(op.collective, op.message_bytes, self.placements[op.group], self.system)
+        place = self.placements[op.group]
+        if op.collective == "send-recv":
+            # a ring: every rank passes a block to its neighbour, size - 1 times
+            return (place.size - 1) * p2p_time(op.message_bytes, place.nodes == 1, self.system)
+        return collective_time(op.collective, op.message_bytes, place, self.system)
 
     def overlapped_s(self, compute_s: float, comm_s: float) -> float:
         """Wall time of ``compute_s`` of work overlapped with a ``comm_s`` collective.
@@ -84,9 +84,20 @@ class CostModel:
         cached = self._passes.get(id(work))
         if cached is not None and cached[0] is work:
             return cached[1]
-        clock = compute = comm = exposed = flops = 0.0
+        clock = compute = comm = exposed = flops = dp_wait = 0.0
+        previous_start = 0.0
         segments: list[Segment] = []
+        releases: list[tuple[float, float, str]] = []
         for block in work:
+            if block.gather is not None:
+                # ZeRO-3 / FSDP: issued when the previous block started (prefetch)
+                gather_s = self.collective_s(block.gather)
+                segments.append(Segment("dp", "dp-comm", f"{block.label} {block.gather.name}", previous_start,
+                                        gather_s))
+                if previous_start + gather_s > clock:
+                    dp_wait += previous_start + gather_s - clock
+                    clock = previous_start + gather_s
+            previous_start = clock
             for item in block.items:
                 if isinstance(item, Overlap):
                     comm_s = self.collective_s(item.comm)
@@ -115,7 +126,10 @@ class CostModel:
                     clock += op_s
                     compute += op_s
                     flops += item.flops
-        cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments))
+            if block.release is not None:
+                releases.append((clock, self.collective_s(block.release), f"{block.label} {block.release.name}"))
+        async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
+        cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp)
         self._passes[id(work)] = (work, cost)
         return cost
 
@@ -143,44 +157,6 @@ def overlapped_cost(forward: ActionCost, backward: ActionCost) -> ActionCost:
     segments = forward.segments + tuple(
         Segment(seg.stream, seg.category, seg.label, seg.offset_s + shift, seg.duration_s) for seg in backward.segments)
     # the pair's segments are laid end to end; the span is the overlapped duration
-    return ActionCost(compute + exposed, compute, forward.tp_comm_s + backward.tp_comm_s, exposed,
-                      forward.flops + backward.flops, segments)
-
-
-def grad_buckets(params: float, model: CostModel) -> tuple[tuple[float, float, str], ...]:
-    """DP gradient buckets of a stage: (ready fraction of its last backward, seconds, label)."""
-    layout, training = model.layout, model.scenario.training
-    if layout.dp == 1 or params <= 0:
-        return ()
-    grad_bytes = params * (4 if training.fp32_grad_accumulation else 2)
-    count = max(1, math.ceil(grad_bytes / training.grad_reduce_bucket_bytes))
-    kind = "reduce-scatter" if training.distributed_optimizer else "all-reduce"
-    seconds = collective_time(kind, grad_bytes / count, model.placements["dp"], model.system)
-    return tuple(((i + 1) / count, seconds, f"grad {kind} {i + 1}/{count}") for i in range(count))
-
-
-def optimizer_s(params: float, model: CostModel) -> float:
-    """Seconds of the optimizer step (and the parameter all-gather when it is sharded)."""
-    layout, training = model.layout, model.scenario.training
-    bandwidth = model.compute.memory_bandwidth
-    shard = params / layout.dp if training.distributed_optimizer else params
-    seconds = (shard * ADAM_BYTES_PER_PARAM + params * GRAD_ZERO_BYTES_PER_PARAM) / bandwidth
-    if training.distributed_optimizer and layout.dp > 1:
-        seconds += collective_time("all-gather", params * 2, model.placements["dp"], model.system)
-    return seconds
-
-
-def pipeline_transfer_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int) -> float:
-    """Seconds to send one microbatch's activation (or gradient) between two pipeline ranks."""
-    if rank_a == rank_b:
-        return 0.0
-    same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
-    return p2p_time(workload.p2p_bytes, same_node, model.system)
-
-
-def tied_embedding_sync_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int) -> float:
-    """Megatron all-reduces the tied embedding's fp32 gradient between first and last stage."""
-    layout = model.layout
-    place = place_ranks([rank_a * layout.stride("pp"), rank_b * layout.stride("pp")], layout.devices_per_node)
-    grad_bytes = workload.vocab_padded // layout.tp * model.scenario.model.hidden_size * 4
-    return collective_time("all-reduce", grad_bytes, place, model.system)
+    dp_wait = forward.dp_exposed_s + backward.dp_exposed_s
+    return ActionCost(compute + exposed + dp_wait, compute, forward.tp_comm_s + backward.tp_comm_s, exposed,
+                      forward.flops + backward.flops, segments, dp_wait, forward.async_dp + backward.async_dp)

@@ -50,6 +50,8 @@ class EngineInput:
     pair_syncs: tuple[tuple[int, int, float, str], ...] = ()  # (rank a, rank b, seconds, label) after DP sync
     finalize_s: tuple[float, ...] = ()  # per rank, after all syncs (optimizer step)
     send_blocking: bool = False
+    # reductions an action starts on the DP stream every time it runs (ZeRO-2/3), by duration key
+    action_buckets: Mapping[tuple, tuple[GradBucket, ...]] = field(default_factory=dict)
 
 
 def duration_key(item: Item) -> tuple:
@@ -111,23 +113,48 @@ class _Run:
             waiting._value = None
             self.env.schedule(waiting, delay=at - self.env.now)
 
-    def _rank(self, rank: int):  # noqa: C901 - one loop, kept together so the event flow reads top down
-        env, inp, num_stages = self.env, self.inp, self.schedule.num_stages
+    def _plan(self, rank: int) -> list[tuple]:
+        """Everything about each item of a rank that does not depend on time, computed once.
+
+        Per item: the item, its duration, the remote inputs it waits for, the outputs it
+        sends (key, consumer rank, link, transfer seconds, producing action), the
+        reductions it starts on the DP stream, and the stages whose gradients it completes.
+        """
+        inp, num_stages = self.inp, self.schedule.num_stages
         stage_to_rank = self.schedule.stage_to_rank
+        plan = []
+        for index, item in enumerate(self.schedule.actions[rank]):
+            inputs, outputs, completes = [], [], []
+            for action in parts(item):
+                key = _input_of(action, num_stages)
+                if key is not None and stage_to_rank[key[1] + (-1 if key[0] == "act" else 1)] != rank:
+                    inputs.append(key)  # produced on another rank (same-rank inputs come earlier in the list)
+                produced = _output_of(action, num_stages)
+                if produced is not None and stage_to_rank[produced[1]] != rank:
+                    consumer = stage_to_rank[produced[1]]
+                    outputs.append((produced[0], consumer, (rank, consumer),
+                                    inp.transfer_s.get((action.stage, produced[1]), 0.0), action))
+                if inp.overlap_grad_sync and self.last_backward.get((rank, action.stage)) == index:
+                    completes.append(action.stage)
+            key = duration_key(item)
+            plan.append((item, inp.action_s[key], tuple(inputs), tuple(outputs),
+                         inp.action_buckets.get(key, ()), tuple(completes)))
+        return plan
+
+    def _rank(self, rank: int):
+        env, inp = self.env, self.inp
         records = self.timeline.actions[rank]
+        transfers = self.timeline.transfers
         dp_free = 0.0
         sends_done = 0.0
-        for index, item in enumerate(self.schedule.actions[rank]):
+        for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
             if inp.send_blocking and sends_done > env.now:
                 wait_from = env.now
                 yield env.timeout(sends_done - env.now)
                 self.timeline.send_waits.append((rank, wait_from, env.now))
             ready = env.now
             sent = None
-            for action in parts(item):
-                key = _input_of(action, num_stages)
-                if key is None or stage_to_rank[key[1] + (-1 if key[0] == "act" else 1)] == rank:
-                    continue  # no input, or one produced earlier on this rank
+            for key in inputs:
                 at = self.arrival.pop(key, None)
                 if at is None:
                     event = self.waiting[key] = env.event()
@@ -136,27 +163,23 @@ class _Run:
                     yield env.timeout(at - env.now)
                 sent = self.sent_at[key] if sent is None else max(sent, self.sent_at[key])
             start = env.now
-            duration = inp.action_s[duration_key(item)]
             if duration > 0:
                 yield env.timeout(duration)
             end = env.now
             records.append(ActionRecord(rank, index, item, ready, start, end, sent))
-            for action in parts(item):
-                produced = _output_of(action, num_stages)
-                if produced is not None:
-                    out_key, consumer_stage = produced
-                    consumer = stage_to_rank[consumer_stage]
-                    if consumer != rank:
-                        link = (rank, consumer)
-                        tx_start = max(end, self.link_free.get(link, 0.0))
-                        tx_end = tx_start + inp.transfer_s.get((action.stage, consumer_stage), 0.0)
-                        self.link_free[link] = tx_end
-                        self.sent_at[out_key] = end
-                        self.timeline.transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
-                        self._deliver(out_key, tx_end)
-                        sends_done = max(sends_done, tx_end)
-                if inp.overlap_grad_sync and self.last_backward.get((rank, action.stage)) == index:
-                    dp_free = self._sync_buckets(rank, action.stage, start, end, dp_free)
+            if buckets:
+                dp_free = self._start_buckets(rank, buckets, start, end, dp_free, f"{item}")
+            for out_key, consumer, link, seconds, action in outputs:
+                tx_start = max(end, self.link_free.get(link, 0.0))
+                tx_end = tx_start + seconds
+                self.link_free[link] = tx_end
+                self.sent_at[out_key] = end
+                transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
+                self._deliver(out_key, tx_end)
+                if tx_end > sends_done:
+                    sends_done = tx_end
+            for stage in completes:
+                dp_free = self._sync_buckets(rank, stage, start, end, dp_free)
         if inp.send_blocking and sends_done > env.now:
             wait_from = env.now
             yield env.timeout(sends_done - env.now)
@@ -169,12 +192,17 @@ class _Run:
         self.grad_done[rank] = max(dp_free, records[-1].end_s if records else 0.0)
 
     def _sync_buckets(self, rank: int, stage: int, start: float, end: float, dp_free: float) -> float:
-        for bucket in self.inp.grad_buckets.get(stage, ()):
+        return self._start_buckets(rank, self.inp.grad_buckets.get(stage, ()), start, end, dp_free, f"stage {stage}")
+
+    def _start_buckets(self, rank: int, buckets: tuple[GradBucket, ...], start: float, end: float, dp_free: float,
+                       label: str) -> float:
+        """Queue reductions on the rank's DP stream as an action running start..end produces them."""
+        for bucket in buckets:
             ready = start + bucket.ready_fraction * (end - start)
             begin = max(ready, dp_free)
             dp_free = begin + bucket.duration_s
             if bucket.duration_s > 0:
-                self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"stage {stage} {bucket.label}", begin, dp_free))
+                self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, dp_free))
         return dp_free
 
     def execute(self) -> Timeline:

@@ -1,4 +1,9 @@
-"""Peak memory per pipeline rank: model state plus activations as the schedule holds them.
+"""Peak memory per pipeline rank, by category, and activation memory over time.
+
+Categories: weights, gradients and optimizer state (sharded per the ZeRO stage),
+activations as the schedule holds them, temporary communication buffers, the
+framework's reserved memory and allocator fragmentation (both configurable in
+``training``).
 
 Activations are counted by walking the rank's action list: a forward adds the stage's
 per-microbatch activations, a full backward frees them, an input-gradient backward frees
@@ -12,23 +17,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.schedules.actions import Schedule, flat, parts
+from mpsim.specs.layout import Layout
+from mpsim.specs.scenario import Scenario
 from mpsim.workload.memory import model_state_bytes
 from mpsim.workload.stages import Workload
 
 
 @dataclass(frozen=True)
 class RankMemory:
-    """Memory of one pipeline rank (every TP/DP peer holds the same)."""
+    """Memory of one pipeline rank at its peak (every TP/DP peer holds the same)."""
 
     rank: int
     stages: tuple[int, ...]
-    params: float
+    params: float  # parameters the rank's stages have on one device, before ZeRO sharding
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
     activations_peak_bytes: float
     peak_in_flight: int  # (stage, microbatch) forwards held at the peak
+    buffers_bytes: float  # temporary communication buffers (gathered inputs, ZeRO-3 layers, MoE all-to-all)
+    reserved_bytes: float  # framework memory outside tensors (training.memory_reserved)
+    fragmentation_bytes: float
     capacity_bytes: float
+    layer_state_bytes: float = 0.0  # weights + gradients + optimizer of the transformer layers only
 
     @property
     def model_state_bytes(self) -> float:
@@ -36,7 +47,8 @@ class RankMemory:
 
     @property
     def peak_memory_bytes(self) -> float:
-        return self.model_state_bytes + self.activations_peak_bytes
+        return (self.model_state_bytes + self.activations_peak_bytes + self.buffers_bytes + self.reserved_bytes
+                + self.fragmentation_bytes)
 
     @property
     def fits(self) -> bool:
@@ -46,7 +58,8 @@ class RankMemory:
     def largest_category(self) -> str:
         """The category that takes the most memory (what to shrink first)."""
         parts = {"weights": self.weights_bytes, "gradients": self.grads_bytes,
-                 "optimizer state": self.optimizer_bytes, "activations": self.activations_peak_bytes}
+                 "optimizer state": self.optimizer_bytes, "activations": self.activations_peak_bytes,
+                 "communication buffers": self.buffers_bytes, "reserved": self.reserved_bytes}
         return max(parts, key=parts.__getitem__)
 
 
@@ -91,15 +104,35 @@ def activation_walk(schedule: Schedule, rank: int, workload: Workload) -> tuple[
     return peak, peak_count
 
 
-def rank_memory(schedule: Schedule, workload: Workload, capacity_bytes: float, *, dp: int,
-                grad_bytes: int, distributed_optimizer: bool) -> list[RankMemory]:
-    """Memory of every pipeline rank."""
+def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
+    """Transient communication buffers at the peak: the largest of them is live at a time."""
+    ctx = workload.context
+    gathered_input = ctx.activation_message if layout.tp > 1 and layout.sequence_parallel else 0.0
+    zero3_layers = 2 * max((w.largest_layer_params for w in works), default=0.0) * 2 if layout.zero_stage >= 3 else 0.0
+    return gathered_input + zero3_layers
+
+
+def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Workload) -> list[RankMemory]:
+    """Memory of every pipeline rank, by category."""
+    training = scenario.training
+    capacity = scenario.cluster.system.accelerator.memory.capacity
+    grad_bytes = 4 if training.fp32_grad_accumulation else 2
     result = []
     for rank in range(schedule.num_ranks):
         stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
-        params = sum(workload.stages[s].params for s in stages)
-        state = model_state_bytes(params, grad_bytes=grad_bytes, dp=dp, distributed_optimizer=distributed_optimizer)
+        works = [workload.stages[s] for s in stages]
+        dense = sum(w.params for w in works)
+        experts = sum(w.expert_params for w in works)
+        kwargs = dict(grad_bytes=grad_bytes, zero_stage=layout.zero_stage, optimizer=training.optimizer)
+        state = model_state_bytes(dense, shard=layout.zero_shard_size, **kwargs)
+        expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
+        layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.zero_shard_size, **kwargs)
         peak, count = activation_walk(schedule, rank, workload)
-        result.append(RankMemory(rank, stages, params, state.weights_bytes, state.grads_bytes,
-                                 state.optimizer_bytes, peak, count, capacity_bytes))
+        buffers = _buffers_bytes(works, workload, layout)
+        allocated = state.total_bytes + expert_state.total_bytes + peak + buffers
+        result.append(RankMemory(
+            rank, stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
+            state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,
+            peak, count, buffers, training.memory_reserved, allocated * training.memory_fragmentation, capacity,
+            layers.total_bytes))
     return result

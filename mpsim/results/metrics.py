@@ -130,9 +130,7 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
     hardware_flops = executed * layout.tp * layout.dp
     peak_flops = accelerator.peak(scenario.training.dtype)
     capacity = accelerator.memory.capacity
-    memory = rank_memory(result.schedule, result.workload, capacity, dp=layout.dp,
-                         grad_bytes=4 if scenario.training.fp32_grad_accumulation else 2,
-                         distributed_optimizer=scenario.training.distributed_optimizer)
+    memory = rank_memory(scenario, layout, result.schedule, result.workload)
     peak_memory = max(m.peak_memory_bytes for m in memory)
     mean = lambda values: sum(values) / n  # noqa: E731
     idle = [r.idle_s for r in ranks]

@@ -23,7 +23,7 @@ def _memory_rows(summary: Summary) -> list[str]:
         worst = max(range(len(memory)), key=lambda r: memory[r].peak_memory_bytes)
         shown = sorted({0, 1, len(memory) - 2, len(memory) - 1, worst})
     header = f"    {'rank':>4}  {'stages':<12} {'weights':>11} {'grads':>11} {'optimizer':>11} " \
-             f"{'activations':>11} {'in flight':>9} {'total':>11}"
+             f"{'activations':>11} {'in flight':>9} {'buffers':>11} {'other':>10} {'total':>11}"
     rows = [header]
     previous = -1
     for r in shown:
@@ -36,7 +36,9 @@ def _memory_rows(summary: Summary) -> list[str]:
         flag = "" if m.fits else f"  OUT OF MEMORY (largest: {m.largest_category})"
         rows.append(f"    {m.rank:>4}  {stages:<12} {format_bytes(m.weights_bytes):>11} {format_bytes(m.grads_bytes):>11} "
                     f"{format_bytes(m.optimizer_bytes):>11} {format_bytes(m.activations_peak_bytes):>11} "
-                    f"{m.peak_in_flight:>9} {format_bytes(m.peak_memory_bytes):>11}{flag}")
+                    f"{m.peak_in_flight:>9} {format_bytes(m.buffers_bytes):>11} "
+                    f"{format_bytes(m.reserved_bytes + m.fragmentation_bytes):>10} "
+                    f"{format_bytes(m.peak_memory_bytes):>11}{flag}")
         previous = r
     return rows
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from mpsim.errors import InputError
 from mpsim.specs.scenario import Scenario
 
-ORDER_DIMS = ("tp", "dp", "pp")
+ORDER_DIMS = ("tp", "cp", "dp", "pp")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,12 @@ class Layout:
     pp: int
     dp: int
     vpp: int
+    cp: int
+    cp_comm: str
+    ep: int
+    etp: int
+    zero_stage: int
+    zero_shard_size: int  # DP ranks a ZeRO shard spans (dp unless hybrid sharding)
     microbatch_size: int
     global_batch_size: int
     num_microbatches: int
@@ -32,6 +38,11 @@ class Layout:
     devices_per_node: int
     order: tuple[str, ...]  # innermost first
     sequence_parallel: bool
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert: the ranks of a pipeline stage that share its experts' shards."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def num_stages(self) -> int:
@@ -81,12 +92,44 @@ def resolve_layout(scenario: Scenario) -> Layout:
         raise fail("parallel.tp", f"tp={tp} does not divide the {system.devices_per_node} devices of a node, so some "
                                   f"TP groups would straddle two nodes; use one of {_divisors(system.devices_per_node)}")
 
-    if devices % (tp * pp):
-        raise fail("parallel", f"tp x pp = {tp} x {pp} = {tp * pp} does not divide the cluster's {devices} devices")
-    dp = plan.dp if plan.dp is not None else devices // (tp * pp)
-    if tp * pp * dp != devices:
-        raise fail("parallel.dp", f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp}, but the cluster has "
-                                  f"{devices} devices; set dp={devices // (tp * pp)} or omit it")
+    cp = plan.cp
+    if cp > 1:
+        chunks = 2 * cp if plan.cp_comm != "all-to-all" else cp
+        if model.seq_length % chunks:
+            raise fail("parallel.cp", f"context parallelism splits the sequence into {chunks} chunks (load-balanced "
+                                      f"for the causal mask), but seq_length={model.seq_length} is not divisible")
+        if plan.cp_comm == "all-to-all" and model.num_attention_heads % (tp * cp):
+            raise fail("parallel.cp", f"all-to-all (Ulysses) context parallelism splits the heads over tp x cp = "
+                                      f"{tp * cp}, which does not divide num_attention_heads={model.num_attention_heads}")
+        if plan.sequence_parallel and (model.seq_length // cp) % tp:
+            raise fail("parallel.sequence_parallel", f"the {model.seq_length // cp} tokens of a context-parallel "
+                                                     f"rank do not split over tp={tp}")
+    if devices % (tp * cp * pp):
+        raise fail("parallel", f"tp x cp x pp = {tp} x {cp} x {pp} = {tp * cp * pp} does not divide the cluster's "
+                               f"{devices} devices")
+    dp = plan.dp if plan.dp is not None else devices // (tp * cp * pp)
+    if tp * cp * pp * dp != devices:
+        raise fail("parallel.dp", f"tp x cp x pp x dp = {tp * cp * pp * dp}, but the cluster has {devices} devices; "
+                                  f"set dp={devices // (tp * cp * pp)} or omit it")
+
+    ep = plan.ep
+    etp = plan.etp if plan.etp is not None else tp
+    if ep > 1 or plan.etp is not None:
+        if model.moe is None:
+            raise fail("parallel.ep", "expert parallelism needs a mixture-of-experts model (model.moe)")
+    if model.moe is not None:
+        if model.moe.num_experts % ep:
+            raise fail("parallel.ep", f"ep={ep} does not divide the model's {model.moe.num_experts} experts")
+        if (dp * cp) % ep:
+            raise fail("parallel.ep", f"ep={ep} must divide dp x cp = {dp * cp} (experts are spread over the "
+                                      f"data-parallel ranks)")
+        if tp % etp or model.moe.expert_ffn_hidden_size % etp:
+            raise fail("parallel.etp", f"etp={etp} must divide tp={tp} and moe.expert_ffn_hidden_size="
+                                       f"{model.moe.expert_ffn_hidden_size}")
+    zero = max(plan.zero_stage, 1 if scenario.training.distributed_optimizer else 0)
+    shard = plan.zero_shard_size or dp
+    if dp % shard:
+        raise fail("parallel.zero_shard_size", f"{shard} does not divide dp={dp}")
 
     per_step = dp * plan.microbatch_size
     if plan.global_batch_size % per_step:
@@ -112,16 +155,19 @@ def resolve_layout(scenario: Scenario) -> Layout:
                        f"sums to {sum(layers)} layers, but the model has num_layers={model.num_layers}")
 
     order = tuple(plan.order.split("-"))
+    if "cp" not in order and cp == 1 and "tp" in order:
+        order = (*order[:order.index("tp") + 1], "cp", *order[order.index("tp") + 1:])  # a size-1 dimension
     if sorted(order) != sorted(ORDER_DIMS):
         raise fail("parallel.order", f"{plan.order!r} must name each of {', '.join(ORDER_DIMS)} once, "
-                                     f"innermost first, e.g. 'tp-dp-pp'")
+                                     f"innermost first, e.g. 'tp-cp-dp-pp'")
     if scenario.training.dtype not in scenario.cluster.system.accelerator.peak_flops:
         raise fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for "
                                      f"{scenario.cluster.system.accelerator.name}; use one of "
                                      f"{', '.join(scenario.cluster.system.accelerator.peak_flops)}")
 
     return Layout(
-        tp=tp, pp=pp, dp=dp, vpp=vpp,
+        tp=tp, pp=pp, dp=dp, vpp=vpp, cp=cp, cp_comm=plan.cp_comm, ep=ep, etp=etp, zero_stage=zero,
+        zero_shard_size=shard,
         microbatch_size=plan.microbatch_size,
         global_batch_size=plan.global_batch_size,
         num_microbatches=num_microbatches,

@@ -14,8 +14,44 @@ from pydantic import Field, model_validator
 from mpsim.specs.base import Spec
 
 
+class MoESpec(Spec):
+    """Mixture-of-experts feed-forward layers (Mixtral, DeepSeek-V3, Grok)."""
+
+    num_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0, description="experts each token is routed to")
+    expert_ffn_hidden_size: int = Field(gt=0)
+    shared_experts: int = Field(0, ge=0, description="experts every token goes through (DeepSeek)")
+    shared_expert_ffn_hidden_size: int | None = Field(None, gt=0, description="default: expert_ffn_hidden_size")
+    capacity_factor: float | None = Field(
+        None, gt=0, description="tokens an expert takes, relative to an even share; extra tokens are dropped")
+    load_imbalance: float = Field(
+        1.0, ge=1.0, description="tokens of the busiest expert-parallel rank over the mean (1.0 = perfectly even)")
+    dense_layers: int = Field(0, ge=0, description="leading layers with a dense FFN instead (DeepSeek-V3: 3)")
+
+    @model_validator(mode="after")
+    def _routing(self) -> "MoESpec":
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k={self.top_k} is larger than num_experts={self.num_experts}")
+        return self
+
+    @property
+    def shared_ffn(self) -> int:
+        """Total FFN width of the shared experts."""
+        return self.shared_experts * (self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size)
+
+
+class MLASpec(Spec):
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed queries, keys and values."""
+
+    q_lora_rank: int | None = Field(None, gt=0, description="query compression rank; None: a full query projection")
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+
 class TransformerSpec(Spec):
-    """Decoder-only transformer (GPT, Llama, ...)."""
+    """Decoder-only transformer (GPT, Llama, Mixtral, DeepSeek, ...)."""
 
     name: str
     description: str = ""
@@ -33,6 +69,8 @@ class TransformerSpec(Spec):
     tied_embeddings: bool = False
     linear_bias: bool = True
     dropout: float = Field(0.0, ge=0, lt=1, description="hidden and attention dropout probability")
+    moe: MoESpec | None = Field(None, description="mixture-of-experts FFN; dense FFN when absent")
+    mla: MLASpec | None = Field(None, description="multi-head latent attention instead of MHA/GQA projections")
 
     @model_validator(mode="after")
     def _shapes(self) -> "TransformerSpec":
@@ -46,6 +84,8 @@ class TransformerSpec(Spec):
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_query_groups {self.kv_heads}"
             )
+        if self.moe is not None and self.moe.dense_layers > self.num_layers:
+            raise ValueError(f"moe.dense_layers={self.moe.dense_layers} exceeds num_layers={self.num_layers}")
         return self
 
     @property

@@ -21,8 +21,18 @@ class ParallelPlan(Spec):
     """How the model and the batch are split over devices."""
 
     tp: int = Field(1, gt=0, description="tensor-parallel size")
+    cp: int = Field(1, gt=0, description="context-parallel size: the sequence split over this many ranks")
+    cp_comm: Literal["ring", "all-gather", "all-to-all"] = Field(
+        "ring", description="how attention sees the whole sequence: KV ring (Megatron), KV all-gather (Llama 3), "
+                            "head/sequence all-to-all (Ulysses)")
     pp: int = Field(1, gt=0, description="pipeline-parallel size")
     dp: int | None = Field(None, gt=0, description="data-parallel size; derived from the device count when omitted")
+    ep: int = Field(1, gt=0, description="expert-parallel size (MoE), carved out of the data-parallel ranks")
+    etp: int | None = Field(None, gt=0, description="expert tensor-parallel size; default: tp")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0, description="shard optimizer state (1), + gradients (2), + parameters (3, FSDP full shard) over DP")
+    zero_shard_size: int | None = Field(
+        None, gt=0, description="shard within groups of this many DP ranks and replicate across them (hybrid shard)")
     vpp: int = Field(1, gt=0, description="virtual pipeline stages (model chunks) per pipeline rank")
     microbatch_size: int = Field(1, gt=0)
     global_batch_size: int = Field(gt=0, description="sequences per optimizer step, over all replicas")
@@ -32,7 +42,7 @@ class ParallelPlan(Spec):
     layers_per_stage: list[int] | None = Field(
         None, description="transformer layers of each model chunk, pp*vpp entries in stage order; even split by default"
     )
-    order: str = Field("tp-dp-pp", description="rank order, innermost first (Megatron's default is tp-dp-pp)")
+    order: str = Field("tp-cp-dp-pp", description="rank order, innermost first (Megatron's default is tp-cp-dp-pp)")
     allow_tp_across_nodes: bool = False
 
 
@@ -56,5 +66,12 @@ class TrainingOptions(Spec):
     pp_send_blocking: bool = Field(
         True, description="a rank waits for its pipeline sends to finish before its next action (Megatron)"
     )
-    distributed_optimizer: bool = Field(False, description="shard optimizer state over DP (ZeRO-1)")
+    distributed_optimizer: bool = Field(
+        False, description="Megatron's distributed optimizer: the same as parallel.zero_stage 1")
     fp32_grad_accumulation: bool = Field(True, description="gradients accumulated in fp32 (Megatron main_grad)")
+    optimizer: Literal["adam", "adam-bf16"] = Field(
+        "adam", description="adam: fp32 master weights, m and v (12 B/param); adam-bf16: bf16 m and v, no master (4 B)")
+    memory_reserved: Bytes = Field(
+        "0 B", ge=0, description="memory the framework holds outside tensors (CUDA context, NCCL, workspaces)")
+    memory_fragmentation: float = Field(
+        0.0, ge=0, lt=1, description="fraction of the allocator's peak lost to fragmentation")

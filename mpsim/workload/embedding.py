@@ -8,8 +8,8 @@ VocabParallelEmbedding and vocab-parallel cross entropy).
 
 from __future__ import annotations
 
+from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, norm
 from mpsim.workload.ops import Item, Op, collective, memory_op
-from mpsim.workload.transformer import LayerContext, LayerPasses, _column_backward, _linear, _norm
 
 # Megatron's vocab-parallel cross entropy works on an fp32 copy of the logits: cast,
 # max, subtract, exp, sum and normalise in place, each a pass over the [tokens, vocab/tp]
@@ -24,7 +24,7 @@ def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
     return -(-vocab // step) * step
 
 
-def embedding_passes(ctx: LayerContext, learned_positions: bool) -> LayerPasses:
+def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool) -> BlockWork:
     """Token (and position) embedding lookup on one TP rank."""
     elems = ctx.tokens * ctx.hidden
     e = ctx.act_bytes
@@ -47,16 +47,21 @@ def embedding_passes(ctx: LayerContext, learned_positions: bool) -> LayerPasses:
     backward_weight: list[Item] = [memory_op("embedding.wgrad", grad_bytes)]
     if learned_positions:
         backward_weight.append(memory_op("embedding.positions.wgrad", grad_bytes))
-    return LayerPasses(tuple(forward), (), tuple(backward_input + backward_weight), tuple(backward_input),
-                       tuple(backward_weight))
+    params = vocab_local * ctx.hidden + (ctx.seq_length * ctx.hidden if learned_positions else 0)
+    saved = ctx.norm_tokens * ctx.hidden if ctx.dropout else 0  # the dropout mask
+    return BlockWork(tuple(forward), tuple(backward_input + backward_weight), tuple(backward_input),
+                     tuple(backward_weight), params=float(params), saved_bytes=float(saved))
 
 
-def head_passes(ctx: LayerContext, vocab_local: int) -> LayerPasses:
-    """Final norm, logits GEMM and vocab-parallel cross entropy on one TP rank."""
+def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool) -> BlockWork:
+    """Final norm, logits GEMM and vocab-parallel cross entropy on one TP rank.
+
+    ``with_weights`` is False when the LM head shares the embedding's table on this rank.
+    """
     tokens, e = ctx.tokens, ctx.act_bytes
-    logits, dgrad, wgrad = _linear(ctx, "head.logits", tokens, vocab_local, ctx.hidden)
+    logits, dgrad, wgrad = linear(ctx, "head.logits", tokens, vocab_local, ctx.hidden)
     gather = None
-    forward: list[Item] = [_norm(ctx, "head.norm")]
+    forward: list[Item] = [norm(ctx, "head.norm")]
     if ctx.tp > 1 and ctx.sequence_parallel:
         gather = collective("head.all_gather", "all-gather", "tp", ctx.activation_message)
         forward.append(gather)
@@ -67,7 +72,12 @@ def head_passes(ctx: LayerContext, vocab_local: int) -> LayerPasses:
         forward += [collective(f"head.cross_entropy.all_reduce_{what}", "all-reduce", "tp", tokens * 4)
                     for what in ("max", "sum", "target")]
     ce_grad: Op = memory_op("head.cross_entropy.grad", n_logits * (e + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT))
-    combined, input_only, weight_only = _column_backward(ctx, "head.logits", dgrad, wgrad, gather)
-    norm_grad = _norm(ctx, "head.norm", backward=True)
-    return LayerPasses(tuple(forward), (), (ce_grad, *combined, norm_grad), (ce_grad, *input_only, norm_grad),
-                       tuple(weight_only))
+    combined, input_only, weight_only = column_backward(ctx, "head.logits", dgrad, wgrad, gather)
+    norm_grad = norm(ctx, "head.norm", backward=True)
+    params = norm_params * ctx.hidden + (vocab_local * ctx.hidden if with_weights else 0)
+    # final norm input, LM-head input and the fp32 softmax the cross entropy keeps
+    saved = ctx.norm_tokens * ctx.hidden * e + tokens * ctx.hidden * e + n_logits * 4
+    wbuf = tokens * (ctx.hidden + vocab_local) * e
+    return BlockWork(tuple(forward), (ce_grad, *combined, norm_grad), (ce_grad, *input_only, norm_grad),
+                     tuple(weight_only), params=float(params), saved_bytes=float(saved),
+                     weight_grad_buffer_bytes=float(wbuf))

@@ -3,8 +3,10 @@
 Model FLOPs count the GEMMs of forward and backward (3x the forward) with the full,
 unmasked attention score matrix and no recompute (Korthikanti et al. 2022, eq. 7;
 NVIDIA NeMo's formula for GQA/SwiGLU models). For a GPT model with a 4h GeLU FFN this is
-``72*B*L*s*h^2*(1 + s/(6h) + V/(12*h*L))``. Hardware FLOPs (for HFU) are what the
-simulated ranks actually executed, recompute included, summed from the ops.
+``72*B*L*s*h^2*(1 + s/(6h) + V/(12*h*L))``. Mixture-of-experts layers count the router,
+the top-k routed experts and the shared experts a token goes through (active
+parameters). Hardware FLOPs (for HFU) are what the simulated ranks actually executed,
+recompute included, summed from the ops.
 """
 
 from __future__ import annotations
@@ -12,13 +14,37 @@ from __future__ import annotations
 from mpsim.specs.model import TransformerSpec
 
 
+def _attention_flops_per_token(model: TransformerSpec) -> float:
+    """Forward FLOPs per token of one layer's attention projections and core."""
+    h, s, a = model.hidden_size, model.seq_length, model.num_attention_heads
+    mla = model.mla
+    if mla is None:
+        d, g = model.dim_per_head, model.kv_heads
+        projections = 2 * h * (a + 2 * g) * d + 2 * a * d * h
+        d_qk = d_v = d
+    else:
+        d_qk, d_v = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+        q_in = mla.q_lora_rank or h
+        down = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim
+        projections = 2 * (h * down + q_in * a * d_qk + mla.kv_lora_rank * a * (mla.qk_nope_head_dim + d_v)
+                           + a * d_v * h)
+    return projections + 2 * s * a * (d_qk + d_v)
+
+
+def _ffn_flops_per_token(model: TransformerSpec, dense: bool) -> float:
+    """Forward FLOPs per token of one layer's dense MLP or MoE block."""
+    h, mult = model.hidden_size, 3 if model.gated_ffn else 2
+    if dense or model.moe is None:
+        return 2 * h * model.ffn_hidden_size * mult
+    moe = model.moe
+    return 2 * h * moe.num_experts + 2 * h * (moe.top_k * moe.expert_ffn_hidden_size + moe.shared_ffn) * mult
+
+
 def model_flops_per_sequence(model: TransformerSpec) -> float:
     """Training FLOPs (forward + backward, no recompute) for one sequence."""
-    h, s, d = model.hidden_size, model.seq_length, model.dim_per_head
-    a, g = model.num_attention_heads, model.kv_heads
-    qkv = 2 * h * (a + 2 * g) * d
-    proj = 2 * a * d * h
-    ffn = 2 * h * model.ffn_hidden_size * (3 if model.gated_ffn else 2)
-    attention = 4 * s * a * d
-    per_token_forward = model.num_layers * (qkv + proj + ffn + attention) + 2 * h * model.vocab_size
-    return 3.0 * s * per_token_forward
+    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
+    attention = model.num_layers * _attention_flops_per_token(model)
+    ffn = (dense_layers * _ffn_flops_per_token(model, True)
+           + (model.num_layers - dense_layers) * _ffn_flops_per_token(model, False))
+    per_token_forward = attention + ffn + 2 * model.hidden_size * model.vocab_size
+    return 3.0 * model.seq_length * per_token_forward

@@ -48,11 +48,19 @@ Item = Union[Op, Overlap]
 
 @dataclass(frozen=True)
 class Block:
-    """A labelled run of items: one layer's forward, its recompute, the LM head's backward, ..."""
+    """A labelled run of items: one layer's forward, its recompute, the LM head's backward, ...
+
+    With fully sharded parameters (ZeRO-3 / FSDP) a block first needs its parameters
+    gathered (``gather``, prefetched while the previous block computes) and, after a
+    backward, has its gradients reduce-scattered (``release``, on the data-parallel
+    stream while later work goes on).
+    """
 
     label: str  # "layer 3", "embedding", "lm head"
     category: str  # "forward", "backward", "recompute", "weight-grad"
     items: tuple[Item, ...]
+    gather: Op | None = None
+    release: Op | None = None
 
 
 Pass = tuple[Block, ...]

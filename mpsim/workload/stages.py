@@ -1,9 +1,10 @@
 """From a model and a layout to the work of each pipeline stage (model chunk).
 
 Stage ``k`` of ``pp * vpp`` holds ``layers_per_chunk[k]`` transformer layers; stage 0
-also holds the embedding and the last stage the final norm, LM head and loss. Stages
-with the same contents share one :class:`StageWork` (a 126-layer model has a handful of
-distinct stages), so costs are computed once per distinct stage.
+also holds the embedding and the last stage the final norm, LM head and loss. On MoE
+models the first ``moe.dense_layers`` layers have a dense FFN. Stages with the same
+contents share one :class:`StageWork` (a 126-layer model has a handful of distinct
+stages), so costs are computed once per distinct stage.
 """
 
 from __future__ import annotations
@@ -14,11 +15,26 @@ from functools import lru_cache
 from mpsim.specs.accelerator import BYTES_PER_ELEMENT
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
-from mpsim.workload.embedding import embedding_passes, head_passes, padded_vocab
-from mpsim.workload.memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
-                                   layer_weight_grad_buffer_bytes)
-from mpsim.workload.ops import Block, Pass
-from mpsim.workload.transformer import LayerContext, LayerPasses, layer_params, layer_passes
+from mpsim.workload.blocks import BlockWork, LayerContext
+from mpsim.workload.embedding import embedding_block, head_block, padded_vocab
+from mpsim.workload.ops import Block, Pass, collective
+from mpsim.workload.transformer import LayerWork, MLAShape, MoEShape, layer_work
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """Everything besides the layer shapes that decides a stage's work."""
+
+    recompute: str
+    vocab_local: int
+    learned_positions: bool
+    norm_params: int
+    bias: bool
+    tied_embeddings: bool
+    mla: MLAShape | None
+    moe: MoEShape | None
+    zero_stage: int
+    grad_bytes: int  # bytes per gradient element when reduced
 
 
 @dataclass(frozen=True)
@@ -32,10 +48,12 @@ class StageWork:
     backward: Pass  # combined input + weight gradient, recompute included
     backward_input: Pass  # recompute included
     backward_weight: Pass
-    params: float  # parameters on one rank
-    layer_params: float  # of which transformer layers
+    params: float  # dense parameters on one rank (embedding and head included)
+    expert_params: float  # MoE expert parameters on one rank
+    layer_params: float  # of all parameters, those of the transformer layers
     activation_bytes: float  # kept from F until B (or I), per microbatch
     weight_grad_buffer_bytes: float  # kept from I until W, per microbatch
+    largest_layer_params: float  # the biggest unit ZeRO-3 gathers at once
 
 
 @dataclass(frozen=True)
@@ -52,13 +70,14 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
     """Per-rank layer shapes for a scenario's model and layout."""
     model, training = scenario.model, scenario.training
     gemm_bytes = BYTES_PER_ELEMENT[training.dtype]
+    mla = model.mla
     return LayerContext(
         microbatch_size=layout.microbatch_size,
         seq_length=model.seq_length,
         hidden=model.hidden_size,
         heads=model.num_attention_heads,
-        kv_heads=model.kv_heads,
-        head_dim=model.dim_per_head,
+        kv_heads=model.kv_heads if mla is None else model.num_attention_heads,
+        head_dim=model.dim_per_head if mla is None else mla.qk_nope_head_dim + mla.qk_rope_head_dim,
         ffn_hidden=model.ffn_hidden_size,
         gated_ffn=model.gated_ffn,
         tp=layout.tp,
@@ -70,84 +89,113 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         gemm_in_bytes=gemm_bytes,
         wgrad_accumulate_bytes=4 if training.fp32_grad_accumulation else 2,
         tp_overlap_backward=training.tp_comm_overlap_backward,
+        v_head_dim=None if mla is None else mla.v_head_dim,
+        cp=layout.cp,
+        cp_comm=layout.cp_comm,
+        ep=layout.ep,
+        etp=layout.etp,
     )
 
 
-def _layer_blocks(passes: LayerPasses, index: int, recompute: str
-                  ) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
-    """(forward, backward, backward_input, backward_weight) blocks of one layer.
+def _fsdp(label: str, params: float, options: StageOptions) -> tuple:
+    """(gather, release) collectives of a block under ZeRO-3 / FSDP, or (None, None)."""
+    if options.zero_stage < 3 or params <= 0:
+        return None, None
+    return (collective(f"{label}.fsdp_all_gather_params", "all-gather", "zero", params * 2),
+            collective(f"{label}.fsdp_reduce_scatter_grads", "reduce-scatter", "zero", params * options.grad_bytes))
+
+
+def _blocks(label: str, params: float, forward, backward, backward_input, backward_weight, redo,
+            options: StageOptions) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
+    """(forward, backward, backward_input, backward_weight) blocks of one layer, head or embedding.
 
     Recompute re-runs the forward (full) or the attention core (selective) just before the
-    layer's backward, as Megatron's per-layer checkpointing does.
+    backward, as Megatron's per-layer checkpointing does. Under ZeRO-3 the parameters are
+    gathered for the forward and again for the backward (FSDP reshards after forward), and
+    the gradients scattered after the backward that completes them.
     """
-    label = f"layer {index}"
-    redo = {"full": passes.forward, "selective": passes.recompute_selective}.get(recompute, ())
-    before = (Block(label, "recompute", redo),) if redo else ()
-    return (Block(label, "forward", passes.forward),
-            before + (Block(label, "backward", passes.backward),),
-            before + (Block(label, "backward", passes.backward_input),),
-            Block(label, "weight-grad", passes.backward_weight))
+    gather, release = _fsdp(label, params, options)
+    fwd = Block(label, "forward", forward, gather)
+    if redo:
+        first = Block(label, "recompute", redo, gather)
+        bwd = (first, Block(label, "backward", backward, None, release))
+        bwd_in = (first, Block(label, "backward", backward_input))
+    else:
+        bwd = (Block(label, "backward", backward, gather, release),)
+        bwd_in = (Block(label, "backward", backward_input, gather),)
+    return fwd, bwd, bwd_in, Block(label, "weight-grad", backward_weight, gather, release)
 
 
 @lru_cache(maxsize=256)
-def build_stage(ctx: LayerContext, layers: int, has_embedding: bool, has_head: bool,
-                recompute: str, vocab_local: int, learned_positions: bool, norm_params: int, bias: bool,
-                tied_embeddings: bool) -> StageWork:
-    """Work of one model chunk; cached because most chunks of a model are alike."""
-    layer = layer_passes(ctx)
+def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding: bool, has_head: bool,
+                options: StageOptions) -> StageWork:
+    """Work of one model chunk (the first ``dense_layers`` of its layers have a dense FFN); cached."""
+    dense = layer_work(ctx, options.mla, None, options.bias, options.norm_params)
+    sparse = layer_work(ctx, options.mla, options.moe, options.bias, options.norm_params) if options.moe else dense
+    works = [dense if i < dense_layers else sparse for i in range(layers)]
+    parts: list[tuple[str, BlockWork | LayerWork]] = []
+    if has_embedding:
+        parts.append(("embedding", embedding_block(ctx, options.vocab_local, options.learned_positions)))
+    parts += [(f"layer {i}", work) for i, work in enumerate(works)]
+    if has_head:
+        parts.append(("lm head", head_block(ctx, options.vocab_local, options.norm_params,
+                                            with_weights=not (options.tied_embeddings and has_embedding))))
     forward: list[Block] = []
     backward: list[Block] = []
     backward_input: list[Block] = []
     backward_weight: list[Block] = []
-    params = 0.0
-    activation = 0.0
-    if has_embedding:
-        emb = embedding_passes(ctx, learned_positions)
-        forward.append(Block("embedding", "forward", emb.forward))
-        params += vocab_local * ctx.hidden + (ctx.seq_length * ctx.hidden if learned_positions else 0)
-        activation += embedding_activation_bytes(ctx)
-    for i in range(layers):
-        fwd, bwd, bwd_in, bwd_w = _layer_blocks(layer, i, recompute)
+    params = expert = activation = w_buffer = 0.0
+    for label, work in parts:
+        is_layer = isinstance(work, LayerWork)
+        redo = {"full": work.forward, "selective": work.recompute_selective}.get(options.recompute, ()) \
+            if is_layer else ()
+        fwd, bwd, bwd_in, bwd_w = _blocks(label, work.params + work.expert_params, work.forward, work.backward,
+                                          work.backward_input, work.backward_weight, redo, options)
         forward.append(fwd)
-        backward[:0] = list(bwd)  # backward runs the layers in reverse
+        backward[:0] = list(bwd)  # the backward runs the parts in reverse
         backward_input[:0] = list(bwd_in)
         backward_weight[:0] = [bwd_w]
-    per_layer_params = layer_params(ctx, 2 if norm_params == 2 else 1, bias)
-    layer_total = per_layer_params * layers
-    params += layer_total
-    activation += layer_activation_bytes(ctx, recompute) * layers
-    w_buffer = layer_weight_grad_buffer_bytes(ctx) * layers
-    if has_head:
-        head = head_passes(ctx, vocab_local)
-        forward.append(Block("lm head", "forward", head.forward))
-        backward.insert(0, Block("lm head", "backward", head.backward))
-        backward_input.insert(0, Block("lm head", "backward", head.backward_input))
-        backward_weight.insert(0, Block("lm head", "weight-grad", head.backward_weight))
-        params += norm_params * ctx.hidden
-        if not (tied_embeddings and has_embedding):
-            params += vocab_local * ctx.hidden  # untied, or a tied copy on the last stage
-        activation += head_activation_bytes(ctx, vocab_local)
-    if has_embedding:
-        emb = embedding_passes(ctx, learned_positions)
-        backward.append(Block("embedding", "backward", emb.backward))
-        backward_input.append(Block("embedding", "backward", emb.backward_input))
-        backward_weight.append(Block("embedding", "weight-grad", emb.backward_weight))
+        params += work.params
+        expert += work.expert_params
+        activation += work.activation_bytes(options.recompute) if is_layer else work.saved_bytes
+        w_buffer += work.weight_grad_buffer_bytes
+    layer_total = sum(work.params + work.expert_params for work in works)
+    largest = max([w.params + w.expert_params for w in works], default=0.0)
     return StageWork(layers, has_embedding, has_head, tuple(forward), tuple(backward), tuple(backward_input),
-                     tuple(backward_weight), params, layer_total, activation, w_buffer)
+                     tuple(backward_weight), params, expert, layer_total, activation, w_buffer, largest)
+
+
+def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOptions:
+    """The non-shape inputs of every stage of a scenario."""
+    model, training = scenario.model, scenario.training
+    moe = None
+    if model.moe is not None:
+        moe = MoEShape(model.moe.num_experts, model.moe.top_k, model.moe.expert_ffn_hidden_size,
+                       model.moe.shared_ffn, model.moe.capacity_factor, model.moe.load_imbalance)
+    mla = None
+    if model.mla is not None:
+        mla = MLAShape(model.mla.q_lora_rank, model.mla.kv_lora_rank, model.mla.qk_nope_head_dim,
+                       model.mla.qk_rope_head_dim, model.mla.v_head_dim)
+    return StageOptions(
+        recompute=scenario.parallel.recompute, vocab_local=vocab // layout.tp,
+        learned_positions=model.position_embedding == "learned", norm_params=2 if model.norm == "layernorm" else 1,
+        bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
+        zero_stage=layout.zero_stage, grad_bytes=4 if training.fp32_grad_accumulation else 2)
 
 
 def build_workload(scenario: Scenario, layout: Layout) -> Workload:
     """Per-stage work for every model chunk of the layout."""
     ctx = layer_context(scenario, layout)
-    model = scenario.model
-    vocab = padded_vocab(model.vocab_size, layout.tp)
+    vocab = padded_vocab(scenario.model.vocab_size, layout.tp)
+    options = stage_options(scenario, layout, vocab)
+    dense_total = scenario.model.moe.dense_layers if scenario.model.moe else scenario.model.num_layers
     stages = []
+    first = 0
     last = layout.num_stages - 1
     for stage, layers in enumerate(layout.layers_per_chunk):
-        stages.append(build_stage(
-            ctx, layers, stage == 0, stage == last, scenario.parallel.recompute, vocab // layout.tp,
-            model.position_embedding == "learned", 2 if model.norm == "layernorm" else 1, model.linear_bias,
-            model.tied_embeddings))
+        dense = max(0, min(layers, dense_total - first))
+        stages.append(build_stage(ctx, layers, dense, stage == 0, stage == last, options))
+        first += layers
     scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
     p2p = ctx.tokens * ctx.hidden * ctx.act_bytes / (layout.tp if scatter else 1)
     return Workload(tuple(stages), ctx, vocab, float(p2p))

@@ -1,0 +1,104 @@
+"""Per-step costs around the actions: gradient synchronization, optimizer, transfers.
+
+Data-parallel gradient reduction depends on the ZeRO stage (Rajbhandari et al. 2020):
+
+* 0: all-reduce of each stage's gradients, in buckets, during the last backward;
+* 1 (Megatron's distributed optimizer): reduce-scatter instead, and an all-gather of the
+  updated parameters after the optimizer step;
+* 2: gradients are sharded, so each microbatch's gradients are reduce-scattered as its
+  backward produces them (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP); parameters all-gathered
+  after the step;
+* 3 (FSDP full shard): per-layer gathers and reduce-scatters are part of the actions
+  (``actions.py``); nothing after the step.
+
+With hybrid sharding the shards are also all-reduced across the replica groups at the
+end. Expert gradients are reduced over the expert data-parallel group.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mpsim.cost.actions import CostModel
+from mpsim.cost.collectives import collective_time, p2p_time
+from mpsim.cost.topology import pipeline_neighbours_share_node, place_ranks
+from mpsim.workload.stages import StageWork, Workload
+
+# Optimizer step per parameter. Adam (Megatron mixed precision): read the fp32 grad for the
+# global norm used by clipping (4 B); read fp32 grad, master weight, m, v (16 B) and write
+# master, m, v (12 B) in the fused Adam kernel; copy the master weight to the bf16 model
+# weight (4 B read, 2 B written). Adam with bf16 state: read grad (4), bf16 m, v and weight
+# (6), write them (6), norm read (2).
+OPTIMIZER_STEP_BYTES_PER_PARAM = {"adam": 38, "adam-bf16": 18}
+GRAD_ZERO_BYTES_PER_PARAM = 4
+
+Bucket = tuple[float, float, str]  # (ready fraction of the action, seconds, label)
+
+
+def _buckets(grad_bytes: float, kind: str, group: str, model: CostModel, label: str) -> tuple[Bucket, ...]:
+    """Equal buckets of a gradient reduction, ready in backward order."""
+    place = model.placements[group]
+    if grad_bytes <= 0 or place.size <= 1:
+        return ()
+    count = max(1, math.ceil(grad_bytes / model.scenario.training.grad_reduce_bucket_bytes))
+    seconds = collective_time(kind, grad_bytes / count, place, model.system)
+    return tuple(((i + 1) / count, seconds, f"{label} {i + 1}/{count}") for i in range(count))
+
+
+def final_grad_buckets(work: StageWork, model: CostModel) -> tuple[Bucket, ...]:
+    """Reductions launched during a stage's last backward (ZeRO 0/1; hybrid-shard replicas)."""
+    layout = model.layout
+    grad_bytes = 4 if model.scenario.training.fp32_grad_accumulation else 2
+    dense = work.params * grad_bytes
+    buckets: tuple[Bucket, ...] = ()
+    if layout.zero_stage == 0:
+        buckets += _buckets(dense, "all-reduce", "dp", model, "grad all-reduce")
+    elif layout.zero_stage == 1:
+        buckets += _buckets(dense, "reduce-scatter", "zero", model, "grad reduce-scatter")
+    if layout.zero_stage >= 1:
+        shard = dense / layout.zero_shard_size
+        buckets += _buckets(shard, "all-reduce", "zero-replica", model, "grad shard all-reduce across replicas")
+    expert_kind = "all-reduce" if layout.zero_stage == 0 else "reduce-scatter"
+    buckets += _buckets(work.expert_params * grad_bytes, expert_kind, "edp", model, f"expert grad {expert_kind}")
+    return buckets
+
+
+def microbatch_grad_buckets(work: StageWork, model: CostModel) -> tuple[Bucket, ...]:
+    """ZeRO-2: every backward of the stage reduce-scatters the gradients it produced."""
+    if model.layout.zero_stage != 2:
+        return ()
+    grad_bytes = 4 if model.scenario.training.fp32_grad_accumulation else 2
+    return _buckets(work.params * grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter")
+
+
+def optimizer_s(works: list[StageWork], model: CostModel) -> float:
+    """Seconds of one rank's optimizer step (and the parameter all-gather when it is sharded)."""
+    layout, training = model.layout, model.scenario.training
+    dense = sum(w.params for w in works)
+    experts = sum(w.expert_params for w in works)
+    sharded = layout.zero_stage >= 1
+    updated = dense / layout.zero_shard_size + experts / layout.expert_dp if sharded else dense + experts
+    unsharded_grads = 0.0 if layout.zero_stage >= 2 else dense + experts
+    seconds = (updated * OPTIMIZER_STEP_BYTES_PER_PARAM[training.optimizer]
+               + unsharded_grads * GRAD_ZERO_BYTES_PER_PARAM) / model.compute.memory_bandwidth
+    if layout.zero_stage in (1, 2):
+        seconds += collective_time("all-gather", dense * 2, model.placements["zero"], model.system)
+    if sharded and experts:
+        seconds += collective_time("all-gather", experts * 2, model.placements["edp"], model.system)
+    return seconds
+
+
+def pipeline_transfer_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int) -> float:
+    """Seconds to send one microbatch's activation (or gradient) between two pipeline ranks."""
+    if rank_a == rank_b:
+        return 0.0
+    same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
+    return p2p_time(workload.p2p_bytes, same_node, model.system)
+
+
+def tied_embedding_sync_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int) -> float:
+    """Megatron all-reduces the tied embedding's fp32 gradient between first and last stage."""
+    layout = model.layout
+    place = place_ranks([rank_a * layout.stride("pp"), rank_b * layout.stride("pp")], layout.devices_per_node)
+    grad_bytes = workload.vocab_padded // layout.tp * model.scenario.model.hidden_size * 4
+    return collective_time("all-reduce", grad_bytes, place, model.system)

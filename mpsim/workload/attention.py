@@ -1,0 +1,171 @@
+"""The attention block on one rank: norm, projections, attention core, output projection.
+
+Projections are either MHA/GQA's fused QKV GEMM (column-parallel over heads) or
+multi-head latent attention's low-rank path (DeepSeek-V2/V3): a replicated down
+projection to the compressed query and key/value ranks, then column-parallel up
+projections per head. The core is either a fused FlashAttention-style kernel (scores
+never reach HBM, causal blocks above the diagonal skipped, scores recomputed in the
+backward) or Megatron's unfused path (baddbmm, softmax, dropout, bmm through HBM).
+
+With context parallelism each rank holds 1/cp of the sequence; its queries still attend
+over the whole sequence, which the keys and values reach in one of three ways: a ring
+passing KV blocks round the CP group while attention computes (Megatron), one
+all-gather of K and V (Llama 3), or all-to-alls that trade the sequence split for a head
+split (DeepSpeed Ulysses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, grad_gather, linear,
+                                   norm, present, tp_collectives)
+from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
+
+# FlashAttention works on key blocks of this many tokens; with a causal mask it skips the
+# blocks above the diagonal, so it runs (1 + 1/blocks) / 2 of the full score FLOPs.
+FLASH_BLOCK_TOKENS = 128
+# FlashAttention-2's backward does 5 matmuls of the forward's 2 (Dao 2023, Sec. 3.1.2).
+FLASH_BACKWARD_FLOPS_RATIO = 2.5
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """Multi-head latent attention dimensions."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
+    """(forward items, backward items, saved bytes) of softmax(QK^T)V on one rank."""
+    b, s, e = ctx.microbatch_size, ctx.seq_length, ctx.act_bytes
+    d_qk, d_v = ctx.head_dim, ctx.value_dim
+    heads, kv = ctx.heads_local, ctx.kv_local
+    queries = ctx.tokens  # b * s / cp
+    if ctx.cp_comm == "all-to-all" and ctx.cp > 1:
+        heads, kv, queries = max(1, heads // ctx.cp), max(1, kv // ctx.cp), ctx.tokens * ctx.cp
+    if ctx.flash_attention:
+        blocks = max(1, -(-s // FLASH_BLOCK_TOKENS))
+        causal_fraction = (1 + 1 / blocks) / 2
+        fwd_flops = 2.0 * queries * s * heads * (d_qk + d_v) * causal_fraction
+        qkv_bytes = queries * (heads * d_qk + kv * (d_qk + d_v)) * e
+        out_bytes = queries * heads * d_v * e
+        lse_bytes = b * heads * (queries // b) * 4
+        fwd = Op("attn.flash", "attention", flops=fwd_flops, bytes=qkv_bytes + out_bytes + lse_bytes,
+                 direction="forward")
+        bwd = Op("attn.flash.grad", "attention", flops=fwd_flops * FLASH_BACKWARD_FLOPS_RATIO,
+                 bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward")
+        return [fwd], [bwd], float(lse_bytes)
+    # Megatron's unfused path: the full s x s scores are computed, written, then masked
+    batch = b * heads
+    scores = batch * s * s
+    mask = 1 if ctx.dropout else 0
+    fwd: list[Item] = [gemm("attn.scores", s, s, d_qk, batch=batch, in_bytes=e, out_bytes=e),
+                       memory_op("attn.softmax", scores * 2 * e)]
+    if ctx.dropout:
+        fwd.append(memory_op("attn.dropout", scores * (2 * e + mask)))
+    fwd.append(gemm("attn.context", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e))
+    bwd: list[Item] = [gemm("attn.context.grad_probs", s, s, d_v, batch=batch, in_bytes=e, out_bytes=e),
+                       gemm("attn.context.grad_v", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e)]
+    if ctx.dropout:
+        bwd.append(memory_op("attn.dropout.grad", scores * (2 * e + mask)))
+    bwd += [memory_op("attn.softmax.grad", scores * 3 * e),
+            gemm("attn.scores.grad_q", s, d_qk, s, batch=batch, in_bytes=e, out_bytes=e),
+            gemm("attn.scores.grad_k", s, d_qk, s, batch=batch, in_bytes=e, out_bytes=e)]
+    saved = scores * (e + (mask + e if ctx.dropout else 0))  # probs (+ dropout mask and output)
+    return fwd, bwd, float(saved)
+
+
+def _context_parallel(ctx: LayerContext, fwd: list[Item], bwd: list[Item]) -> tuple[list[Item], list[Item]]:
+    """Wrap the core with the context-parallel communication of ``ctx.cp_comm``."""
+    if ctx.cp == 1:
+        return fwd, bwd
+    e, b, s = ctx.act_bytes, ctx.microbatch_size, ctx.seq_length
+    kv_width = ctx.kv_local * (ctx.head_dim + ctx.value_dim)
+    if ctx.cp_comm == "ring":
+        # cp-1 steps pass a K/V block to the next rank while attention works on the last one
+        block = b * (s // ctx.cp) * kv_width * e
+        ring = collective("attn.cp_ring_kv", "send-recv", "cp", block)
+        ring_grad = collective("attn.cp_ring_kv_and_grad", "send-recv", "cp", 2 * block)
+        return ([Overlap(ring, tuple(fwd))],  # type: ignore[arg-type]
+                [Overlap(ring_grad, tuple(bwd))])  # type: ignore[arg-type]
+    if ctx.cp_comm == "all-gather":
+        gathered = b * s * kv_width * e
+        return ([collective("attn.cp_all_gather_kv", "all-gather", "cp", gathered), *fwd],
+                [collective("attn.cp_regather_kv", "all-gather", "cp", gathered), *bwd,
+                 collective("attn.cp_reduce_scatter_dkv", "reduce-scatter", "cp", gathered)])
+    # all-to-all (Ulysses): sequence-split QKV in, head-split out; the reverse after the core
+    qkv = ctx.tokens * (ctx.heads_local * ctx.head_dim + kv_width) * e
+    out = ctx.tokens * ctx.heads_local * ctx.value_dim * e
+    return ([collective("attn.cp_all_to_all_qkv", "all-to-all", "cp", qkv), *fwd,
+             collective("attn.cp_all_to_all_out", "all-to-all", "cp", out)],
+            [collective("attn.cp_all_to_all_dout", "all-to-all", "cp", out), *bwd,
+             collective("attn.cp_all_to_all_dqkv", "all-to-all", "cp", qkv)])
+
+
+def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_params: int) -> BlockWork:
+    """The attention half of a layer on one rank."""
+    t, h, e = ctx.tokens, ctx.hidden, ctx.act_bytes
+    heads, d_qk, d_v = ctx.heads_local, ctx.head_dim, ctx.value_dim
+    gather, reduce = tp_collectives(ctx, "attn")
+    core_fwd, core_bwd, core_saved = _core(ctx)
+    core_fwd, core_bwd = _context_parallel(ctx, core_fwd, core_bwd)
+    proj, proj_dgrad, proj_wgrad = linear(ctx, "attn.proj", t, h, heads * d_v)
+
+    if mla is None:
+        width = (heads + 2 * ctx.kv_local) * d_qk if d_v == d_qk else heads * d_qk + ctx.kv_local * (d_qk + d_v)
+        qkv, qkv_dgrad, qkv_wgrad = linear(ctx, "attn.qkv", t, width, h)
+        projections = [qkv]
+        proj_b, proj_i, proj_w = column_backward(ctx, "attn.qkv", qkv_dgrad, qkv_wgrad, gather)
+        params = h * width + (width if bias else 0)
+        saved_proj = t * width * e
+        wbuf = t * (h + width) * e
+    else:
+        q_in = mla.q_lora_rank or h
+        down_width = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim
+        down, down_dgrad, down_wgrad = linear(ctx, "attn.down", t, down_width, h)
+        q_up, q_dgrad, q_wgrad = linear(ctx, "attn.q_up", t, heads * d_qk, q_in)
+        kv_up, kv_dgrad, kv_wgrad = linear(ctx, "attn.kv_up", t, heads * (mla.qk_nope_head_dim + d_v),
+                                           mla.kv_lora_rank)
+        latent_norms = memory_op("attn.latent_norms", t * down_width * e * 2)
+        projections = [down, latent_norms, q_up, kv_up]
+        # the up projections are column-parallel over heads: the latent gradients are
+        # partial sums over TP (small); the down projection is replicated, so the input
+        # gradient is then complete on every rank
+        latent_reduce = (collective("attn.latent_grad_all_reduce", "all-reduce", "tp", t * down_width * e)
+                         if ctx.tp > 1 else None)
+        regather = (collective("attn.regather_input", "all-gather", "tp", ctx.activation_message)
+                    if gather is not None else None)
+        up_grads = [q_dgrad, kv_dgrad]
+        latent = memory_op("attn.latent_norms.grad", t * down_width * e * 3)
+        proj_b = [*up_grads, q_wgrad, kv_wgrad, *present(latent_reduce), latent,
+                  Overlap(regather, (down_dgrad,)) if regather else down_dgrad, down_wgrad]
+        proj_i = [*up_grads, *present(latent_reduce), latent, *present(regather), down_dgrad]
+        proj_w = [q_wgrad, kv_wgrad, down_wgrad]
+        params = h * down_width + 2 * down_width + q_in * heads * d_qk + mla.kv_lora_rank * heads * (
+            mla.qk_nope_head_dim + d_v)
+        saved_proj = t * (down_width + 2 * heads * d_qk + heads * d_v) * e
+        wbuf = t * (h + down_width + q_in + mla.kv_lora_rank + heads * d_qk + heads * (mla.qk_nope_head_dim + d_v)) * e
+    rope = [memory_op("attn.rope", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
+    rope_grad = [memory_op("attn.rope.grad", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
+
+    forward: list[Item] = [norm(ctx, "attn.norm"), *present(gather), *projections, *rope, *core_fwd, proj,
+                           *present(reduce), bias_dropout_add(ctx, "attn.bda")]
+    head = [bias_dropout_add(ctx, "attn.bda", backward=True), *grad_gather(ctx, "attn.proj"), proj_dgrad]
+    tail = [norm(ctx, "attn.norm", backward=True)]
+    backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *proj_b, *tail]
+    backward_input = [*head, *core_bwd, *rope_grad, *proj_i, *tail]
+    backward_weight = [proj_wgrad, *proj_w]
+
+    local, mask = ctx.norm_tokens, 1 if ctx.dropout else 0
+    params += heads * d_v * h + (h if bias else 0) + norm_params * h
+    context = t * heads * d_v * e
+    saved = 2 * local * h * e + saved_proj + core_saved + context + local * h * mask
+    wbuf += t * (heads * d_v + h) * e  # output projection: input and output gradient
+    return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
+                     recompute_selective=tuple(core_fwd), params=float(params), saved_bytes=float(saved),
+                     selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf))

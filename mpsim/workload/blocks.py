@@ -1,0 +1,160 @@
+"""What a transformer block (attention, MLP, MoE) is made of on one rank.
+
+A block knows its passes (forward, combined backward, input-gradient and
+weight-gradient halves, what selective recompute re-runs), its parameters and the
+tensors it saves for the backward pass. The helpers here are the pieces every block
+uses: norms, bias-dropout-add, linear layers in their three backward forms, and the
+tensor-parallel collectives around column- and row-parallel GEMMs (Shoeybi et al.
+2019; with sequence parallelism, Korthikanti et al. 2022).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """Shapes of one layer on one rank, and the framework options that change its work."""
+
+    microbatch_size: int
+    seq_length: int  # the whole sequence (keys attend over all of it)
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int  # query/key head size
+    ffn_hidden: int
+    gated_ffn: bool
+    tp: int
+    sequence_parallel: bool
+    flash_attention: bool
+    dropout: bool
+    rope: bool
+    act_bytes: int = 2  # activations (bf16)
+    gemm_in_bytes: int = 2  # GEMM operands (1 for fp8)
+    wgrad_accumulate_bytes: int = 4  # weight gradients accumulated in fp32 (Megatron main_grad)
+    tp_overlap_backward: bool = True
+    v_head_dim: int | None = None  # value head size when it differs (MLA)
+    cp: int = 1
+    cp_comm: str = "ring"
+    ep: int = 1
+    etp: int = 1
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one microbatch on this rank (the sequence is split over context parallelism)."""
+        return self.microbatch_size * self.seq_length // self.cp
+
+    @property
+    def norm_tokens(self) -> int:
+        """Tokens a norm / dropout sees: 1/tp of them under sequence parallelism."""
+        return self.tokens // self.tp if self.sequence_parallel else self.tokens
+
+    @property
+    def heads_local(self) -> int:
+        return self.heads // self.tp
+
+    @property
+    def kv_local(self) -> int:
+        return max(1, self.kv_heads // self.tp)
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def ffn_local(self) -> int:
+        return self.ffn_hidden // self.tp
+
+    @property
+    def activation_message(self) -> float:
+        """Bytes of a full [tokens, hidden] activation: the TP collective payload."""
+        return float(self.tokens * self.hidden * self.act_bytes)
+
+
+@dataclass(frozen=True)
+class BlockWork:
+    """One block of a layer on one rank, for one microbatch."""
+
+    forward: tuple[Item, ...]
+    backward: tuple[Item, ...]  # combined input + weight gradient
+    backward_input: tuple[Item, ...]
+    backward_weight: tuple[Item, ...]
+    recompute_selective: tuple[Item, ...] = ()
+    params: float = 0.0  # dense parameters on this rank (reduced over data parallelism)
+    expert_params: float = 0.0  # expert parameters on this rank (reduced over the expert-DP group)
+    saved_bytes: float = 0.0  # tensors kept from forward to backward
+    selective_saved_bytes: float = 0.0  # of which selective recompute drops
+    weight_grad_buffer_bytes: float = 0.0  # kept from I until W by a split backward
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def tp_collectives(ctx: LayerContext, name: str) -> tuple[Op | None, Op | None]:
+    """Collectives around a TP block: (before the column-parallel GEMM, after the row-parallel one)."""
+    if ctx.tp == 1:
+        return None, None
+    message = ctx.activation_message
+    if ctx.sequence_parallel:
+        return (collective(f"{name}.all_gather", "all-gather", "tp", message),
+                collective(f"{name}.reduce_scatter", "reduce-scatter", "tp", message))
+    return None, collective(f"{name}.all_reduce", "all-reduce", "tp", message)
+
+
+def grad_gather(ctx: LayerContext, name: str) -> list[Item]:
+    """Backward of a row-parallel GEMM's reduce-scatter: an all-gather of the gradient."""
+    if ctx.tp > 1 and ctx.sequence_parallel:
+        return [collective(f"{name}.grad_all_gather", "all-gather", "tp", ctx.activation_message)]
+    return []
+
+
+def norm(ctx: LayerContext, name: str, backward: bool = False) -> Op:
+    """LayerNorm / RMSNorm over the rank's tokens."""
+    elems = ctx.norm_tokens * ctx.hidden
+    return memory_op(f"{name}{'.grad' if backward else ''}", elems * ctx.act_bytes * (3 if backward else 2))
+
+
+def bias_dropout_add(ctx: LayerContext, name: str, backward: bool = False) -> Op:
+    """Megatron's fused bias + dropout + residual add."""
+    elems = ctx.norm_tokens * ctx.hidden
+    mask = 1 if ctx.dropout else 0
+    return memory_op(f"{name}{'.grad' if backward else ''}", elems * (3 * ctx.act_bytes + mask))
+
+
+def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1) -> tuple[Op, Op, Op]:
+    """(forward, input-gradient, weight-gradient) GEMMs of Y[m,n] = X[m,k] W[k,n]."""
+    e = ctx.gemm_in_bytes
+    fwd = gemm(name, m, n, k, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes)
+    dgrad = gemm(f"{name}.dgrad", m, k, n, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes)
+    wgrad = gemm(f"{name}.wgrad", k, n, m, batch=batch, in_bytes=e, out_bytes=0,
+                 accumulate_bytes=ctx.wgrad_accumulate_bytes)
+    return fwd, dgrad, wgrad
+
+
+def column_backward(ctx: LayerContext, name: str, dgrad: Op, wgrad: Op,
+                    gather: Op | None) -> tuple[list[Item], list[Item], list[Item]]:
+    """Backward of a column-parallel GEMM: (combined, input-only, weight-only) items.
+
+    Its input gradient needs an all-reduce over TP (a reduce-scatter under sequence
+    parallelism, which also re-gathers the sharded input for the weight gradient). In the
+    combined form Megatron overlaps that collective with the weight-gradient GEMM.
+    """
+    if ctx.tp == 1:
+        return [dgrad, wgrad], [dgrad], [wgrad]
+    kind = "reduce-scatter" if ctx.sequence_parallel else "all-reduce"
+    reduce = collective(f"{name}.grad_{kind.replace('-', '_')}", kind, "tp", ctx.activation_message)
+    regather = (collective(f"{name}.regather_input", "all-gather", "tp", ctx.activation_message)
+                if gather is not None else None)
+    if ctx.tp_overlap_backward:
+        combined: list[Item] = [Overlap(regather, (dgrad,)) if regather else dgrad, Overlap(reduce, (wgrad,))]
+    else:
+        combined = ([regather] if regather else []) + [dgrad, reduce, wgrad]
+    input_only: list[Item] = [dgrad, reduce]
+    weight_only: list[Item] = ([regather] if regather else []) + [wgrad]
+    return combined, input_only, weight_only
+
+
+def present(*ops: Op | None) -> list[Item]:
+    """The ops that exist (TP collectives vanish at tp=1)."""
+    return [op for op in ops if op is not None]

@@ -1,0 +1,111 @@
+"""The mixture-of-experts feed-forward block on one rank (Megatron-style token dispatch).
+
+A router scores every token against every expert and keeps the top k. Tokens are
+permuted by destination and sent to the expert-parallel ranks that hold their experts
+(all-to-all over the EP group), optionally gathered over the expert tensor-parallel
+group, run through each local expert's FC1/activation/FC2 as one grouped GEMM, and
+sent back (a second all-to-all) to be un-permuted and weighted. Shared experts (every
+token) run as a dense tensor-parallel MLP beside them.
+
+Load imbalance is an input: the busiest expert-parallel rank receives
+``load_imbalance`` times the mean number of tokens (at most ``capacity_factor`` times,
+when a capacity is set and extra tokens are dropped); the busiest rank sets the pace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mpsim.workload.blocks import BlockWork, LayerContext, bias_dropout_add, linear, norm
+from mpsim.workload.mlp import mlp_items
+from mpsim.workload.ops import Item, collective, memory_op
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """Routing and expert sizes of a MoE layer."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn: int
+    shared_ffn: int
+    capacity_factor: float | None
+    load_imbalance: float
+
+    @property
+    def imbalance(self) -> float:
+        """Tokens of the busiest rank over the mean, after capacity drops."""
+        if self.capacity_factor is not None:
+            return min(self.load_imbalance, self.capacity_factor)
+        return self.load_imbalance
+
+
+def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) -> BlockWork:
+    """The MoE half of a layer on one rank."""
+    h, e = ctx.hidden, ctx.act_bytes
+    tokens = ctx.norm_tokens  # routing works on the sequence-parallel shard
+    local_experts = moe.num_experts // ctx.ep
+    routed = tokens * moe.top_k * moe.imbalance * ctx.etp  # tokens this rank's experts process
+    per_expert = max(1, math.ceil(routed / local_experts))
+    fc1_width = moe.expert_ffn * (2 if ctx.gated_ffn else 1) // ctx.etp
+    ffn_local = moe.expert_ffn // ctx.etp
+
+    router, router_dgrad, router_wgrad = linear(ctx, "moe.router", tokens, moe.num_experts, h)
+    routing = memory_op("moe.topk", tokens * moe.num_experts * 4 * 3)
+    routing_grad = memory_op("moe.topk.grad", tokens * moe.num_experts * 4 * 3)
+    permute = memory_op("moe.permute", routed * h * e * 2)
+    unpermute = memory_op("moe.unpermute", routed * h * e * 2)
+    send = tokens * moe.top_k * h * e * moe.imbalance
+    dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", send)
+    combine = collective("moe.combine_all_to_all", "all-to-all", "ep", send)
+    dispatch_grad = collective("moe.dispatch_all_to_all.grad", "all-to-all", "ep", send)
+    combine_grad = collective("moe.combine_all_to_all.grad", "all-to-all", "ep", send)
+    gather: list[Item] = []
+    scatter: list[Item] = []
+    if ctx.etp > 1:
+        gathered = routed * h * e
+        gather = [collective("moe.etp_all_gather", "all-gather", "etp", gathered)]
+        scatter = [collective("moe.etp_reduce_scatter", "reduce-scatter", "etp", gathered)]
+    fc1, fc1_dgrad, fc1_wgrad = linear(ctx, "moe.experts.fc1", per_expert, fc1_width, h, batch=local_experts)
+    fc2, fc2_dgrad, fc2_wgrad = linear(ctx, "moe.experts.fc2", per_expert, h, ffn_local, batch=local_experts)
+    expert_elems = per_expert * local_experts * ffn_local
+    act = memory_op("moe.experts.act", expert_elems * e * (3 if ctx.gated_ffn else 2))
+    act_grad = memory_op("moe.experts.act.grad", expert_elems * e * (5 if ctx.gated_ffn else 3))
+
+    routed_fwd: list[Item] = [router, routing, permute, dispatch, *gather, fc1, act, fc2, *scatter, combine,
+                              unpermute]
+    routed_in: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, act_grad, fc1_dgrad, *scatter,
+                             dispatch_grad, permute, routing_grad, router_dgrad]
+    routed_w: list[Item] = [fc2_wgrad, fc1_wgrad, router_wgrad]
+    routed_b: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, fc2_wgrad, act_grad, fc1_dgrad, fc1_wgrad,
+                            *scatter, dispatch_grad, permute, routing_grad, router_dgrad, router_wgrad]
+
+    shared_f: list[Item] = []
+    shared_b: list[Item] = []
+    shared_i: list[Item] = []
+    shared_w: list[Item] = []
+    shared_params = shared_saved = shared_wbuf = 0.0
+    if moe.shared_ffn:
+        shared_f, shared_b, shared_i, shared_w, shared_params, shared_saved, shared_wbuf = mlp_items(
+            ctx, "moe.shared", moe.shared_ffn // ctx.tp)
+
+    head = [norm(ctx, "moe.norm")]
+    tail = [bias_dropout_add(ctx, "moe.bda")]
+    grad_head = [bias_dropout_add(ctx, "moe.bda", backward=True)]
+    grad_tail = [norm(ctx, "moe.norm", backward=True)]
+    local, mask = ctx.norm_tokens, 1 if ctx.dropout else 0
+    expert_params = local_experts * (h * fc1_width + ffn_local * h)
+    dense_params = h * moe.num_experts + shared_params + norm_params * h + (h if bias else 0)
+    gathered_tokens = per_expert * local_experts
+    saved = (2 * local * h * e + tokens * moe.num_experts * 4 + gathered_tokens * h * e
+             + gathered_tokens * fc1_width * e + gathered_tokens * ffn_local * e + shared_saved + local * h * mask)
+    wbuf = (gathered_tokens * (h + fc1_width + ffn_local + h) * e + tokens * (h + moe.num_experts) * e
+            + shared_wbuf)
+    return BlockWork(
+        forward=(*head, *routed_fwd, *shared_f, *tail),
+        backward=(*grad_head, *shared_b, *routed_b, *grad_tail),
+        backward_input=(*grad_head, *shared_i, *routed_in, *grad_tail),
+        backward_weight=(*shared_w, *routed_w),
+        params=float(dense_params), expert_params=float(expert_params), saved_bytes=float(saved),
+        weight_grad_buffer_bytes=float(wbuf))
