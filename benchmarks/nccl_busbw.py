@@ -37,7 +37,9 @@ def bus_factor(op: str, ranks: int) -> float:
 
 def predict(row: dict[str, str], systems: dict) -> tuple[float, str]:
     """(predicted busbw GB/s, algorithm) of one measured row."""
-    system = systems.setdefault(row["system"], load_system(row["system"]))
+    if row["system"] not in systems:
+        systems[row["system"]] = load_system(row["system"])
+    system = systems[row["system"]]
     ranks, nodes = int(row["ranks"]), int(row["nodes"])
     per_node = ranks // nodes
     members = [node * system.devices_per_node + i for node in range(nodes) for i in range(per_node)]

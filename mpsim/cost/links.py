@@ -12,7 +12,8 @@ cost grows with the message too. Fitted to the measured curves, the bus bandwidt
 follows ``peak / (1 + (n_half / S) ** k)``: Hockney's half-bandwidth size ``n_half``
 (the size at half the peak) with an exponent ``k``; ``k = 1`` is Hockney's own curve,
 an alpha-beta model with ``alpha = n_half / peak``. A collective takes whichever is
-longer: its latency terms plus its bytes at peak, or its bytes at the curve's bandwidth.
+longer: its latency terms plus its bytes at peak, or its bytes at the curve's bandwidth;
+an algorithm that uses several links takes the slowest of them under each.
 """
 
 from __future__ import annotations
@@ -45,14 +46,17 @@ class LinkCost:
 def transfer_s(latency_s: float, loads: list[tuple[float, LinkCost]], message_bytes: float) -> float:
     """Seconds for an algorithm that moves ``bytes`` over each ``link`` of ``loads`` at once.
 
-    The links work in a pipeline, so the slowest one sets the pace; its measured curve
-    says how far below peak a message of ``message_bytes`` (the nccl-tests size) runs.
+    The links work in a pipeline, so the slowest one sets the pace: at peak rates, and
+    again along each link's measured curve for a message of ``message_bytes`` (the
+    nccl-tests size). Taking the slowest link under both keeps the time from ever
+    growing when one link gets faster.
     """
     loads = [(volume, link) for volume, link in loads if volume > 0]
     if not loads:
         return latency_s
-    bottleneck_s, link = max(((volume / link.bandwidth, link) for volume, link in loads), key=lambda item: item[0])
-    return max(latency_s + bottleneck_s, bottleneck_s * link.curve_factor(message_bytes))
+    peak_s = max(volume / link.bandwidth for volume, link in loads)
+    curve_s = max(volume / link.bandwidth * link.curve_factor(message_bytes) for volume, link in loads)
+    return max(latency_s + peak_s, curve_s)
 
 
 def scale_up_link(system: SystemSpec, members: int | None = None) -> LinkCost:
