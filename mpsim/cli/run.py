@@ -27,6 +27,19 @@ def _run(args: argparse.Namespace) -> int:
 
         write_trace(result, args.trace, ops=not args.trace_actions_only, reference=reference)
         print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)", file=sys.stderr)
+    if args.memory_plot:
+        from mpsim.results.memory_views import plot_memory
+
+        plot_memory(result, summary.memory, args.memory_plot)
+        print(f"memory timeline written to {args.memory_plot}", file=sys.stderr)
+    if args.memory_snapshot:
+        from mpsim.results.memory_views import write_memory_snapshot
+
+        if not 0 <= args.memory_snapshot_rank < result.schedule.num_ranks:
+            raise InputError(f"--memory-snapshot-rank must be 0..{result.schedule.num_ranks - 1}")
+        write_memory_snapshot(result, summary.memory, args.memory_snapshot_rank, args.memory_snapshot)
+        print(f"memory snapshot of rank {args.memory_snapshot_rank} written to {args.memory_snapshot} "
+              f"(open it in https://pytorch.org/memory_viz)", file=sys.stderr)
     if args.plot:
         from mpsim.results.plot import plot_timeline
 
@@ -43,4 +56,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
     run.add_argument("--trace-actions-only", action="store_true", help="trace whole actions, not every op")
     run.add_argument("--plot", metavar="FILE", help="write a timeline picture (.png, .svg, .pdf)")
+    run.add_argument("--memory-plot", metavar="FILE", help="write memory per device over the step")
+    run.add_argument("--memory-snapshot", metavar="FILE",
+                     help="write a PyTorch memory snapshot (pickle) of one rank, for pytorch.org/memory_viz")
+    run.add_argument("--memory-snapshot-rank", type=int, default=0, metavar="RANK",
+                     help="pipeline rank of --memory-snapshot (default 0)")
     run.set_defaults(handler=_run)

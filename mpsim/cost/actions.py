@@ -44,6 +44,11 @@ class ActionCost:
     segments: tuple[Segment, ...]
     dp_exposed_s: float = 0.0  # waiting for ZeRO-3 parameter gathers
     async_dp: tuple[tuple[float, float, str], ...] = ()  # (ready fraction, seconds, label) on the DP stream
+    exposed_by_group: tuple[tuple[str, float], ...] = ()  # exposed collective seconds per group (tp, cp, ep, ...)
+
+    def exposed(self, *groups: str) -> float:
+        """Exposed collective seconds of the named groups."""
+        return sum(seconds for group, seconds in self.exposed_by_group if group in groups)
 
 
 class CostModel:
@@ -85,6 +90,7 @@ class CostModel:
         if cached is not None and cached[0] is work:
             return cached[1]
         clock = compute = comm = exposed = flops = dp_wait = 0.0
+        by_group: dict[str, float] = {}
         previous_start = 0.0
         segments: list[Segment] = []
         releases: list[tuple[float, float, str]] = []
@@ -114,12 +120,14 @@ class CostModel:
                     compute += busy
                     comm += comm_s
                     exposed += max(0.0, span - busy)
+                    by_group[item.comm.group] = by_group.get(item.comm.group, 0.0) + max(0.0, span - busy)
                 elif item.kind == "collective":
                     comm_s = self.collective_s(item)
                     segments.append(Segment("tp", "tp-comm", f"{block.label} {item.name}", clock, comm_s))
                     clock += comm_s
                     comm += comm_s
                     exposed += comm_s
+                    by_group[item.group] = by_group.get(item.group, 0.0) + comm_s
                 else:
                     op_s = self.compute.time(item)
                     segments.append(Segment("compute", block.category, f"{block.label} {item.name}", clock, op_s))
@@ -158,5 +166,12 @@ def overlapped_cost(forward: ActionCost, backward: ActionCost) -> ActionCost:
         Segment(seg.stream, seg.category, seg.label, seg.offset_s + shift, seg.duration_s) for seg in backward.segments)
     # the pair's segments are laid end to end; the span is the overlapped duration
     dp_wait = forward.dp_exposed_s + backward.dp_exposed_s
+    # what stays exposed is shared out over the groups in proportion to their own exposure
+    groups: dict[str, float] = {}
+    for group, seconds in forward.exposed_by_group + backward.exposed_by_group:
+        groups[group] = groups.get(group, 0.0) + seconds
+    total = sum(groups.values())
+    share = exposed / total if total > 0 else 0.0
     return ActionCost(compute + exposed + dp_wait, compute, forward.tp_comm_s + backward.tp_comm_s, exposed,
-                      forward.flops + backward.flops, segments, dp_wait, forward.async_dp + backward.async_dp)
+                      forward.flops + backward.flops, segments, dp_wait, forward.async_dp + backward.async_dp,
+                      tuple(sorted((group, seconds * share) for group, seconds in groups.items())))

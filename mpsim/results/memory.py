@@ -40,6 +40,7 @@ class RankMemory:
     fragmentation_bytes: float
     capacity_bytes: float
     layer_state_bytes: float = 0.0  # weights + gradients + optimizer of the transformer layers only
+    layer_activations_peak_bytes: float = 0.0  # peak of the transformer layers' activations only
 
     @property
     def model_state_bytes(self) -> float:
@@ -91,12 +92,16 @@ def activation_timeline(timeline, workload: Workload, rank: int) -> list[tuple[f
     return points
 
 
-def activation_walk(schedule: Schedule, rank: int, workload: Workload) -> tuple[float, int]:
+def activation_walk(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False
+                    ) -> tuple[float, int]:
     """(peak activation bytes, forwards in flight at the peak) over the rank's action list."""
     level = peak = 0.0
     in_flight = peak_count = 0
     for stage, kind, _ in flat(schedule.actions[rank]):
-        delta, count = _activation_deltas(workload.stages[stage], kind)
+        work = workload.stages[stage]
+        delta, count = _activation_deltas(work, kind)
+        if layers_only and kind in ("F", "B"):
+            delta = work.layer_activation_bytes * (1 if kind == "F" else -1)
         level += delta
         in_flight += count
         if level > peak:
@@ -128,11 +133,12 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
         expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
         layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.zero_shard_size, **kwargs)
         peak, count = activation_walk(schedule, rank, workload)
+        layer_peak, _ = activation_walk(schedule, rank, workload, layers_only=True)
         buffers = _buffers_bytes(works, workload, layout)
         allocated = state.total_bytes + expert_state.total_bytes + peak + buffers
         result.append(RankMemory(
             rank, stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
             state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,
             peak, count, buffers, training.memory_reserved, allocated * training.memory_fragmentation, capacity,
-            layers.total_bytes))
+            layers.total_bytes, layer_peak))
     return result

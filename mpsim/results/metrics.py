@@ -12,8 +12,8 @@ Conventions, stated because they swing the numbers:
   ``bubble_imbalance_s`` and ``bubble_comm_s`` are means over ranks and add up to
   ``bubble_s`` (with ``stage-wait`` idle when no reference was given).
 * ``bubble_rate_zb`` is Zero Bubble's definition (Qi et al. 2024, Sec. 5.3): the longest
-  stage span (first action start to last action end) minus that stage's compute, over
-  the span.
+  stage span (first action start to last action end) minus the busiest stage's compute,
+  over that span.
 * ``mfu`` uses model FLOPs (no recompute, full attention matrix; Korthikanti et al. 2022
   eq. 7, NeMo's formula for GQA/SwiGLU); ``hfu`` uses the FLOPs the simulated ranks
   executed, recompute and causal-attention savings included.
@@ -35,7 +35,10 @@ class RankTime:
 
     rank: int
     compute_s: float  # actions on the compute stream, in-line TP communication included
-    tp_comm_exposed_s: float
+    tp_comm_exposed_s: float  # tensor-parallel collectives not hidden under compute
+    cp_comm_exposed_s: float  # context-parallel KV exchange not hidden under attention
+    ep_comm_exposed_s: float  # MoE token all-to-alls (and expert-TP gathers) not hidden
+    zero_gather_exposed_s: float  # ZeRO-3 / FSDP parameter gathers waited for
     idle_schedule_s: float  # fill and drain of the schedule itself (warm-up, cool-down)
     idle_imbalance_s: float  # waiting for a slower stage
     idle_stage_wait_s: float  # waiting for another stage when no reference run split it
@@ -62,9 +65,12 @@ class Summary:
     accelerator: str
     devices: int
     tp: int
+    cp: int
     pp: int
     dp: int
     vpp: int
+    ep: int
+    zero_stage: int
     microbatch_size: int
     num_microbatches: int
     global_batch_size: int
@@ -85,6 +91,8 @@ class Summary:
     bubble_imbalance_s: float
     bubble_comm_s: float
     exposed_tp_comm_s: float
+    exposed_cp_comm_s: float
+    exposed_ep_comm_s: float
     exposed_pp_comm_s: float
     exposed_dp_comm_s: float
     optimizer_s: float
@@ -100,7 +108,11 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     timeline = result.timeline
     records = timeline.actions[rank]
     compute = sum(r.end_s - r.start_s for r in records)
-    tp_exposed = sum(result.cost(r.action).tp_exposed_s for r in records)
+    costs = [result.cost(r.action) for r in records]
+    tp_exposed = sum(c.exposed("tp") for c in costs)
+    cp_exposed = sum(c.exposed("cp") for c in costs)
+    ep_exposed = sum(c.exposed("ep", "etp") for c in costs)
+    zero_wait = sum(c.dp_exposed_s for c in costs)
     waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
     idle = idle_by_kind(idle_intervals(timeline, rank, pipeline_end, waits))
     compute_end = records[-1].end_s if records else 0.0
@@ -109,7 +121,7 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     embedding = sum(s.end_s - s.start_s for s in syncs if s.kind == "embedding-sync")
     optimizer = sum(s.end_s - s.start_s for s in syncs if s.kind == "optimizer")
     span = (records[-1].end_s - records[0].start_s) if records else 0.0
-    return RankTime(rank, compute, tp_exposed, idle["schedule"], idle["imbalance"], idle["stage-wait"],
+    return RankTime(rank, compute, tp_exposed, cp_exposed, ep_exposed, zero_wait, idle["schedule"], idle["imbalance"], idle["stage-wait"],
                     idle["transfer"], idle["send"], max(0.0, dp_end - compute_end), embedding, optimizer,
                     timeline.rank_end_s[rank], span)
 
@@ -125,24 +137,25 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
     n = len(ranks)
     tokens = layout.global_batch_size * scenario.model.seq_length
     model_flops = model_flops_per_sequence(scenario.model) * layout.global_batch_size
-    # each simulated rank stands for its TP group (tp ranks) and every DP replica
+    # each simulated rank stands for its TP and CP groups and every DP replica
     executed = sum(result.cost(r.action).flops for rs in timeline.actions for r in rs)
-    hardware_flops = executed * layout.tp * layout.dp
+    hardware_flops = executed * layout.tp * layout.cp * layout.dp
     peak_flops = accelerator.peak(scenario.training.dtype)
     capacity = accelerator.memory.capacity
     memory = rank_memory(scenario, layout, result.schedule, result.workload)
     peak_memory = max(m.peak_memory_bytes for m in memory)
     mean = lambda values: sum(values) / n  # noqa: E731
     idle = [r.idle_s for r in ranks]
-    # Zero Bubble's definition: cost is the longest stage span, ideal its busy time
-    longest = max(ranks, key=lambda r: r.span_s)
-    zb_rate = (longest.span_s - longest.compute_s) / longest.span_s if longest.span_s > 0 else 0.0
+    # Zero Bubble's definition: cost is the longest stage span, ideal the busiest stage's compute
+    longest = max(r.span_s for r in ranks)
+    zb_rate = (longest - max(r.compute_s for r in ranks)) / longest if longest > 0 else 0.0
     return Summary(
         scenario=scenario.name,
         system=system.name,
         accelerator=accelerator.name,
         devices=layout.devices,
-        tp=layout.tp, pp=layout.pp, dp=layout.dp, vpp=layout.vpp,
+        tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=layout.dp, vpp=layout.vpp, ep=layout.ep,
+        zero_stage=layout.zero_stage,
         microbatch_size=layout.microbatch_size,
         num_microbatches=layout.num_microbatches,
         global_batch_size=layout.global_batch_size,
@@ -163,8 +176,10 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         bubble_imbalance_s=mean([r.idle_imbalance_s for r in ranks]),
         bubble_comm_s=mean([r.idle_transfer_s + r.idle_send_s for r in ranks]),
         exposed_tp_comm_s=mean([r.tp_comm_exposed_s for r in ranks]),
+        exposed_cp_comm_s=mean([r.cp_comm_exposed_s for r in ranks]),
+        exposed_ep_comm_s=mean([r.ep_comm_exposed_s for r in ranks]),
         exposed_pp_comm_s=mean([r.idle_transfer_s + r.idle_send_s for r in ranks]),
-        exposed_dp_comm_s=mean([r.dp_comm_exposed_s + r.embedding_sync_s for r in ranks]),
+        exposed_dp_comm_s=mean([r.dp_comm_exposed_s + r.embedding_sync_s + r.zero_gather_exposed_s for r in ranks]),
         optimizer_s=max(r.optimizer_s for r in ranks),
         peak_memory_bytes=peak_memory,
         capacity_bytes=capacity,

@@ -51,10 +51,13 @@ def format_summary(summary: Summary) -> str:
     n = len(ranks)
     mean = lambda attr: sum(getattr(r, attr) for r in ranks) / n  # noqa: E731
     vpp = f" (vpp {s.vpp})" if s.vpp > 1 else ""
+    cp = f" x CP {s.cp}" if s.cp > 1 else ""
+    extras = "".join(f"; {text}" for text in (f"EP {s.ep}" if s.ep > 1 else "",
+                                               f"ZeRO-{s.zero_stage}" if s.zero_stage else "") if text)
     lines = [
         s.scenario,
         f"  cluster      {s.devices} x {s.accelerator} ({s.system})",
-        f"  layout       TP {s.tp} x PP {s.pp}{vpp} x DP {s.dp}; {s.num_microbatches} microbatches of "
+        f"  layout       TP {s.tp}{cp} x PP {s.pp}{vpp} x DP {s.dp}{extras}; {s.num_microbatches} microbatches of "
         f"{s.microbatch_size} per pipeline; schedule {s.schedule}",
         f"  step time    {format_seconds(step)}   tokens/s {s.tokens_per_s:,.0f} total, "
         f"{s.tokens_per_s_per_device:,.0f} per device",
@@ -68,6 +71,10 @@ def format_summary(summary: Summary) -> str:
            if mean("idle_stage_wait_s") > 0 else "")
         + f", pipeline transfers {format_seconds(mean('idle_transfer_s'))}, own sends {format_seconds(mean('idle_send_s'))}",
         f"  exposed comm TP {format_seconds(s.exposed_tp_comm_s)} ({_pct(s.exposed_tp_comm_s, step)}), "
+        + (f"CP {format_seconds(s.exposed_cp_comm_s)} ({_pct(s.exposed_cp_comm_s, step)}), "
+           if s.exposed_cp_comm_s > 0 else "")
+        + (f"EP all-to-all {format_seconds(s.exposed_ep_comm_s)} ({_pct(s.exposed_ep_comm_s, step)}), "
+           if s.exposed_ep_comm_s > 0 else "") +
         f"PP {format_seconds(s.exposed_pp_comm_s)} ({_pct(s.exposed_pp_comm_s, step)}), "
         f"DP {format_seconds(s.exposed_dp_comm_s)} ({_pct(s.exposed_dp_comm_s, step)}); "
         f"optimizer step {format_seconds(s.optimizer_s)}",

@@ -93,6 +93,11 @@ def resolve_layout(scenario: Scenario) -> Layout:
                                   f"TP groups would straddle two nodes; use one of {_divisors(system.devices_per_node)}")
 
     cp = plan.cp
+    if cp > 1 and scenario.training.attention != "flash":
+        raise fail("parallel.cp", "context parallelism needs the fused attention kernel; set training.attention: flash")
+    if model.moe is not None and tp > 1 and not plan.sequence_parallel:
+        raise fail("parallel.sequence_parallel", "mixture-of-experts layers with tp > 1 route sequence-parallel "
+                                                 "shards of the tokens (as Megatron requires); set it to true")
     if cp > 1:
         chunks = 2 * cp if plan.cp_comm != "all-to-all" else cp
         if model.seq_length % chunks:

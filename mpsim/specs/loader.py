@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from mpsim.errors import InputError
 from mpsim.paths import KIND_DIRS, data_roots, display_path, normalize_name
+from mpsim.specs.hf import from_hf_config, looks_like_hf
 from mpsim.specs.scenario import Scenario
 
 Path_ = tuple[str, ...]
@@ -105,6 +106,7 @@ def available(kind: str) -> list[str]:
 
 def find_reference(ref: str, kind: str, relative_to: Path | None) -> Path:
     """Resolve a name or path to a file; unknown names list the known ones."""
+    ref = ref.removeprefix("hf:")
     looks_like_path = ref.endswith((".yaml", ".yml", ".json")) or "/" in ref
     if looks_like_path:
         candidates = [Path(ref)]
@@ -132,12 +134,29 @@ def _get(tree: Any, path: Path_) -> Any:
     return tree
 
 
+def _merge(base: dict, changes: dict) -> dict:
+    """``base`` with ``changes`` laid over it, nested mappings merged key by key."""
+    merged = dict(base)
+    for key, value in changes.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
 def _resolve_at(tree: dict, path: Path_, origins: Origins, base_dirs: dict[Path_, Path]) -> None:
-    """Replace a string reference at ``path`` by the file it names (in place)."""
+    """Replace a reference at ``path`` by the file it names (in place).
+
+    A reference is a name or path, or a mapping with ``base: NAME`` and fields that
+    override the named file's (``model: {base: llama3-405b, seq_length: 131072}``).
+    """
     parent = _get(tree, path[:-1]) if len(path) > 1 else tree
     if not isinstance(parent, dict):
         return
     value = parent.get(path[-1])
+    changes: dict = {}
+    if isinstance(value, dict) and isinstance(value.get("base"), str):
+        changes = {k: v for k, v in value.items() if k != "base"}
+        value = value["base"]
     if not isinstance(value, str):
         return
     kind = REFERENCE_FIELDS[path]
@@ -155,8 +174,13 @@ def _resolve_at(tree: dict, path: Path_, origins: Origins, base_dirs: dict[Path_
     if not isinstance(data, dict):
         raise InputError(f"a {kind} file must be a mapping of fields, got {type(data).__name__}",
                          display_path(file))
-    parent[path[-1]] = data
+    if kind == "model" and looks_like_hf(data):
+        name = str(data.get("_name_or_path") or file.parent.name or file.stem).split("/")[-1]
+        data = from_hf_config(data, name, display_path(file))
+    parent[path[-1]] = _merge(data, changes)
     origins.sources[path] = display_path(file)
+    for key in changes:  # fields set beside ``base`` belong to the referencing file
+        origins.sources[(*path, key)] = source
     base_dirs[path] = file.parent
 
 

@@ -54,6 +54,7 @@ class StageWork:
     activation_bytes: float  # kept from F until B (or I), per microbatch
     weight_grad_buffer_bytes: float  # kept from I until W, per microbatch
     largest_layer_params: float  # the biggest unit ZeRO-3 gathers at once
+    layer_activation_bytes: float  # of the activations, those of the transformer layers
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,10 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
         w_buffer += work.weight_grad_buffer_bytes
     layer_total = sum(work.params + work.expert_params for work in works)
     largest = max([w.params + w.expert_params for w in works], default=0.0)
+    layer_activation = sum(work.activation_bytes(options.recompute) for work in works)
     return StageWork(layers, has_embedding, has_head, tuple(forward), tuple(backward), tuple(backward_input),
-                     tuple(backward_weight), params, expert, layer_total, activation, w_buffer, largest)
+                     tuple(backward_weight), params, expert, layer_total, activation, w_buffer, largest,
+                     layer_activation)
 
 
 def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOptions:
