@@ -1,0 +1,97 @@
+"""A lower bound on the step time, from the engine input alone (no timeline).
+
+Every rank must do all of its own work, one item after another, and cannot start its
+first item before that item's inputs could exist; after its last item it still runs
+the optimizer. So for each rank
+
+    step >= earliest start of its first item + its busy time + its optimizer step
+
+where the earliest start follows the forward chain from stage 0 (each earlier stage's
+forward plus the transfer between ranks). Waiting on other ranks (the bubble), blocking
+sends, link contention and exposed DP communication only add to this, so the bound
+holds for every schedule the engine runs. The planner simulates layouts in increasing
+order of this bound and stops once the bound alone exceeds the step time of the layouts
+it would show: those cannot rank higher, whatever their bubble.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+from mpsim.engine import EngineInput
+from mpsim.engine.core import duration_key
+from mpsim.schedules.actions import Schedule, parts
+
+
+@dataclass(frozen=True)
+class StepBound:
+    """The bound and the rank that sets it, with that rank's busy time split."""
+
+    lower_bound_s: float
+    rank: int
+    head_s: float  # earliest start of the rank's first item
+    busy_s: float  # its items back to back
+    tp_exposed_s: float  # of which TP communication not hidden under compute
+    optimizer_s: float
+
+
+_COUNTS: dict[int, tuple[Schedule, list]] = {}
+
+
+def _rank_counts(schedule: Schedule) -> list[tuple[Any, Counter]]:
+    """Per rank: its first item and how many items of each duration key it runs (cached per schedule)."""
+    cached = _COUNTS.get(id(schedule))
+    if cached is not None and cached[0] is schedule:
+        return cached[1]
+    counts = [(items[0] if items else None, Counter(duration_key(item) for item in items))
+              for items in schedule.actions]
+    if len(_COUNTS) > 256:
+        _COUNTS.clear()
+    _COUNTS[id(schedule)] = (schedule, counts)
+    return counts
+
+
+def forward_heads(schedule: Schedule, action_s: Mapping[tuple, float],
+                  transfer_s: Mapping[tuple[int, int], float]) -> list[float]:
+    """Earliest time each stage's forward can start: the chain of forwards and transfers before it."""
+    rank_of = schedule.stage_to_rank
+    heads = [0.0]
+    for stage in range(1, schedule.num_stages):
+        hop = transfer_s.get((stage - 1, stage), 0.0) if rank_of[stage - 1] != rank_of[stage] else 0.0
+        heads.append(heads[-1] + action_s[(stage - 1, "F")] + hop)
+    return heads
+
+
+def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transfer_s: Mapping[tuple[int, int], float],
+                     finalize_s: Sequence[float] = (), tp_exposed_s: Mapping[tuple, float] | None = None
+                     ) -> StepBound:
+    """The largest per-rank bound (see the module doc); ``tp_exposed_s`` splits the busy time.
+
+    The arguments are the fields of the same names of ``engine.EngineInput``, so the
+    bound can be taken before the rest of the engine input (DP buckets) is priced.
+    """
+    heads = forward_heads(schedule, action_s, transfer_s)
+    best: StepBound | None = None
+    for rank, (first, counts) in enumerate(_rank_counts(schedule)):
+        if first is None:
+            continue
+        head = 0.0
+        for action in parts(first):
+            earliest = heads[action.stage]
+            if action.kind != "F":
+                earliest += action_s[(action.stage, "F")]  # a backward follows its own forward
+            head = max(head, earliest)
+        busy = sum(count * action_s[key] for key, count in counts.items())
+        exposed = sum(count * tp_exposed_s.get(key, 0.0) for key, count in counts.items()) if tp_exposed_s else 0.0
+        optimizer = finalize_s[rank] if finalize_s else 0.0
+        bound = StepBound(head + busy + optimizer, rank, head, busy, exposed, optimizer)
+        if best is None or bound.lower_bound_s > best.lower_bound_s:
+            best = bound
+    return best or StepBound(0.0, 0, 0.0, 0.0, 0.0, 0.0)
+
+
+def input_lower_bound(inp: EngineInput) -> StepBound:
+    """``step_lower_bound`` of a whole engine input."""
+    return step_lower_bound(inp.schedule, inp.action_s, inp.transfer_s, inp.finalize_s)

@@ -1,0 +1,162 @@
+"""Evaluating one point: scenario in, one flat record of metrics (or of what went wrong) out.
+
+A record's ``status`` is one of
+
+* ``ok``: simulated; ``metrics`` holds the numbers (``out_of_memory`` is one of them);
+* ``invalid``: a combination a framework would refuse (an :class:`InputError` from the
+  loader, the layout rules or the schedule); skipped and counted, never fatal;
+* ``oom``: the planner's memory pre-check found it does not fit, so it was not simulated;
+* ``error``: anything else went wrong; the message is kept and the sweep goes on.
+
+Evaluators are small picklable objects: the local process pool and Ray ship the same
+object to their workers, which call ``evaluate(point)`` for each point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from mpsim.cost.actions import CostModel
+from mpsim.engine import simulate as engine_simulate
+from mpsim.errors import InputError
+from mpsim.explore.axes import Point, override_text
+from mpsim.explore.fastpath import simulate_fast, supports
+from mpsim.results.memory import rank_memory
+from mpsim.schedules import Schedule, ScheduleError, build_schedule
+from mpsim.simulate import SimulationResult, engine_input, plan_schedule, schedule_costs
+from mpsim.specs.layout import Layout, resolve_layout
+from mpsim.specs.scenario import Scenario
+from mpsim.workload.stages import build_workload
+
+ENGINES = ("fast", "simpy")
+
+
+@lru_cache(maxsize=128)
+def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """A generated schedule, cached: layouts that differ only in recompute or SP share it."""
+    return build_schedule(name, pp, vpp, num_microbatches)
+
+
+def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None) -> Schedule:
+    """The layout's schedule; generated ones come from the cache, files are read each time."""
+    name = scenario.parallel.schedule
+    if name.startswith("file:"):
+        return plan_schedule(scenario, layout, base_dir)
+    try:
+        return generated_schedule(name, layout.pp, layout.vpp, layout.num_microbatches)
+    except ScheduleError as exc:
+        raise InputError(str(exc), field="parallel.schedule") from None
+
+
+def layout_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Any) -> list:
+    """Memory of every pipeline rank, computed the way ``results.summarize`` computes it.
+
+    This is the planner's pre-check before any simulation: the schedule's in-flight
+    activations and the model state, no timeline needed.
+    """
+    return rank_memory(scenario, layout, schedule, workload)
+
+
+def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: str = "fast",
+                      layout: Layout | None = None, schedule: Schedule | None = None) -> SimulationResult:
+    """``mpsim.simulate.simulate`` with a choice of engine (and reuse of a layout/schedule already built).
+
+    ``fast`` evaluates the longest path (``fastpath.py``) and falls back to the SimPy
+    engine for an input it does not model; ``simpy`` always runs the engine.
+    """
+    layout = layout or resolve_layout(scenario)
+    schedule = schedule or schedule_for(scenario, layout, base_dir)
+    workload = build_workload(scenario, layout)
+    model = CostModel(scenario, layout)
+    costs = schedule_costs(schedule, workload, model)
+    inp = engine_input(scenario, layout, workload, schedule, model, costs)
+    timeline = simulate_fast(inp) if engine == "fast" and supports(inp) else engine_simulate(inp)
+    return SimulationResult(scenario, layout, schedule, workload, costs, timeline, inp)
+
+
+def summary_metrics(summary: Any) -> dict[str, Any]:
+    """The numbers a sweep keeps from a ``results.Summary``, with the step-time breakdown.
+
+    The breakdown is per mean pipeline rank: ``compute_s`` (actions minus their exposed
+    TP collectives), ``exposed_tp_comm_s``, ``exposed_pp_comm_s`` (waiting on transfers
+    and own sends), ``bubble_s`` (the rest of the idle time: warm-up, cool-down,
+    dependencies), ``exposed_dp_comm_s`` (gradient reduction after the last backward and
+    the tied-embedding sync) and ``optimizer_s``.
+    """
+    ranks = summary.ranks
+    n = max(1, len(ranks))
+    compute = sum(r.compute_s - r.tp_comm_exposed_s for r in ranks) / n
+    return {
+        "scenario": summary.scenario,
+        "system": summary.system,
+        "accelerator": summary.accelerator,
+        "devices": summary.devices,
+        "tp": summary.tp, "pp": summary.pp, "dp": summary.dp, "vpp": summary.vpp,
+        "microbatch_size": summary.microbatch_size,
+        "num_microbatches": summary.num_microbatches,
+        "global_batch_size": summary.global_batch_size,
+        "schedule": summary.schedule,
+        "step_time_s": summary.step_time_s,
+        "tokens_per_s": summary.tokens_per_s,
+        "tokens_per_s_per_device": summary.tokens_per_s_per_device,
+        "model_tflops_per_device": summary.model_tflops_per_device,
+        "mfu": summary.mfu,
+        "hfu": summary.hfu,
+        "bubble_fraction": summary.bubble_fraction,
+        "compute_s": compute,
+        "exposed_tp_comm_s": summary.exposed_tp_comm_s,
+        "exposed_pp_comm_s": summary.exposed_pp_comm_s,
+        "bubble_s": max(0.0, summary.bubble_s - summary.exposed_pp_comm_s),
+        "exposed_dp_comm_s": summary.exposed_dp_comm_s,
+        "optimizer_s": summary.optimizer_s,
+        "peak_memory_bytes": summary.peak_memory_bytes,
+        "capacity_bytes": summary.capacity_bytes,
+        "out_of_memory": summary.out_of_memory,
+    }
+
+
+BREAKDOWN = (("compute_s", "compute"), ("exposed_tp_comm_s", "TP comm"), ("exposed_pp_comm_s", "PP comm"),
+             ("bubble_s", "bubble"), ("exposed_dp_comm_s", "DP comm"), ("optimizer_s", "optimizer"))
+
+
+def failure(status: str, message: str, **metrics: Any) -> dict[str, Any]:
+    """A record body for a point that was not simulated."""
+    return {"status": status, "error": message, "metrics": metrics}
+
+
+def error_text(exc: BaseException) -> str:
+    """One line naming the exception type and its message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class SweepEvaluator:
+    """Evaluates points of a scenario file: load it with the base and point overrides, then simulate."""
+
+    scenario_path: str
+    base_overrides: tuple[str, ...] = ()
+    engine: str = "fast"
+    identity: dict = field(default_factory=dict)  # what the results-file key hashes besides the point
+
+    def evaluate(self, point: Point) -> dict[str, Any]:
+        from mpsim.explore.sweepfile import load_point
+        from mpsim.results import summarize
+
+        overrides = list(self.base_overrides) + [override_text(name, value) for name, value in point]
+        try:
+            loaded = load_point(self.scenario_path, overrides)
+        except InputError as exc:
+            return failure("invalid", str(exc))
+        try:
+            base_dir = loaded.path.parent if loaded.path else None
+            result = simulate_scenario(loaded.scenario, base_dir, self.engine)
+            metrics = summary_metrics(summarize(result))
+        except InputError as exc:
+            return failure("invalid", str(loaded.origins.locate(exc)))
+        except Exception as exc:  # noqa: BLE001 - a broken point is recorded, the sweep goes on
+            return failure("error", error_text(exc))
+        return {"status": "ok", "error": None, "metrics": metrics}

@@ -1,0 +1,335 @@
+"""The layout planner: every valid layout of a model on a cluster, checked, bounded, simulated, ranked.
+
+``plan`` builds the base scenario (model, system, device count, sequence length, global
+batch, any ``--set``), enumerates layouts (``layouts.py``) and evaluates them in two
+passes through ``runner.run_points``, so it gets the process pool, Ray, the progress bar
+and the resumable results file like any sweep.
+
+**Check pass**, every layout, cheap:
+
+1. rules: the scenario model and ``resolve_layout`` reject what a framework would
+   (status ``invalid``);
+2. memory: the schedule's in-flight activations and the model state per rank
+   (``results.memory.rank_memory``, as the report computes it), no timeline needed
+   (status ``oom``);
+3. dominance: recompute only adds work to the same actions, and the step time can only
+   grow when a duration grows (every time is a max of sums), so selective or full
+   recompute is not simulated when less recompute fits too (status ``dominated``);
+4. a lower bound on the step time (``bounds.py``); the layout ``fits``.
+
+**Simulation pass**, in increasing order of the bound: layouts are simulated in rounds
+until the bound of the next one exceeds the step time of the ``top``-th best found so
+far; no layout left can beat it (status ``bound``). So the top is exactly what
+simulating every layout would give, at a fraction of the cost (``prune=False``
+simulates everything).
+
+Costs are cached per worker for layouts that differ only in the schedule: the cost of a
+stage's passes does not depend on the order the schedule runs them in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from pydantic import ValidationError
+
+from mpsim.cost.actions import CostModel
+from mpsim.engine import EngineInput, simulate as engine_simulate
+from mpsim.errors import InputError
+from mpsim.explore.axes import Point
+from mpsim.explore.bounds import step_lower_bound
+from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
+from mpsim.explore.fastpath import simulate_fast, supports
+from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
+from mpsim.explore.progress import Progress
+from mpsim.explore.runner import RunReport, Session, run_points
+from mpsim.explore.store import canonical_json
+from mpsim.simulate import SimulationResult, engine_input, schedule_costs
+from mpsim.specs.layout import Layout, resolve_layout
+from mpsim.specs.loader import Origins, apply_override, parse_override, resolve_references, validation_error
+from mpsim.specs.scenario import Scenario
+from mpsim.units import format_bytes
+from mpsim.workload.stages import Workload, build_workload
+
+RECOMPUTE_FIELD = "parallel.recompute"
+SCHEDULE_FIELD = "parallel.schedule"
+CACHE_ENTRIES = 256
+
+
+def base_scenario(model: str, system: str, devices: int, global_batch_size: int, seq_length: int | None = None,
+                  overrides: Sequence[str] = ()) -> Scenario:
+    """The scenario every layout starts from: model and cluster by name or path, defaults elsewhere."""
+    if devices <= 0:
+        raise InputError("must be a positive number of devices", "--devices")
+    if global_batch_size <= 0:
+        raise InputError("must be a positive number of sequences", "--global-batch")
+    tree: dict[str, Any] = {
+        "name": f"{model} on {devices} x {system}",
+        "cluster": {"system": system, "num_devices": devices},
+        "model": model,
+        "parallel": {"global_batch_size": global_batch_size},
+    }
+    origins = Origins({(): "plan", ("model",): "MODEL", ("cluster", "system"): "--cluster"})
+    base_dirs = {(): Path.cwd()}
+    settings = [(parse_override(text), f"--set {text}") for text in overrides]
+    if seq_length is not None:
+        settings.append(((("model", "seq_length"), seq_length), "--seq"))
+    for (field_path, value), label in settings:
+        apply_override(tree, field_path, value, origins, base_dirs, label)
+    resolve_references(tree, origins, base_dirs)
+    try:
+        return Scenario.model_validate(tree)
+    except ValidationError as exc:
+        raise validation_error(exc, origins) from None
+
+
+def apply_fields(scenario: Scenario, fields: dict[str, Any]) -> Scenario:
+    """A copy of ``scenario`` with dotted fields replaced, each touched section validated again."""
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in fields.items():
+        top, _, rest = name.partition(".")
+        if not rest:
+            raise InputError("the planner sets fields inside a section, like parallel.tp", name)
+        sections.setdefault(top, {})[rest] = value
+    update = {}
+    for top, changes in sections.items():
+        current = getattr(scenario, top)
+        data = current.model_dump()
+        for rest, value in changes.items():
+            node = data
+            *parents, leaf = rest.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        try:
+            update[top] = type(current).model_validate(data)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join([top, *(str(p) for p in error["loc"])])
+            raise InputError(error["msg"].removeprefix("Value error, "), field=where) from None
+    return scenario.model_copy(update=update)
+
+
+@dataclass
+class _Prepared:
+    """What layouts differing only in their schedule share: layout, workload, priced costs."""
+
+    layout: Layout
+    workload: Workload
+    model: CostModel
+
+
+_PREPARED: OrderedDict[str, _Prepared] = OrderedDict()
+_MEMORY: OrderedDict[str, tuple[float, float, str]] = OrderedDict()
+
+
+def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
+    cache[key] = value
+    if len(cache) > CACHE_ENTRIES:
+        cache.popitem(last=False)
+    return value
+
+
+@dataclass(frozen=True)
+class PlanEvaluator:
+    """Evaluates one layout of the base scenario: ``mode`` is "check" or "simulate" (module doc)."""
+
+    scenario: Scenario
+    mode: str = "check"
+    engine: str = "fast"
+    identity: str = ""
+
+    def _scenario(self, fields: dict[str, Any]) -> tuple[Scenario, _Prepared]:
+        scenario = apply_fields(self.scenario, fields)
+        group = self.identity + canonical_json({k: v for k, v in fields.items() if k != SCHEDULE_FIELD})
+        prepared = _PREPARED.get(group)
+        if prepared is None:
+            layout = resolve_layout(scenario)
+            # the cost model prices passes once per model object; sharing it shares that work
+            prepared = _remember(_PREPARED, group, _Prepared(layout, build_workload(scenario, layout),
+                                                             CostModel(scenario, layout)))
+        return scenario, prepared
+
+    def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str]:
+        """(peak bytes of the fullest rank, capacity, its largest category), memoized per layout."""
+        key = self.identity + canonical_json(fields)
+        known = _MEMORY.get(key)
+        if known is not None:
+            return known
+        scenario, prepared = self._scenario(fields)
+        layout = prepared.layout
+        schedule = schedule_for(scenario, layout, None)
+        worst = max(layout_memory(scenario, layout, schedule, prepared.workload), key=lambda m: m.peak_memory_bytes)
+        return _remember(_MEMORY, key, (worst.peak_memory_bytes, worst.capacity_bytes, worst.largest_category))
+
+    def evaluate(self, point: Point) -> dict[str, Any]:
+        fields = dict(point)
+        try:
+            peak, capacity, largest = self._memory(fields)
+        except InputError as exc:
+            return failure("invalid", str(exc))
+        if peak > capacity:
+            return failure("oom", f"needs {format_bytes(peak)} of {format_bytes(capacity)}, mostly {largest}",
+                           peak_memory_bytes=peak, capacity_bytes=capacity, largest=largest)
+        try:
+            if self.mode == "check":
+                return self._check(fields, peak, capacity)
+            return self._simulate(fields)
+        except InputError as exc:
+            return failure("invalid", str(exc))
+
+    def _check(self, fields: dict[str, Any], peak: float, capacity: float) -> dict[str, Any]:
+        mode = fields.get(RECOMPUTE_FIELD)
+        if mode in RECOMPUTE_MODES:
+            for lighter in RECOMPUTE_MODES[:RECOMPUTE_MODES.index(mode)]:
+                try:
+                    fits = self._memory({**fields, RECOMPUTE_FIELD: lighter})[0] <= capacity
+                except InputError:
+                    continue
+                if fits:
+                    return failure("dominated", f"recompute={lighter} fits too and does less work",
+                                   peak_memory_bytes=peak, capacity_bytes=capacity)
+        scenario, prepared = self._scenario(fields)
+        inp, costs = self._engine_input(scenario, prepared)
+        metrics = self._bound(inp, costs)
+        metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
+        return {"status": "fits", "error": None, "metrics": metrics}
+
+    @staticmethod
+    def _engine_input(scenario: Scenario, prepared: _Prepared) -> tuple[EngineInput, dict]:
+        schedule = schedule_for(scenario, prepared.layout, None)
+        costs = schedule_costs(schedule, prepared.workload, prepared.model)
+        return engine_input(scenario, prepared.layout, prepared.workload, schedule, prepared.model, costs), costs
+
+    @staticmethod
+    def _bound(inp: EngineInput, costs: dict) -> dict[str, float]:
+        """The step-time lower bound and its busiest rank's split (``bounds.py``)."""
+        bound = step_lower_bound(inp.schedule, inp.action_s, inp.transfer_s, inp.finalize_s,
+                                 {key: cost.tp_exposed_s for key, cost in costs.items()})
+        return {"lower_bound_s": bound.lower_bound_s, "bound_rank": bound.rank, "bound_busy_s": bound.busy_s,
+                "bound_tp_exposed_s": bound.tp_exposed_s, "bound_optimizer_s": bound.optimizer_s}
+
+    def _simulate(self, fields: dict[str, Any]) -> dict[str, Any]:
+        from mpsim.results import summarize
+
+        scenario, prepared = self._scenario(fields)
+        inp, costs = self._engine_input(scenario, prepared)
+        try:
+            timeline = simulate_fast(inp) if self.engine == "fast" and supports(inp) else engine_simulate(inp)
+            result = SimulationResult(scenario, prepared.layout, inp.schedule, prepared.workload, costs, timeline, inp)
+            metrics = {**summary_metrics(summarize(result)), **self._bound(inp, costs)}
+        except InputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded; the plan goes on
+            return failure("error", error_text(exc))
+        return {"status": "ok", "error": None, "metrics": metrics}
+
+
+@dataclass
+class PlanResult:
+    """Every layout of a plan and what became of it (``planreport.py`` ranks and explains)."""
+
+    scenario: Scenario
+    points: list[Point]
+    records: list[dict | None]
+    top: int
+    elapsed_s: float = 0.0
+    simulated: int = 0  # layouts simulated in this run
+    reused: int = 0  # records taken from the results file
+    workers: int = 1
+    backend: str = "local"
+    stopped: bool = False
+    passes: list[RunReport] = field(default_factory=list)
+
+
+def plan_identity(scenario: Scenario) -> str:
+    """What the results-file keys of a plan hash besides the layout: the whole base scenario."""
+    return hashlib.sha256(canonical_json(scenario.model_dump(mode="json")).encode()).hexdigest()[:20]
+
+
+def _not_a_candidate(record: dict) -> bool:
+    return record.get("status") != "fits"
+
+
+def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_microbatch_size: int = 8,
+         max_vpp: int = 8, schedules: Sequence[str] = (), max_cp: int = 1, zero_stages: Sequence[int] = (0, 1),
+         engine: str = "fast", prune: bool = True,
+         backend: str = "local", workers: int | None = None, ray_address: str | None = None,
+         out: str | None = None, progress: bool | None = None, round_size: int | None = None) -> PlanResult:
+    """Enumerate, check, bound and simulate the layouts of ``scenario``'s model on its cluster."""
+    import time
+
+    started = time.monotonic()
+    ctx = PlanContext(scenario, max_microbatch_size, max_vpp, tuple(schedules), max_cp, tuple(zero_stages))
+    points: list[Point] = [tuple(layout.items()) for layout in enumerate_layouts(ctx, pinned)]
+    if not points:
+        raise InputError("no layout satisfies the model's and the cluster's divisibility rules; check --devices "
+                         "and --global-batch")
+    identity = plan_identity(scenario)
+    keep = max(1, top)
+    with Session(backend, workers, ray_address) as session:
+        checked = run_points(PlanEvaluator(scenario, "check", engine, identity), points, session=session, out=out,
+                             progress=progress, label="plan: check")
+        result = PlanResult(scenario, points, list(checked.records), keep, workers=checked.workers,
+                            backend=checked.backend, reused=checked.reused, passes=[checked])
+        records = result.records
+        order = sorted((r["metrics"]["lower_bound_s"], i) for i, r in enumerate(records)
+                       if r is not None and r["status"] == "fits")
+        best = sorted(r["metrics"]["step_time_s"] for r in records if r is not None and r["status"] == "ok")
+        simulator = PlanEvaluator(scenario, "simulate", engine, identity)
+        size = round_size or max(keep, 16 * max(1, checked.workers))
+        bar = Progress(0, "plan: simulate", progress)
+        position = 0
+        while position < len(order):
+            cutoff = best[keep - 1] if prune and len(best) >= keep else float("inf")
+            batch = []
+            while position < len(order) and len(batch) < size and order[position][0] <= cutoff:
+                batch.append(order[position][1])
+                position += 1
+            if not batch:
+                break
+            bar.total += len(batch)
+            done = run_points(simulator, [points[i] for i in batch], session=session, out=out, progress=False,
+                              reuse=_not_a_candidate, label="plan: simulate", bar=bar)
+            result.passes.append(done)
+            result.simulated += done.computed
+            for index, record in zip(batch, done.records):
+                records[index] = record
+                if record is not None and record["status"] == "ok":
+                    best.append(record["metrics"]["step_time_s"])
+            best.sort()
+        bar.finish()
+    cutoff = best[keep - 1] if len(best) >= keep else float("inf")
+    for index, record in enumerate(records):
+        if record is not None and record["status"] == "fits":
+            bound = record["metrics"]["lower_bound_s"]
+            records[index] = {**record, "status": "bound",
+                              "error": f"lower bound {bound:.3f} s > step time of #{keep} {cutoff:.3f} s"}
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def layout_label(point: dict[str, Any] | Point) -> str:
+    """``tp8 pp16 vpp8 mbs1 interleaved-1f1b sp zero1 rc=none`` (the fields the planner varies)."""
+    p = dict(point)
+    parts = [f"tp{p.get('parallel.tp', 1)}"]
+    for name in ("cp", "ep"):
+        if p.get(f"parallel.{name}", 1) != 1:
+            parts.append(f"{name}{p[f'parallel.{name}']}")
+    parts.append(f"pp{p.get('parallel.pp', 1)}")
+    if p.get("parallel.vpp", 1) != 1:
+        parts.append(f"vpp{p['parallel.vpp']}")
+    parts.append(f"mbs{p.get('parallel.microbatch_size', 1)}")
+    if SCHEDULE_FIELD in p:
+        parts.append(str(p[SCHEDULE_FIELD]))
+    if p.get("parallel.sequence_parallel"):
+        parts.append("sp")
+    if p.get("parallel.zero_stage"):
+        parts.append(f"zero{p['parallel.zero_stage']}")
+    if RECOMPUTE_FIELD in p:
+        parts.append(f"rc={p[RECOMPUTE_FIELD]}")
+    return " ".join(parts)

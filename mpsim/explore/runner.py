@@ -1,0 +1,323 @@
+"""Running many points: in this process, on all local cores, or on a Ray cluster.
+
+One loop drives every backend. Points go out in chunks (a few per worker at a time,
+so the queue stays short and an interrupt loses little); each finished chunk is counted
+for the progress bar, and its records are appended to the results file in point order.
+The order is fixed by the points, not by which worker finished first, so the same sweep
+writes the same file. When the run stops early (a limit, a callback, Ctrl-C, an
+exception), every record already computed is still written before returning.
+
+Backends differ only in how a chunk reaches a worker:
+
+* ``serial``: evaluated here, one point at a time (``workers=1``);
+* ``local``: a ``concurrent.futures`` process pool on all cores by default;
+* ``ray``: ``ray.put`` of the evaluator and one remote task per chunk, on the cluster at
+  ``address`` (or a local Ray instance). Ray is an optional extra: ``pip install 'mpsim[ray]'``.
+
+Every backend runs the same function, ``evaluate_chunk(evaluator, chunk)``, so their
+results are the same record for record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+from mpsim.errors import InputError
+from mpsim.explore.axes import Point
+from mpsim.explore.evaluate import error_text, failure
+from mpsim.explore.progress import Progress
+from mpsim.explore.store import ResultsFile, stable_key
+
+BACKENDS = ("local", "ray")
+RAY_INSTALL_HINT = "--backend ray needs Ray: pip install 'mpsim[ray]' (or pip install ray)"
+CHUNKS_IN_FLIGHT_PER_WORKER = 2
+MAX_CHUNK = 32
+
+
+class Evaluator(Protocol):
+    """What the runner needs from an evaluator (see ``evaluate.py``)."""
+
+    identity: Any
+
+    def evaluate(self, point: Point) -> dict[str, Any]: ...
+
+
+Chunk = list[tuple[int, Point]]
+
+
+def evaluate_chunk(evaluator: Evaluator, chunk: Chunk) -> list[tuple[int, dict[str, Any]]]:
+    """Evaluate each point of a chunk; the same function runs in every backend."""
+    out = []
+    for index, point in chunk:
+        try:
+            body = evaluator.evaluate(point)
+        except Exception as exc:  # noqa: BLE001 - one broken point must not lose the chunk
+            body = failure("error", error_text(exc))
+        out.append((index, body))
+    return out
+
+
+class _SerialPool:
+    """Evaluates each chunk here, when the loop asks for it."""
+
+    workers = 1
+    in_flight = 1  # nothing runs ahead: a stop takes effect after the current chunk
+
+    def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
+        return (evaluator, chunk)
+
+    def wait(self, pending: Sequence[Any]) -> list[tuple[Any, list]]:
+        first = pending[0]
+        return [(first, evaluate_chunk(*first))]
+
+    def close(self, cancel: bool) -> None:
+        pass
+
+
+class _LocalPool:
+    """A process pool; the evaluator travels with each chunk (a few kB, pickled once per chunk)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.in_flight = workers * CHUNKS_IN_FLIGHT_PER_WORKER
+        self.executor = futures.ProcessPoolExecutor(max_workers=workers)
+
+    def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
+        return self.executor.submit(evaluate_chunk, evaluator, chunk)
+
+    def wait(self, pending: Sequence[Any]) -> list[tuple[Any, list]]:
+        done, _ = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
+        # report in submission order, so ties resolve the same way every run
+        return [(f, f.result()) for f in pending if f in done]
+
+    def close(self, cancel: bool) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=cancel)
+
+
+class _RayPool:
+    """Remote tasks on a Ray cluster; the evaluator is put in the object store once per run."""
+
+    def __init__(self, workers: int | None, address: str | None):
+        try:
+            import ray
+        except ImportError:
+            raise InputError(RAY_INSTALL_HINT) from None
+        self.ray = ray
+        self.started_here = not ray.is_initialized()
+        if self.started_here:
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if address is None and workers:
+                options["num_cpus"] = workers
+            ray.init(address=address, **options)
+        self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.in_flight = self.workers * CHUNKS_IN_FLIGHT_PER_WORKER
+        self.task = ray.remote(evaluate_chunk)
+        self.refs: dict[int, tuple[Evaluator, Any]] = {}
+
+    def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
+        held = self.refs.get(id(evaluator))
+        if held is None or held[0] is not evaluator:
+            held = self.refs[id(evaluator)] = (evaluator, self.ray.put(evaluator))
+        return self.task.remote(held[1], chunk)
+
+    def wait(self, pending: Sequence[Any]) -> list[tuple[Any, list]]:
+        ready, _ = self.ray.wait(list(pending), num_returns=1)
+        ready_set = set(ready)
+        return [(ref, self.ray.get(ref)) for ref in pending if ref in ready_set]
+
+    def close(self, cancel: bool) -> None:
+        self.refs.clear()
+        if self.started_here:  # a cluster we only connected to keeps running
+            self.ray.shutdown()
+
+
+class Session:
+    """Workers for one or more runs: ``with Session("local") as session: run_points(..., session=session)``.
+
+    A session keeps its process pool (or its Ray connection) across runs, which the
+    planner uses for its two passes.
+    """
+
+    def __init__(self, backend: str = "local", workers: int | None = None, ray_address: str | None = None):
+        if backend not in BACKENDS:
+            raise InputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}", "--backend")
+        if workers is not None and workers < 1:
+            raise InputError("must be 1 or more", "--workers")
+        self.backend = backend
+        self.wanted = workers
+        self.ray_address = ray_address
+        self.pool: Any = None
+        self.clean = True
+
+    def open(self, points: int) -> Any:
+        """The pool, started on first use (serial when one worker or one point is all there is)."""
+        if self.pool is None:
+            if self.backend == "ray":
+                self.pool = _RayPool(self.wanted, self.ray_address)
+            else:
+                workers = self.wanted or local_cores()
+                self.pool = _SerialPool() if workers <= 1 or points <= 1 else _LocalPool(workers)
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close(cancel=not self.clean)
+            self.pool = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, kind: Any, value: Any, trace: Any) -> None:
+        self.clean = kind is None
+        self.close()
+
+
+def ray_available() -> bool:
+    """True when ``import ray`` works."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def local_cores() -> int:
+    """Cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class RunReport:
+    """What a run did. ``records`` follows the points; None where a point was not reached."""
+
+    records: list[dict | None]
+    computed: int = 0
+    reused: int = 0
+    stopped: bool = False
+    elapsed_s: float = 0.0
+    backend: str = "local"
+    workers: int = 1
+
+    def count(self, status: str) -> int:
+        """Points with ``status`` among those computed or reused."""
+        return sum(1 for r in self.records if r is not None and r["status"] == status)
+
+    def done(self) -> list[dict]:
+        return [r for r in self.records if r is not None]
+
+
+def _chunks(todo: list[tuple[int, Point]], workers: int) -> Iterator[Chunk]:
+    size = max(1, min(MAX_CHUNK, math.ceil(len(todo) / (workers * 8)))) if workers > 1 else 1
+    for start in range(0, len(todo), size):
+        yield todo[start:start + size]
+
+
+def keep_unless_failed(record: dict) -> bool:
+    """Default reuse rule: a stored record is kept unless its point failed with an error."""
+    return record.get("status") != "error"
+
+
+def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Session | None = None,
+               backend: str = "local", workers: int | None = None, ray_address: str | None = None,
+               out: str | os.PathLike | None = None, limit: int | None = None,
+               should_stop: Callable[[int], bool] | None = None, progress: bool | None = None,
+               reuse: Callable[[dict], bool] | None = None, label: str = "sweep",
+               bar: Progress | None = None) -> RunReport:
+    """Evaluate ``points`` (reusing records already in ``out``) and return every record in point order.
+
+    ``limit`` caps how many new points are computed; ``should_stop(computed)`` is asked
+    after each finished chunk. Either leaves the rest for a later run with the same ``out``.
+    ``reuse(record)`` decides whether a stored record stands (default: every record;
+    pass ``keep_unless_failed`` to recompute points that failed). ``bar`` is a progress
+    bar shared with other runs (not finished here).
+    """
+    if session is None:
+        with Session(backend, workers, ray_address) as own:
+            return run_points(evaluator, points, session=own, out=out, limit=limit, should_stop=should_stop,
+                              progress=progress, reuse=reuse, label=label, bar=bar)
+    started = time.monotonic()
+    keys = [stable_key(evaluator.identity, point) for point in points]
+    store = ResultsFile(out) if out is not None else None
+    existing = store.load() if store is not None else {}
+    report = RunReport(records=[None] * len(points), backend=session.backend)
+    todo: list[tuple[int, Point]] = []
+    for index, (key, point) in enumerate(zip(keys, points)):
+        old = existing.get(key)
+        if old is not None and (reuse is None or reuse(old)):
+            report.records[index] = old
+            report.reused += 1
+        else:
+            todo.append((index, point))
+    if limit is not None:
+        todo = todo[:max(0, limit)]
+    if not todo:
+        report.elapsed_s = time.monotonic() - started
+        return report
+
+    pool = session.open(len(todo))
+    report.workers = pool.workers
+    own_bar = bar is None
+    if bar is None:
+        bar = Progress(len(todo), label, progress)
+    order = [index for index, _ in todo]
+    finished: dict[int, dict] = {}
+    commit_at = 0
+    pending: list[Any] = []
+    source = _chunks(todo, pool.workers)
+    clean = False
+
+    def commit(everything: bool) -> None:
+        """Append finished records in point order (all of them, gaps or not, when stopping)."""
+        nonlocal commit_at
+        if everything:
+            for index in sorted(finished):
+                if store is not None:
+                    store.append(finished[index])
+            finished.clear()
+            return
+        while commit_at < len(order) and order[commit_at] in finished:
+            record = finished.pop(order[commit_at])
+            if store is not None:
+                store.append(record)
+            commit_at += 1
+
+    try:
+        for chunk in source:
+            pending.append(pool.submit(evaluator, chunk))
+            if len(pending) >= pool.in_flight:
+                break
+        while pending:
+            for token, results in pool.wait(pending):
+                pending.remove(token)
+                for index, body in results:
+                    record = {"key": keys[index], "status": body["status"], "point": dict(points[index]),
+                              "error": body.get("error"), "metrics": body.get("metrics", {})}
+                    report.records[index] = finished[index] = record
+                    report.computed += 1
+                    bar.advance(record["status"])
+                commit(everything=False)
+                if should_stop is not None and not report.stopped and should_stop(report.computed):
+                    report.stopped = True
+                if not report.stopped:
+                    chunk = next(source, None)
+                    if chunk is not None:
+                        pending.append(pool.submit(evaluator, chunk))
+        clean = True
+    finally:
+        commit(everything=True)
+        if store is not None:
+            store.close()
+        session.clean = session.clean and clean
+        if own_bar:
+            bar.finish()
+    report.stopped = report.stopped or report.computed < len(todo) or len(todo) < len(points) - report.reused
+    report.elapsed_s = time.monotonic() - started
+    return report

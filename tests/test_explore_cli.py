@@ -1,0 +1,82 @@
+"""``mpsim sweep`` and ``mpsim plan`` on the command line: tables, plots, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from mpsim.cli import main
+from mpsim.explore import runner
+from tests.conftest import SCENARIOS
+
+PNG = b"\x89PNG\r\n\x1a\n"
+SCENARIO = str(SCENARIOS / "llama3_70b_32xh100.yaml")
+
+
+def test_sweep_prints_a_table_writes_results_and_plots(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    pictures = {name: tmp_path / f"{name}.png" for name in ("heatmap", "pareto", "breakdown")}
+    code = main(["sweep", SCENARIO, "--sweep", "parallel.tp=4,8", "--sweep", "parallel.pp=2^1..2", "--workers", "1",
+                 "--out", str(out), "--set", "parallel.global_batch_size=32"]
+                + [arg for name, path in pictures.items() for arg in (f"--{name}", str(path))])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "tokens/s" in text and "4 points" in text
+    assert len(out.read_text().splitlines()) == 4
+    for path in pictures.values():
+        assert path.read_bytes()[:8] == PNG
+
+
+def test_sweep_scaling_curve_over_node_counts(tmp_path, capsys):
+    path = tmp_path / "scaling.png"
+    code = main(["sweep", str(SCENARIOS / "gpt3_175b_64xa100.yaml"), "--sweep", "cluster.nodes=8,16", "--workers", "1",
+                 "--scaling", str(path)])
+    assert code == 0
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_sweep_bad_axis_is_one_line_exit_2(capsys):
+    assert main(["sweep", SCENARIO, "--sweep", "parallel.tp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "FIELD=VALUES" in err and "\n" not in err
+
+
+def test_ray_backend_without_ray_says_how_to_install(monkeypatch, capsys):
+    monkeypatch.setattr(runner, "ray_available", lambda: False)
+    assert main(["sweep", SCENARIO, "--sweep", "parallel.tp=8", "--backend", "ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pip install" in err and "\n" not in err
+
+
+def test_plan_prints_best_layouts_reasons_and_plots(tmp_path, capsys):
+    model = tmp_path / "small.yaml"
+    model.write_text("name: gpt-small\nnum_layers: 8\nhidden_size: 1024\nffn_hidden_size: 4096\n"
+                     "num_attention_heads: 16\nvocab_size: 32000\nseq_length: 1024\n")
+    pictures = {name: tmp_path / f"{name}.png" for name in ("heatmap", "pareto", "breakdown")}
+    out = tmp_path / "plan.jsonl"
+    args = ["plan", str(model), "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "16", "--top", "3",
+            "--workers", "1", "--schedules", "1f1b", "--max-microbatch", "2", "--find", "tp=1,pp=1,dp=8",
+            "--out", str(out)] + [arg for name, path in pictures.items() for arg in (f"--{name}", str(path))]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "best 3 layouts" in text and "why the others lost" in text and "where tp=1 pp=1 dp=8 landed" in text
+    for path in pictures.values():
+        assert path.read_bytes()[:8] == PNG
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["status"] for r in records} >= {"ok"}
+    # the rerun reuses every record and prints the same ranking
+    assert main(args) == 0
+    again = capsys.readouterr().out
+    assert "reused from the results file" in again
+    assert again.split("best 3 layouts")[1].split("why")[0] == text.split("best 3 layouts")[1].split("why")[0]
+
+
+def test_plan_without_devices_is_one_line_exit_2(capsys):
+    assert main(["plan", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--devices" in err and "\n" not in err
+
+
+def test_plan_unknown_model_is_one_line_exit_2(capsys):
+    assert main(["plan", "gpt-nonexistent", "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
