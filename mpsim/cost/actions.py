@@ -137,7 +137,8 @@ class CostModel:
             if block.release is not None:
                 releases.append((clock, self.collective_s(block.release), f"{block.label} {block.release.name}"))
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
-        cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp)
+        cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
+                          tuple(sorted(by_group.items())))
         self._passes[id(work)] = (work, cost)
         return cost
 
