@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost, stage_costs
-from mpsim.cost.step import (final_grad_buckets, microbatch_grad_buckets, optimizer_s, pipeline_transfer_s,
-                             tied_embedding_sync_s)
+from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
+                             pipeline_transfer_s, pipeline_transfer_spec, tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, simulate as run_engine
-from mpsim.engine.core import duration_key
+from mpsim.engine.core import TransferSpec, duration_key
 from mpsim.schedules.actions import Overlapped
 from mpsim.errors import InputError
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
@@ -51,21 +51,33 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
                  costs: dict[tuple[int, str], ActionCost]) -> EngineInput:
     """The engine's plain-number input for one step."""
     rank_of = schedule.stage_to_rank
+    contention = scenario.training.network_contention
     transfer: dict[tuple[int, int], float] = {}
+    transfer_links: dict[tuple[int, int], TransferSpec] = {}
     for stage in range(schedule.num_stages - 1):
-        seconds = pipeline_transfer_s(workload, model, rank_of[stage], rank_of[stage + 1])
+        a, b = rank_of[stage], rank_of[stage + 1]
+        seconds = pipeline_transfer_s(workload, model, a, b)
         transfer[(stage, stage + 1)] = transfer[(stage + 1, stage)] = seconds
-    buckets = {stage: tuple(GradBucket(*bucket) for bucket in final_grad_buckets(work, model))
+        if contention and a != b:
+            transfer_links[(stage, stage + 1)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b))
+            transfer_links[(stage + 1, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a))
+
+    def bucket(spec: tuple, rank: int) -> GradBucket:
+        ready, seconds, label, group = spec
+        return GradBucket(ready, seconds, label, group_links(model, group, rank) if contention else ())
+
+    buckets = {stage: tuple(bucket(spec, rank_of[stage]) for spec in final_grad_buckets(work, model))
                for stage, work in enumerate(workload.stages)}
     # asynchronous reductions some actions start on the DP stream (ZeRO-2 per microbatch,
-    # ZeRO-3 per layer)
+    # ZeRO-3 per layer); every action of a (stage, kind) runs on the same rank
     action_buckets: dict[tuple, tuple[GradBucket, ...]] = {}
     for key, cost in costs.items():
-        per_action = list(cost.async_dp)
+        rank = rank_of[key[0]]
+        per_action = [(*spec, "zero") for spec in cost.async_dp]
         if key[1] in ("B", "W") and len(key) == 2:
             per_action += microbatch_grad_buckets(workload.stages[key[0]], model)
         if per_action:
-            action_buckets[key] = tuple(GradBucket(*bucket) for bucket in per_action)
+            action_buckets[key] = tuple(bucket(spec, rank) for spec in per_action)
     works_per_rank: list[list] = [[] for _ in range(schedule.num_ranks)]
     for stage, work in enumerate(workload.stages):
         works_per_rank[rank_of[stage]].append(work)
@@ -84,6 +96,7 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         finalize_s=tuple(optimizer_s(works, model) for works in works_per_rank),
         action_buckets=action_buckets,
         send_blocking=scenario.training.pp_send_blocking,
+        transfer_links=transfer_links if contention else None,
     )
 
 
@@ -133,7 +146,7 @@ def bubble_reference(result: SimulationResult) -> BubbleReference:
     mean = {kind: sum(values) / len(values) for kind, values in by_kind.items()}
     balanced = replace(inp, action_s={key: mean[key[1::2]] for key in inp.action_s},
                        transfer_s={key: 0.0 for key in inp.transfer_s}, send_blocking=False, grad_buckets={},
-                       pair_syncs=(), finalize_s=())
+                       pair_syncs=(), finalize_s=(), action_buckets={}, transfer_links=None)
     timeline = run_engine(balanced)
     end = timeline.pipeline_end_s
     waits = []

@@ -32,7 +32,7 @@ from mpsim.workload.stages import StageWork, Workload
 OPTIMIZER_STEP_BYTES_PER_PARAM = {"adam": 38, "adam-bf16": 18}
 GRAD_ZERO_BYTES_PER_PARAM = 4
 
-Bucket = tuple[float, float, str]  # (ready fraction of the action, seconds, label)
+Bucket = tuple[float, float, str, str]  # (ready fraction of the action, seconds, label, group)
 
 
 def _buckets(grad_bytes: float, kind: str, group: str, model: CostModel, label: str) -> tuple[Bucket, ...]:
@@ -42,7 +42,7 @@ def _buckets(grad_bytes: float, kind: str, group: str, model: CostModel, label: 
         return ()
     count = max(1, math.ceil(grad_bytes / model.scenario.training.grad_reduce_bucket_bytes))
     seconds = collective_time(kind, grad_bytes / count, place, model.system)
-    return tuple(((i + 1) / count, seconds, f"{label} {i + 1}/{count}") for i in range(count))
+    return tuple(((i + 1) / count, seconds, f"{label} {i + 1}/{count}", group) for i in range(count))
 
 
 def final_grad_buckets(work: StageWork, model: CostModel) -> tuple[Bucket, ...]:
@@ -94,6 +94,26 @@ def pipeline_transfer_s(workload: Workload, model: CostModel, rank_a: int, rank_
         return 0.0
     same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
     return p2p_time(workload.p2p_bytes, same_node, model.system)
+
+
+def pipeline_transfer_spec(workload: Workload, model: CostModel, rank_a: int, rank_b: int
+                           ) -> tuple[float, float, tuple]:
+    """(latency, seconds on the wire alone, links) of a pipeline transfer, for contention.
+
+    Inside a node it leaves through the sender's fabric port and enters the receiver's;
+    across nodes through their NICs (each rank's share of its node's NICs).
+    """
+    total = pipeline_transfer_s(workload, model, rank_a, rank_b)
+    same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
+    latency = min(total, p2p_time(1.0, same_node, model.system))  # a one-byte message is all latency
+    kind = "nvl" if same_node else "nic"
+    return latency, total - latency, ((f"{kind}-out", rank_a), (f"{kind}-in", rank_b))
+
+
+def group_links(model: CostModel, group: str, rank: int) -> tuple:
+    """Links a collective of ``group`` loads on ``rank``: its NIC both ways if the group spans nodes."""
+    kind = "nic" if model.placements[group].nodes > 1 else "nvl"
+    return ((f"{kind}-out", rank), (f"{kind}-in", rank))
 
 
 def tied_embedding_sync_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int) -> float:

@@ -23,17 +23,31 @@ from typing import Mapping
 
 import simpy
 
+from mpsim.engine.links import SharedLinks
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
 from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, parts
 
 
 @dataclass(frozen=True)
 class GradBucket:
-    """A DP gradient bucket: ready after ``ready_fraction`` of the stage's last backward."""
+    """A DP gradient bucket: ready after ``ready_fraction`` of the stage's last backward.
+
+    ``links`` names the links its traffic shares with other transfers (empty: none).
+    """
 
     ready_fraction: float
     duration_s: float
     label: str = "grad bucket"
+    links: tuple = ()
+
+
+@dataclass(frozen=True)
+class TransferSpec:
+    """A pipeline transfer under contention: latency, time on the wire when alone, links it uses."""
+
+    latency_s: float
+    busy_s: float
+    links: tuple
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,9 @@ class EngineInput:
     send_blocking: bool = False
     # reductions an action starts on the DP stream every time it runs (ZeRO-2/3), by duration key
     action_buckets: Mapping[tuple, tuple[GradBucket, ...]] = field(default_factory=dict)
+    # with contention: (from_stage, to_stage) -> the transfer's links; transfers and DP buckets
+    # that share a link share its bandwidth (links.py). None: each rank pair has its own link.
+    transfer_links: Mapping[tuple[int, int], TransferSpec] | None = None
 
 
 def duration_key(item: Item) -> tuple:
@@ -92,6 +109,12 @@ class _Run:
         self.arrival: dict[tuple[str, int, int], float] = {}
         self.sent_at: dict[tuple[str, int, int], float] = {}
         self.link_free: dict[tuple[int, int], float] = {}
+        # with contention, transfers and DP buckets are flows on shared links, and each
+        # rank's DP stream is a process working through a queue
+        self.shared = SharedLinks(self.env) if inp.transfer_links is not None else None
+        self.dp_queues = ([simpy.Store(self.env) for _ in range(self.schedule.num_ranks)]
+                          if self.shared is not None else [])
+        self.send_events: list[list] = [[] for _ in range(self.schedule.num_ranks)]
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
         self.grad_done = [0.0] * self.schedule.num_ranks
         # index of the action after which a stage's gradients are final, per rank
@@ -122,23 +145,28 @@ class _Run:
         """
         inp, num_stages = self.inp, self.schedule.num_stages
         stage_to_rank = self.schedule.stage_to_rank
+        transfer_s, action_s, action_buckets = inp.transfer_s, inp.action_s, inp.action_buckets
+        last_backward = self.last_backward if inp.overlap_grad_sync else {}
         plan = []
         for index, item in enumerate(self.schedule.actions[rank]):
             inputs, outputs, completes = [], [], []
-            for action in parts(item):
-                key = _input_of(action, num_stages)
-                if key is not None and stage_to_rank[key[1] + (-1 if key[0] == "act" else 1)] != rank:
-                    inputs.append(key)  # produced on another rank (same-rank inputs come earlier in the list)
-                produced = _output_of(action, num_stages)
-                if produced is not None and stage_to_rank[produced[1]] != rank:
-                    consumer = stage_to_rank[produced[1]]
-                    outputs.append((produced[0], consumer, (rank, consumer),
-                                    inp.transfer_s.get((action.stage, produced[1]), 0.0), action))
-                if inp.overlap_grad_sync and self.last_backward.get((rank, action.stage)) == index:
-                    completes.append(action.stage)
+            for action in ((item.forward, item.backward) if isinstance(item, Overlapped) else (item,)):
+                stage, kind = action.stage, action.kind
+                if kind != "W":
+                    # the input comes from the previous stage (F) or the next one (B, I)
+                    source = stage - 1 if kind == "F" else stage + 1
+                    if 0 <= source < num_stages and stage_to_rank[source] != rank:
+                        inputs.append(("act" if kind == "F" else "grad", stage, action.microbatch))
+                    target = stage + 1 if kind == "F" else stage - 1
+                    if 0 <= target < num_stages and stage_to_rank[target] != rank:
+                        consumer = stage_to_rank[target]
+                        outputs.append((("act" if kind == "F" else "grad", target, action.microbatch), consumer,
+                                        (rank, consumer), transfer_s.get((stage, target), 0.0), action))
+                if last_backward.get((rank, stage)) == index:
+                    completes.append(stage)
             key = duration_key(item)
-            plan.append((item, inp.action_s[key], tuple(inputs), tuple(outputs),
-                         inp.action_buckets.get(key, ()), tuple(completes)))
+            plan.append((item, action_s[key], tuple(inputs), tuple(outputs), action_buckets.get(key, ()),
+                         tuple(completes)))
         return plan
 
     def _rank(self, rank: int):
@@ -148,10 +176,13 @@ class _Run:
         dp_free = 0.0
         sends_done = 0.0
         for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
-            if inp.send_blocking and sends_done > env.now:
-                wait_from = env.now
-                yield env.timeout(sends_done - env.now)
-                self.timeline.send_waits.append((rank, wait_from, env.now))
+            if inp.send_blocking:
+                if self.shared is not None:
+                    yield from self._wait_for_sends(rank)
+                elif sends_done > env.now:
+                    wait_from = env.now
+                    yield env.timeout(sends_done - env.now)
+                    self.timeline.send_waits.append((rank, wait_from, env.now))
             ready = env.now
             sent = None
             for key in inputs:
@@ -163,13 +194,19 @@ class _Run:
                     yield env.timeout(at - env.now)
                 sent = self.sent_at[key] if sent is None else max(sent, self.sent_at[key])
             start = env.now
+            # reductions this action produces become ready while it runs: queue them now
+            if buckets:
+                dp_free = self._start_buckets(rank, buckets, start, start + duration, dp_free, f"{item}")
+            for stage in completes:
+                dp_free = self._sync_buckets(rank, stage, start, start + duration, dp_free)
             if duration > 0:
                 yield env.timeout(duration)
             end = env.now
             records.append(ActionRecord(rank, index, item, ready, start, end, sent))
-            if buckets:
-                dp_free = self._start_buckets(rank, buckets, start, end, dp_free, f"{item}")
             for out_key, consumer, link, seconds, action in outputs:
+                if self.shared is not None:
+                    self._send_shared(rank, consumer, out_key, action, end)
+                    continue
                 tx_start = max(end, self.link_free.get(link, 0.0))
                 tx_end = tx_start + seconds
                 self.link_free[link] = tx_end
@@ -178,9 +215,9 @@ class _Run:
                 self._deliver(out_key, tx_end)
                 if tx_end > sends_done:
                     sends_done = tx_end
-            for stage in completes:
-                dp_free = self._sync_buckets(rank, stage, start, end, dp_free)
-        if inp.send_blocking and sends_done > env.now:
+        if inp.send_blocking and self.shared is not None:
+            yield from self._wait_for_sends(rank)
+        elif inp.send_blocking and sends_done > env.now:
             wait_from = env.now
             yield env.timeout(sends_done - env.now)
             self.timeline.send_waits.append((rank, wait_from, env.now))
@@ -189,7 +226,56 @@ class _Run:
             stages = sorted({a.stage for item in self.schedule.actions[rank] for a in parts(item)}, reverse=True)
             for stage in stages:
                 dp_free = self._sync_buckets(rank, stage, last, last, dp_free)
-        self.grad_done[rank] = max(dp_free, records[-1].end_s if records else 0.0)
+        if self.shared is not None:
+            self.dp_queues[rank].put(None)  # the DP stream finishes its queue and sets grad_done
+        else:
+            self.grad_done[rank] = max(dp_free, records[-1].end_s if records else 0.0)
+
+    def _send_shared(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float) -> None:
+        """Start a pipeline transfer as a flow on shared links; deliver it when it lands.
+
+        The flow carries the message's latency too: alone it takes exactly the priced
+        time, and one event per transfer keeps the engine fast.
+        """
+        spec = self.inp.transfer_links[(action.stage, key[1])]
+        self.sent_at[key] = end
+
+        def landed(_event) -> None:
+            self.timeline.transfers.append(TransferRecord(rank, consumer, action, end, self.env.now))
+            self._deliver(key, self.env.now)
+
+        done = self.shared.transfer(spec.latency_s + spec.busy_s, spec.links)
+        done.callbacks.append(landed)
+        self.send_events[rank].append(done)
+
+    def _wait_for_sends(self, rank: int):
+        """Blocking sends: wait until every transfer this rank started has landed."""
+        events = self.send_events[rank]
+        if not events:
+            return
+        pending = [event for event in events if not event.processed]
+        events.clear()
+        if pending:
+            wait_from = self.env.now
+            yield pending[0] if len(pending) == 1 else self.env.all_of(pending)
+            self.timeline.send_waits.append((rank, wait_from, self.env.now))
+
+    def _dp_stream(self, rank: int):
+        """Contention mode: the rank's DP stream runs its reductions in order as flows."""
+        env, queue = self.env, self.dp_queues[rank]
+        while True:
+            entry = yield queue.get()
+            if entry is None:
+                break
+            ready, bucket, label = entry
+            if ready > env.now:
+                yield env.timeout(ready - env.now)
+            begin = env.now
+            yield self.shared.transfer(bucket.duration_s, bucket.links)
+            if env.now > begin:
+                self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, env.now))
+        records = self.timeline.actions[rank]
+        self.grad_done[rank] = max(env.now, records[-1].end_s if records else 0.0)
 
     def _sync_buckets(self, rank: int, stage: int, start: float, end: float, dp_free: float) -> float:
         return self._start_buckets(rank, self.inp.grad_buckets.get(stage, ()), start, end, dp_free, f"stage {stage}")
@@ -199,6 +285,14 @@ class _Run:
         """Queue reductions on the rank's DP stream as an action running start..end produces them."""
         for bucket in buckets:
             ready = start + bucket.ready_fraction * (end - start)
+            if self.shared is not None:
+                entry = (ready, bucket, label)
+                if ready <= self.env.now:
+                    self.dp_queues[rank].put(entry)
+                else:
+                    self.env.timeout(ready - self.env.now).callbacks.append(
+                        lambda _, queue=self.dp_queues[rank], entry=entry: queue.put(entry))
+                continue
             begin = max(ready, dp_free)
             dp_free = begin + bucket.duration_s
             if bucket.duration_s > 0:
@@ -208,6 +302,8 @@ class _Run:
     def execute(self) -> Timeline:
         for rank in range(self.schedule.num_ranks):
             self.env.process(self._rank(rank))
+            if self.shared is not None:
+                self.env.process(self._dp_stream(rank))
         self.env.run()
         unfinished = [r for r in range(self.schedule.num_ranks)
                       if len(self.timeline.actions[r]) != len(self.schedule.actions[r])]

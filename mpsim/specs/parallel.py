@@ -66,6 +66,8 @@ class TrainingOptions(Spec):
     pp_send_blocking: bool = Field(
         True, description="a rank waits for its pipeline sends to finish before its next action (Megatron)"
     )
+    network_contention: bool = Field(
+        True, description="pipeline transfers and DP gradient buckets that share a link share its bandwidth")
     distributed_optimizer: bool = Field(
         False, description="Megatron's distributed optimizer: the same as parallel.zero_stage 1")
     fp32_grad_accumulation: bool = Field(True, description="gradients accumulated in fp32 (Megatron main_grad)")
