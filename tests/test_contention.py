@@ -23,7 +23,7 @@ def finish_times(flows: list[tuple[float, float, tuple]]) -> list[float]:
 
     def starter(index, start, size, links):
         yield env.timeout(start)
-        yield shared.transfer(size, links)
+        yield shared.wait(size, links)
         ends[index] = env.now
 
     for index, flow in enumerate(flows):

@@ -114,7 +114,8 @@ class _Run:
         self.shared = SharedLinks(self.env) if inp.transfer_links is not None else None
         self.dp_queues = ([simpy.Store(self.env) for _ in range(self.schedule.num_ranks)]
                           if self.shared is not None else [])
-        self.send_events: list[list] = [[] for _ in range(self.schedule.num_ranks)]
+        self.sends_in_flight = [0] * self.schedule.num_ranks
+        self.send_waiters: list[simpy.Event | None] = [None] * self.schedule.num_ranks
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
         self.grad_done = [0.0] * self.schedule.num_ranks
         # index of the action after which a stage's gradients are final, per rank
@@ -235,29 +236,29 @@ class _Run:
         """Start a pipeline transfer as a flow on shared links; deliver it when it lands.
 
         The flow carries the message's latency too: alone it takes exactly the priced
-        time, and one event per transfer keeps the engine fast.
+        time, and one timer per transfer keeps the engine fast.
         """
         spec = self.inp.transfer_links[(action.stage, key[1])]
         self.sent_at[key] = end
+        self.sends_in_flight[rank] += 1
 
-        def landed(_event) -> None:
+        def landed() -> None:
             self.timeline.transfers.append(TransferRecord(rank, consumer, action, end, self.env.now))
             self._deliver(key, self.env.now)
+            self.sends_in_flight[rank] -= 1
+            waiter = self.send_waiters[rank]
+            if waiter is not None and self.sends_in_flight[rank] == 0:
+                self.send_waiters[rank] = None
+                waiter.succeed()
 
-        done = self.shared.transfer(spec.latency_s + spec.busy_s, spec.links)
-        done.callbacks.append(landed)
-        self.send_events[rank].append(done)
+        self.shared.transfer(spec.latency_s + spec.busy_s, spec.links, landed)
 
     def _wait_for_sends(self, rank: int):
         """Blocking sends: wait until every transfer this rank started has landed."""
-        events = self.send_events[rank]
-        if not events:
-            return
-        pending = [event for event in events if not event.processed]
-        events.clear()
-        if pending:
+        if self.sends_in_flight[rank]:
             wait_from = self.env.now
-            yield pending[0] if len(pending) == 1 else self.env.all_of(pending)
+            waiter = self.send_waiters[rank] = self.env.event()
+            yield waiter
             self.timeline.send_waits.append((rank, wait_from, self.env.now))
 
     def _dp_stream(self, rank: int):
@@ -271,7 +272,7 @@ class _Run:
             if ready > env.now:
                 yield env.timeout(ready - env.now)
             begin = env.now
-            yield self.shared.transfer(bucket.duration_s, bucket.links)
+            yield self.shared.wait(bucket.duration_s, bucket.links)
             if env.now > begin:
                 self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, env.now))
         records = self.timeline.actions[rank]

@@ -15,6 +15,7 @@ a + b: the sum of their bytes over the link bandwidth.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import simpy
 
@@ -25,7 +26,7 @@ class Flow:
 
     remaining_s: float  # seconds left if it had its links to itself
     links: tuple
-    done: simpy.Event
+    on_done: Callable[[], None]
     rate: float = 0.0
     updated_s: float = 0.0
     version: int = 0
@@ -38,21 +39,26 @@ class SharedLinks:
     env: simpy.Environment
     flows_on: dict = field(default_factory=dict)  # link -> set of active flows
 
-    def transfer(self, busy_s: float, links: tuple) -> simpy.Event:
-        """Start a flow now; the returned event succeeds when it has moved all its data."""
-        if not links:
-            return self.env.timeout(max(0.0, busy_s))  # nothing shared: it just takes its time
-        done = self.env.event()
+    def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None]) -> None:
+        """Start a flow now; ``on_done()`` is called (at that simulated time) when it has moved all its data."""
         if busy_s <= 0:
-            done.succeed()
-            return done
-        flow = Flow(busy_s, links, done, updated_s=self.env.now)
+            on_done()
+            return
+        if not links:  # nothing shared: it just takes its time
+            self.env.timeout(busy_s).callbacks.append(lambda _: on_done())
+            return
+        flow = Flow(busy_s, links, on_done, updated_s=self.env.now)
         neighbours = self._neighbours(flow)
         for link in links:
             self.flows_on.setdefault(link, set()).add(flow)
         for other in neighbours:
             self._update(other)
         self._update(flow)
+
+    def wait(self, busy_s: float, links: tuple) -> simpy.Event:
+        """``transfer`` as an event to yield on."""
+        done = self.env.event()
+        self.transfer(busy_s, links, done.succeed)
         return done
 
     def _neighbours(self, flow: Flow) -> set[Flow]:
@@ -80,6 +86,6 @@ class SharedLinks:
             return  # its rate changed since this timer was set
         for link in flow.links:
             self.flows_on[link].discard(flow)
-        flow.done.succeed()
+        flow.on_done()
         for other in self._neighbours(flow):
             self._update(other)
