@@ -13,6 +13,7 @@ KIND_DIRS = {
     "system": "hardware/systems",
     "model": "scenarios/models",
     "scenario": "scenarios",
+    "calibration": "hardware/calibration",
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpsim.calibrate.costs import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.compute import ComputeModel
 from mpsim.cost.groups import group_placements
@@ -58,7 +59,13 @@ class CostModel:
         self.scenario = scenario
         self.layout = layout
         self.system = scenario.cluster.system
-        self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype)
+        # a calibration profile (scenario.calibration, docs/calibration.md) overrides the datasheet:
+        # measured seconds per op, measured alpha-beta links (p2p through the system's scale-up
+        # link, collectives in collective_s) and a fitted overhead per action (in price)
+        self.calibration = calibrated_costs(scenario)
+        if self.calibration is not None:
+            self.system = self.calibration.system(self.system)
+        self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype, self.calibration)
         self.placements = group_placements(layout)
         # share of the SMs a running collective takes from compute that overlaps it
         self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
@@ -68,6 +75,10 @@ class CostModel:
         """Seconds of a collective op on its group."""
         assert op.collective is not None
         place = self.placements[op.group]
+        measured = self.calibration.collective_s(op.collective, op.message_bytes, place.size) \
+            if self.calibration is not None else None
+        if measured is not None:
+            return measured
         if op.collective == "send-recv":
             # a ring: every rank passes a block to its neighbour, size - 1 times
             return (place.size - 1) * p2p_time(op.message_bytes, place.nodes == 1, self.system)
@@ -136,6 +147,13 @@ class CostModel:
                     flops += item.flops
             if block.release is not None:
                 releases.append((clock, self.collective_s(block.release), f"{block.label} {block.release.name}"))
+        if self.calibration is not None and self.calibration.action_overhead_s > 0:
+            # the fitted fixed cost of one action in the framework (autograd, Python, p2p posting)
+            overhead_s = self.calibration.action_overhead_s
+            segments.append(Segment("compute", work[0].category if work else "forward", "action overhead",
+                                    clock, overhead_s))
+            clock += overhead_s
+            compute += overhead_s
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
         cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
                           tuple(sorted(by_group.items())))

@@ -34,7 +34,7 @@ def wave_efficiency(batch: int, m: int, n: int, tile: tuple[int, int], units: in
 class ComputeModel:
     """Prices compute ops for one accelerator and compute dtype."""
 
-    def __init__(self, accelerator: AcceleratorSpec, dtype: str):
+    def __init__(self, accelerator: AcceleratorSpec, dtype: str, calibration=None):
         self.accelerator = accelerator
         self.dtype = dtype
         eff = accelerator.efficiency
@@ -42,9 +42,16 @@ class ComputeModel:
         self.gemm_flops = self.peak_flops * eff.gemm
         self.memory_bandwidth = accelerator.memory.bandwidth * eff.memory
         self.overhead_s = eff.kernel_overhead
+        # measured seconds per op (mpsim/calibrate/costs.py CalibratedCosts) replace the roofline
+        # below; its streaming bandwidth prices what uses memory_bandwidth (the optimizer step)
+        self.calibration = calibration
+        if calibration is not None:
+            self.memory_bandwidth = calibration.stream_bandwidth
         self.time = lru_cache(maxsize=None)(self._time)
 
     def _time(self, op: Op) -> float:
+        if self.calibration is not None:
+            return self.calibration.op_seconds(op)
         memory_s = op.bytes / self.memory_bandwidth
         if op.kind == "gemm":
             assert op.shape is not None

@@ -29,6 +29,7 @@ REFERENCE_FIELDS: dict[Path_, str] = {
     ("cluster", "system"): "system",
     ("cluster", "system", "accelerator"): "accelerator",
     ("model",): "model",
+    ("calibration",): "calibration",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from mpsim.calibrate.profile import CalibrationProfile
 from mpsim.specs.base import Spec
 from mpsim.specs.model import TransformerSpec
 from mpsim.specs.parallel import ParallelPlan, TrainingOptions
@@ -19,3 +20,6 @@ class Scenario(Spec):
     model: TransformerSpec
     parallel: ParallelPlan
     training: TrainingOptions = Field(default_factory=TrainingOptions)
+    calibration: CalibrationProfile | None = Field(
+        None, description="a calibration profile file (mpsim calibrate / validate) whose measurements replace the "
+                          "datasheet efficiencies; see docs/calibration.md")

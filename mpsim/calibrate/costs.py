@@ -1,0 +1,142 @@
+"""Seconds from a calibration profile, for the cost model to use instead of the datasheet.
+
+:class:`CalibratedCosts` answers the questions ``mpsim/cost/compute.py`` and
+``mpsim/cost/actions.py`` ask, from measurements:
+
+* a compute op: its measured seconds when the profile has that exact op (GEMM shape and
+  operand layout, attention FLOPs, memory op name and bytes), else the profile's fitted
+  curve (GEMM efficiency against FLOPs, the fused attention's fraction of peak, the
+  per-name or overall streaming fit). Every op is then divided by the fitted
+  ``efficiency_multiplier`` when the profile carries a fit from a real training job.
+* a collective: the alpha-beta fit of that kind on that group size; other group sizes
+  scale the fit with the ring algorithm's step count and volume.
+* point-to-point transfers: mpsim prices them from the system's scale-up link, so
+  :meth:`CalibratedCosts.system` returns the system with that link replaced by the
+  measured latency and bandwidth (the rest of the system file is kept).
+"""
+
+from __future__ import annotations
+
+from mpsim.calibrate.profile import CalibrationProfile, CollectiveFit
+
+
+def gemm_layout(name: str, batch: int) -> str:
+    """How a framework lays out the operands of the mpsim GEMM called ``name``.
+
+    nn.Linear's forward multiplies by the transposed weight, its input gradient by the
+    weight as stored, its weight gradient by the transposed output gradient. The speed
+    of a CPU GEMM depends on this, so measured points are keyed by it.
+    """
+    if batch > 1:
+        return "batched"
+    if name.endswith(".dgrad"):
+        return "dgrad"
+    if name.endswith(".wgrad"):
+        return "wgrad"
+    return "forward"
+
+
+def ring_terms(kind: str, ranks: int) -> tuple[float, float]:
+    """(latency steps, bytes moved per byte of message) of a ring collective on ``ranks``."""
+    n = ranks
+    if kind == "all-reduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    return float(n - 1), (n - 1) / n
+
+
+class CalibratedCosts:
+    """Lookups into one profile; built once per cost model."""
+
+    def __init__(self, profile: CalibrationProfile):
+        self.profile = profile
+        compute = profile.compute
+        fit = profile.fit
+        self.efficiency_multiplier = fit.efficiency_multiplier if fit is not None else 1.0
+        self.action_overhead_s = fit.action_overhead_s if fit is not None else 0.0
+        self._gemm = {(tuple(p.shape), p.layout): p.seconds for p in compute.gemm_points}
+        self._attention = {(p.direction, round(p.flops)): p.seconds for p in compute.attention_points if p.fused}
+        self._memory = {(p.name, round(p.bytes)): p.seconds for p in compute.memory_points}
+        # streaming bandwidth as the job sees it (the optimizer step is priced with it)
+        self.stream_bandwidth = compute.memory_fit.bandwidth * self.efficiency_multiplier
+
+    def measured_s(self, op) -> float:
+        """Seconds of a compute op as the microbenchmarks saw it (before the in-job multiplier)."""
+        compute = self.profile.compute
+        if op.kind == "gemm":
+            batch = op.shape[0] if op.shape else 1
+            exact = self._gemm.get((tuple(op.shape), gemm_layout(op.name, batch))) if op.shape else None
+            if exact is not None:
+                return exact
+            return max(compute.gemm_curve.seconds(op.flops), op.bytes / compute.memory_fit.bandwidth)
+        if op.kind == "attention":
+            exact = self._attention.get((op.direction, round(op.flops)))
+            if exact is not None:
+                return exact
+            curve = compute.attention_curve
+            fraction = curve.forward_fraction if op.direction == "forward" else curve.backward_fraction
+            return op.flops / (compute.gemm_curve.peak_flops * fraction)
+        if op.kind == "memory":
+            exact = self._memory.get((op.name, round(op.bytes)))
+            if exact is not None:
+                return exact
+            return compute.memory_by_name.get(op.name, compute.memory_fit).seconds(op.bytes)
+        raise ValueError(f"{op.name} is a {op.kind}, not a compute op")
+
+    def op_seconds(self, op) -> float:
+        """Seconds of a compute op inside a training step."""
+        return self.measured_s(op) / self.efficiency_multiplier
+
+    def p2p_s(self, message_bytes: float) -> float:
+        """One point-to-point send of ``message_bytes``."""
+        if message_bytes <= 0 or self.profile.links is None:
+            return 0.0
+        return self.profile.links.p2p.seconds(message_bytes)
+
+    def _collective_fit(self, kind: str, ranks: int) -> CollectiveFit | None:
+        fits = [f for f in (self.profile.links.collectives if self.profile.links else []) if f.kind == kind]
+        if not fits:
+            return None
+        return min(fits, key=lambda f: (abs(f.ranks - ranks), -f.ranks))
+
+    def collective_s(self, kind: str, message_bytes: float, ranks: int) -> float | None:
+        """Seconds of a collective on ``ranks`` ranks; None when the profile has no links."""
+        if self.profile.links is None:
+            return None
+        if ranks <= 1 or message_bytes <= 0:
+            return 0.0
+        if kind == "send-recv":
+            return (ranks - 1) * self.p2p_s(message_bytes)
+        if kind == "all-to-all":
+            return (ranks - 1) * self.p2p_s(message_bytes / ranks)
+        fit = self._collective_fit(kind, ranks)
+        if fit is None:
+            steps, volume = ring_terms(kind, ranks)
+            return steps * self.p2p_s(volume * message_bytes / steps)
+        if fit.ranks == ranks:
+            return fit.seconds(message_bytes)
+        steps, volume = ring_terms(kind, ranks)
+        steps0, volume0 = ring_terms(kind, fit.ranks)
+        return fit.latency_s * steps / steps0 + message_bytes * volume / volume0 / fit.bandwidth
+
+    def system(self, system):
+        """``system`` with its scale-up link set to the measured point-to-point latency and bandwidth.
+
+        mpsim prices a pipeline send inside a node as the collective base latency plus
+        one step latency plus bytes over the scale-up bandwidth; setting those to
+        (0, latency, bandwidth) makes it the measured alpha-beta line.
+        """
+        if self.profile.links is None:
+            return system
+        p2p = self.profile.links.p2p
+        up = system.scale_up
+        wanted = {"topology": "switch", "bandwidth_per_device": p2p.bandwidth, "efficiency": 1.0,
+                  "step_latency": p2p.latency_s, "half_bandwidth_bytes": 0.0, "links_per_device": None,
+                  "in_switch_reduction": None, "torus": None}
+        up = up.model_copy(update={k: v for k, v in wanted.items() if k in type(up).model_fields})
+        return system.model_copy(update={"scale_up": up, "collective_base_latency": 0.0})
+
+
+def calibrated_costs(scenario) -> CalibratedCosts | None:
+    """The calibrated costs of a scenario that names a profile, else None."""
+    profile = getattr(scenario, "calibration", None)
+    return CalibratedCosts(profile) if profile is not None else None

@@ -1,0 +1,158 @@
+"""What a calibration or validation job measures, as the JSON the workers read.
+
+``mpsim calibrate`` measures the compute ops of a scenario (both attention paths), a
+sweep of square GEMMs for the efficiency curve, and the links. ``mpsim validate`` adds
+the real training job: the validation scenario under each schedule (its placement of
+stages on ranks comes from mpsim's own schedule, which reproduces PyTorch's order), and
+the DTensor MLP check at TP = 1 and TP = ranks; the ops of all of these are measured in
+the same job, before the training steps, so the fit and the check see the same machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mpsim.calibrate.machine import FOREIGN_CPU_LIMIT
+from mpsim.calibrate.ops import padded_vocab, scenario_ops, sweep_ops
+from mpsim.errors import InputError
+from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule, canonical_name
+from mpsim.specs import load_scenario, resolve_layout
+from mpsim.specs.scenario import Scenario
+
+DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev")
+FIT_SCHEDULE = "1f1b"
+VALIDATION_SCENARIO = "validation-2xcpu"
+TP_CHECK_SEQUENCES = 4  # sequences per MLP call in the TP check: 512 tokens, tens of ms per call
+
+
+@dataclass
+class MeasureSettings:
+    """How long and how carefully to measure."""
+
+    warmup_steps: int = 1
+    steps: int = 3
+    link_repeats: int = 15
+    tp_repeats: int = 15
+    foreign_limit: float = FOREIGN_CPU_LIMIT
+    group_timeout_s: float = 120.0  # a send without its receive fails after this long
+    wait_budget_s: float = 300.0  # how long the job may pause, in all, for a busy machine to quiet down
+    seed: int = 0
+
+
+@dataclass
+class ValidationPlan:
+    """The scenarios behind one validation job."""
+
+    path: Path
+    base: Scenario
+    schedules: list[str]
+    variants: dict[str, Scenario] = field(default_factory=dict)  # per schedule
+    unavailable: dict[str, str] = field(default_factory=dict)  # schedule -> why mpsim cannot plan it
+    tp_single: Scenario | None = None
+    tp_split: Scenario | None = None
+
+
+def schedule_variant(path: Path, name: str, overrides: list[str]) -> Scenario:
+    """The scenario at ``path`` under schedule ``name`` with the chunks per rank it needs."""
+    kind = SCHEDULES[name]
+    vpp = max(1, kind.min_vpp)
+    return load_scenario(path, [*overrides, f"parallel.schedule={name}", f"parallel.vpp={vpp}"]).scenario
+
+
+def validation_plan(path: Path, schedules: list[str], ranks: int, overrides: list[str] | None = None
+                    ) -> ValidationPlan:
+    """Scenario variants for each schedule on ``ranks`` pipeline ranks, and the TP check's."""
+    overrides = list(overrides or [])
+    sized = [*overrides, f"parallel.pp={ranks}", f"cluster.num_devices={ranks}"]
+    base = load_scenario(path, sized).scenario
+    plan = ValidationPlan(path, base, [])
+    for raw in schedules:
+        name = canonical_name(raw)
+        if name not in SCHEDULES:
+            raise InputError(f"unknown schedule {raw!r}; known: {', '.join(SCHEDULES)}", "--schedules")
+        try:
+            variant = schedule_variant(path, name, sized)
+            layout = resolve_layout(variant)
+            build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, check=True)
+        except (InputError, ScheduleError) as exc:
+            plan.unavailable[name] = str(exc)
+            continue
+        plan.schedules.append(name)
+        plan.variants[name] = variant
+    if ranks >= 2:
+        tp = [*overrides, "parallel.pp=1", "parallel.vpp=1", "parallel.schedule=1f1b",
+              f"parallel.microbatch_size={TP_CHECK_SEQUENCES}", f"parallel.global_batch_size={TP_CHECK_SEQUENCES}",
+              "training.tp_comm_overlap_backward=false"]
+        plan.tp_single = load_scenario(path, [*tp, "parallel.tp=1", "cluster.num_devices=1"]).scenario
+        plan.tp_split = load_scenario(path, [*tp, f"parallel.tp={ranks}", f"cluster.num_devices={ranks}"]).scenario
+    return plan
+
+
+def _record_key(record: dict) -> tuple:
+    if record["kind"] == "gemm":
+        return ("gemm", tuple(record["shape"]), record["layout"])
+    if record["kind"] == "attention":
+        return ("attention", record["direction"], round(record["flops"]), record.get("fused", True))
+    return ("memory", record["name"], round(record["bytes"]))
+
+
+def measured_ops(scenarios: list[Scenario], dtype: str) -> list[dict]:
+    """Every distinct op of the scenarios, the unfused attention core beside each fused one, the GEMM sweep."""
+    seen: dict[tuple, dict] = {}
+    for index, scenario in enumerate(scenarios):
+        for record in scenario_ops(scenario, both_attention_paths=index == 0):
+            seen.setdefault(_record_key(record), record)
+            if record["kind"] == "attention":
+                unfused = {**record, "fused": False}
+                seen.setdefault(_record_key(unfused), unfused)
+    for record in sweep_ops(dtype):
+        seen.setdefault(_record_key(record), record)
+    return list(seen.values())
+
+
+def model_shape(scenario: Scenario) -> dict:
+    """The PyTorch model's shape (``mpsim.calibrate.torch_model.ModelShape``) for a scenario's model."""
+    model = scenario.model
+    if model.kv_heads != model.num_attention_heads or model.gated_ffn or model.position_embedding != "learned":
+        raise InputError("the validation model must be a GPT-style transformer (no GQA, GELU MLP, learned "
+                         "positions) for the PyTorch job to run the same ops", "model")
+    return {"layers": model.num_layers, "hidden": model.hidden_size, "heads": model.num_attention_heads,
+            "ffn_hidden": model.ffn_hidden_size, "vocab": padded_vocab(model.vocab_size, 1),
+            "seq_length": model.seq_length, "norm": model.norm,
+            "flash_attention": scenario.training.attention == "flash", "bias": model.linear_bias,
+            "dtype": scenario.training.dtype}
+
+
+def calibration_job(scenario: Scenario, device: str, settings: MeasureSettings) -> dict:
+    """Ops and links of one scenario."""
+    return {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
+            "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links"],
+            "ops": measured_ops([scenario], scenario.training.dtype), "links": {"repeats": settings.link_repeats}}
+
+
+def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings) -> dict:
+    """Ops, links, the pipeline schedules and the TP check of a validation plan."""
+    base = plan.base
+    tp_scenarios = [s for s in (plan.tp_single, plan.tp_split) if s is not None]
+    ops = measured_ops([base, *plan.variants.values(), *tp_scenarios], base.training.dtype)
+    entries = []
+    for name, variant in plan.variants.items():
+        layout = resolve_layout(variant)
+        schedule = build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches)
+        entries.append({"name": name, "stage_to_rank": list(schedule.stage_to_rank),
+                        "layers_per_chunk": list(layout.layers_per_chunk)})
+    layout = resolve_layout(base)
+    job = {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
+           "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links", "pipeline"], "ops": ops,
+           "links": {"repeats": settings.link_repeats},
+           "pipeline": {"shape": model_shape(base), "microbatches": layout.num_microbatches,
+                        "microbatch_size": layout.microbatch_size, "warmup_steps": settings.warmup_steps,
+                        "steps": settings.steps, "seed": settings.seed, "schedules": entries}}
+    if plan.tp_split is not None:
+        model = base.model
+        job["phases"].append("tp")
+        job["tp"] = {"hidden": model.hidden_size, "ffn_hidden": model.ffn_hidden_size, "bias": model.linear_bias,
+                     "batch": TP_CHECK_SEQUENCES, "seq": model.seq_length, "repeats": settings.tp_repeats,
+                     "warmup": 3, "seed": settings.seed, "dtype": base.training.dtype}
+    return job
