@@ -9,9 +9,9 @@ and the resumable results file like any sweep.
 
 1. rules: the scenario model and ``resolve_layout`` reject what a framework would
    (status ``invalid``);
-2. memory: the schedule's in-flight activations and the model state per rank
-   (``results.memory.rank_memory``, as the report computes it), no timeline needed
-   (status ``oom``);
+2. memory: the model state per rank, then with the schedule's in-flight activations
+   (``results.memory.rank_memory``, as the report computes it, over the shortened walk of
+   ``memwalk.py``), no timeline needed (status ``oom``);
 3. dominance: recompute only adds work to the same actions, and the step time can only
    grow when a duration grows (every time is a max of sums), so selective or full
    recompute is not simulated when less recompute fits too (status ``dominated``);
@@ -30,6 +30,7 @@ stage's passes does not depend on the order the schedule runs them in.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,17 +39,21 @@ from typing import Any, Sequence
 from pydantic import ValidationError
 
 from mpsim.cost.actions import CostModel
-from mpsim.engine import EngineInput, simulate as engine_simulate
+from mpsim.cost.step import optimizer_s, pipeline_transfer_s
+from mpsim.engine import simulate as engine_simulate
+from mpsim.engine.core import duration_key
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.bounds import step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
 from mpsim.explore.fastpath import simulate_fast, supports
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
+from mpsim.explore.memwalk import memory_schedule
 from mpsim.explore.progress import Progress
 from mpsim.explore.runner import RunReport, Session, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.simulate import SimulationResult, engine_input, schedule_costs
+from mpsim.schedules import Schedule
 from mpsim.specs.layout import Layout, resolve_layout
 from mpsim.specs.loader import Origins, apply_override, parse_override, resolve_references, validation_error
 from mpsim.specs.scenario import Scenario
@@ -116,8 +121,9 @@ def apply_fields(scenario: Scenario, fields: dict[str, Any]) -> Scenario:
 
 @dataclass
 class _Prepared:
-    """What layouts differing only in their schedule share: layout, workload, priced costs."""
+    """What layouts differing only in their schedule share: scenario, layout, workload, priced costs."""
 
+    scenario: Scenario
     layout: Layout
     workload: Workload
     model: CostModel
@@ -125,6 +131,35 @@ class _Prepared:
 
 _PREPARED: OrderedDict[str, _Prepared] = OrderedDict()
 _MEMORY: OrderedDict[str, tuple[float, float, str]] = OrderedDict()
+
+
+_DISTINCT: dict[int, tuple[Schedule, Schedule]] = {}
+
+
+def distinct_items(schedule: Schedule) -> Schedule:
+    """The schedule with one item per duration key: what ``schedule_costs`` prices, without repeats.
+
+    ``schedule_costs`` prices every overlapped pair it meets, and a DualPipe schedule
+    meets the same pair of stages once per microbatch; the costs are the same dict.
+    """
+    cached = _DISTINCT.get(id(schedule))
+    if cached is not None and cached[0] is schedule:
+        return cached[1]
+    seen: set = set()
+    ranks = []
+    for items in schedule.actions:
+        kept = []
+        for item in items:
+            key = duration_key(item)
+            if key not in seen:
+                seen.add(key)
+                kept.append(item)
+        ranks.append(tuple(kept))
+    short = Schedule(schedule.name, schedule.num_microbatches, schedule.stage_to_rank, tuple(ranks))
+    if len(_DISTINCT) > 256:
+        _DISTINCT.clear()
+    _DISTINCT[id(schedule)] = (schedule, short)
+    return short
 
 
 def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
@@ -144,18 +179,29 @@ class PlanEvaluator:
     identity: str = ""
 
     def _scenario(self, fields: dict[str, Any]) -> tuple[Scenario, _Prepared]:
-        scenario = apply_fields(self.scenario, fields)
         group = self.identity + canonical_json({k: v for k, v in fields.items() if k != SCHEDULE_FIELD})
         prepared = _PREPARED.get(group)
         if prepared is None:
+            scenario = apply_fields(self.scenario, fields)
             layout = resolve_layout(scenario)
             # the cost model prices passes once per model object; sharing it shares that work
-            prepared = _remember(_PREPARED, group, _Prepared(layout, build_workload(scenario, layout),
+            prepared = _remember(_PREPARED, group, _Prepared(scenario, layout, build_workload(scenario, layout),
                                                              CostModel(scenario, layout)))
+        scenario = prepared.scenario
+        if SCHEDULE_FIELD in fields and fields[SCHEDULE_FIELD] != scenario.parallel.schedule:
+            # only the schedule's name differs from the group's validated scenario
+            plan = scenario.parallel.model_copy(update={"schedule": fields[SCHEDULE_FIELD]})
+            scenario = scenario.model_copy(update={"parallel": plan})
         return scenario, prepared
 
-    def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str]:
-        """(peak bytes of the fullest rank, capacity, its largest category), memoized per layout."""
+    def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str, bool]:
+        """(peak bytes of the fullest rank, capacity, its largest category, exact), memoized per layout.
+
+        Model state and buffers alone (the schedule with no actions: no activations) are
+        checked first; when they already overflow, that lower bound is the answer
+        (``exact`` False). They do not depend on recompute, so layouts that differ only
+        in it share the check.
+        """
         key = self.identity + canonical_json(fields)
         known = _MEMORY.get(key)
         if known is not None:
@@ -163,18 +209,50 @@ class PlanEvaluator:
         scenario, prepared = self._scenario(fields)
         layout = prepared.layout
         schedule = schedule_for(scenario, layout, None)
-        worst = max(layout_memory(scenario, layout, schedule, prepared.workload), key=lambda m: m.peak_memory_bytes)
-        return _remember(_MEMORY, key, (worst.peak_memory_bytes, worst.capacity_bytes, worst.largest_category))
+        state_key = self.identity + canonical_json({k: v for k, v in fields.items() if k != RECOMPUTE_FIELD})
+        state = _MEMORY.get(state_key)
+        if state is None:
+            idle = Schedule(schedule.name, schedule.num_microbatches, schedule.stage_to_rank,
+                            tuple(() for _ in schedule.actions))
+            worst = max(layout_memory(scenario, layout, idle, prepared.workload), key=lambda m: m.peak_memory_bytes)
+            state = _remember(_MEMORY, state_key, (worst.peak_memory_bytes, worst.capacity_bytes,
+                                                   worst.largest_category, False))
+        if state[0] > state[1]:
+            return _remember(_MEMORY, key, state)
+        worst = max(layout_memory(scenario, layout, memory_schedule(schedule), prepared.workload),
+                    key=lambda m: m.peak_memory_bytes)
+        return _remember(_MEMORY, key, (worst.peak_memory_bytes, worst.capacity_bytes, worst.largest_category,
+                                        True))
+
+    def _lighter_fits(self, fields: dict[str, Any]) -> str | None:
+        """A lighter recompute mode that fits too, if any (the heavier one is then dominated)."""
+        mode = fields.get(RECOMPUTE_FIELD)
+        if mode not in RECOMPUTE_MODES:
+            return None
+        for lighter in RECOMPUTE_MODES[:RECOMPUTE_MODES.index(mode)]:
+            try:
+                peak, capacity, _, _ = self._memory({**fields, RECOMPUTE_FIELD: lighter})
+            except InputError:
+                continue
+            if peak <= capacity:
+                return lighter
+        return None
 
     def evaluate(self, point: Point) -> dict[str, Any]:
         fields = dict(point)
         try:
-            peak, capacity, largest = self._memory(fields)
+            if self.mode == "check":
+                # checked before this layout's own memory: the lighter mode was usually just seen
+                lighter = self._lighter_fits(fields)
+                if lighter is not None:
+                    return failure("dominated", f"recompute={lighter} fits too and does less work")
+            peak, capacity, largest, exact = self._memory(fields)
         except InputError as exc:
             return failure("invalid", str(exc))
         if peak > capacity:
-            return failure("oom", f"needs {format_bytes(peak)} of {format_bytes(capacity)}, mostly {largest}",
-                           peak_memory_bytes=peak, capacity_bytes=capacity, largest=largest)
+            needs = "needs" if exact else "needs at least"
+            return failure("oom", f"{needs} {format_bytes(peak)} of {format_bytes(capacity)}, mostly {largest}",
+                           peak_memory_bytes=peak, capacity_bytes=capacity, largest=largest, exact=exact)
         try:
             if self.mode == "check":
                 return self._check(fields, peak, capacity)
@@ -183,45 +261,46 @@ class PlanEvaluator:
             return failure("invalid", str(exc))
 
     def _check(self, fields: dict[str, Any], peak: float, capacity: float) -> dict[str, Any]:
-        mode = fields.get(RECOMPUTE_FIELD)
-        if mode in RECOMPUTE_MODES:
-            for lighter in RECOMPUTE_MODES[:RECOMPUTE_MODES.index(mode)]:
-                try:
-                    fits = self._memory({**fields, RECOMPUTE_FIELD: lighter})[0] <= capacity
-                except InputError:
-                    continue
-                if fits:
-                    return failure("dominated", f"recompute={lighter} fits too and does less work",
-                                   peak_memory_bytes=peak, capacity_bytes=capacity)
         scenario, prepared = self._scenario(fields)
-        inp, costs = self._engine_input(scenario, prepared)
-        metrics = self._bound(inp, costs)
+        layout, workload, model = prepared.layout, prepared.workload, prepared.model
+        schedule = schedule_for(scenario, layout, None)
+        costs = schedule_costs(distinct_items(schedule), workload, model)
+        # the bound needs the durations, the forward chain's transfers and the optimizer
+        # steps of the engine input; its DP buckets (most of its price) wait for simulation
+        rank_of = schedule.stage_to_rank
+        transfer = {(s - 1, s): pipeline_transfer_s(workload, model, rank_of[s - 1], rank_of[s])
+                    for s in range(1, schedule.num_stages)}
+        works: list[list] = [[] for _ in range(schedule.num_ranks)]
+        for stage, work in enumerate(workload.stages):
+            works[rank_of[stage]].append(work)
+        metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer,
+                              [optimizer_s(w, model) for w in works], costs)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
         return {"status": "fits", "error": None, "metrics": metrics}
 
     @staticmethod
-    def _engine_input(scenario: Scenario, prepared: _Prepared) -> tuple[EngineInput, dict]:
-        schedule = schedule_for(scenario, prepared.layout, None)
-        costs = schedule_costs(schedule, prepared.workload, prepared.model)
-        return engine_input(scenario, prepared.layout, prepared.workload, schedule, prepared.model, costs), costs
-
-    @staticmethod
-    def _bound(inp: EngineInput, costs: dict) -> dict[str, float]:
+    def _bound(schedule: Any, action_s: dict, transfer_s: dict, finalize_s: Sequence[float],
+               costs: dict) -> dict[str, float]:
         """The step-time lower bound and its busiest rank's split (``bounds.py``)."""
-        bound = step_lower_bound(inp.schedule, inp.action_s, inp.transfer_s, inp.finalize_s,
+        bound = step_lower_bound(schedule, action_s, transfer_s, finalize_s,
                                  {key: cost.tp_exposed_s for key, cost in costs.items()})
-        return {"lower_bound_s": bound.lower_bound_s, "bound_rank": bound.rank, "bound_busy_s": bound.busy_s,
-                "bound_tp_exposed_s": bound.tp_exposed_s, "bound_optimizer_s": bound.optimizer_s}
+        return {"lower_bound_s": bound.lower_bound_s, "bound_rank": bound.rank, "bound_head_s": bound.head_s,
+                "bound_busy_s": bound.busy_s, "bound_tp_exposed_s": bound.tp_exposed_s,
+                "bound_optimizer_s": bound.optimizer_s}
 
     def _simulate(self, fields: dict[str, Any]) -> dict[str, Any]:
         from mpsim.results import summarize
 
         scenario, prepared = self._scenario(fields)
-        inp, costs = self._engine_input(scenario, prepared)
+        layout, workload, model = prepared.layout, prepared.workload, prepared.model
+        schedule = schedule_for(scenario, layout, None)
+        costs = schedule_costs(distinct_items(schedule), workload, model)
+        inp = engine_input(scenario, layout, workload, schedule, model, costs)
         try:
             timeline = simulate_fast(inp) if self.engine == "fast" and supports(inp) else engine_simulate(inp)
             result = SimulationResult(scenario, prepared.layout, inp.schedule, prepared.workload, costs, timeline, inp)
-            metrics = {**summary_metrics(summarize(result)), **self._bound(inp, costs)}
+            metrics = {**summary_metrics(summarize(result)),
+                       **self._bound(schedule, inp.action_s, inp.transfer_s, inp.finalize_s, costs)}
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded; the plan goes on
@@ -261,8 +340,6 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
          backend: str = "local", workers: int | None = None, ray_address: str | None = None,
          out: str | None = None, progress: bool | None = None, round_size: int | None = None) -> PlanResult:
     """Enumerate, check, bound and simulate the layouts of ``scenario``'s model on its cluster."""
-    import time
-
     started = time.monotonic()
     ctx = PlanContext(scenario, max_microbatch_size, max_vpp, tuple(schedules), max_cp, tuple(zero_stages))
     points: list[Point] = [tuple(layout.items()) for layout in enumerate_layouts(ctx, pinned)]

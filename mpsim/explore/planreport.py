@@ -9,8 +9,9 @@ then enumeration order). Every other layout gets one reason, compared with #1:
   reason is the part of the step-time breakdown that grew most against #1 (bubble:
   idle time waiting on other stages; communication: exposed TP, PP and DP; compute:
   work on the compute stream, where recompute and less efficient GEMMs show);
-* the same three for layouts the bound cut before simulation, judged on their busiest
-  rank's own work, which alone already exceeds the step time of the last shown layout;
+* the same four for layouts the bound cut before simulation, judged on the parts of
+  their bound (the pipeline fill before their busiest rank can start counts as bubble),
+  which alone already exceeds the step time of the last shown layout;
 * ``more recompute than needed``: less recompute fits and is never slower;
 * ``invalid``: a combination the framework refuses (the most common reason is shown).
 """
@@ -42,9 +43,9 @@ def _comm(m: dict) -> float:
 
 
 def _bound_parts(m: dict) -> dict[str, float]:
-    """The busiest rank's own work split like the breakdown (bound fields of a record)."""
-    return {"compute": m["bound_busy_s"] - m["bound_tp_exposed_s"], "communication": m["bound_tp_exposed_s"],
-            "optimizer": m["bound_optimizer_s"]}
+    """The bound split like the breakdown: the pipeline fill before the rank starts, its own work, its optimizer."""
+    return {"bubble": m.get("bound_head_s", 0.0), "compute": m["bound_busy_s"] - m["bound_tp_exposed_s"],
+            "communication": m["bound_tp_exposed_s"], "optimizer": m["bound_optimizer_s"]}
 
 
 def loss_reason(record: dict, best: dict) -> tuple[str, str]:
@@ -70,8 +71,9 @@ def loss_reason(record: dict, best: dict) -> tuple[str, str]:
     if status == "bound" and "bound_busy_s" in m and "bound_busy_s" in b:
         mine, theirs = _bound_parts(m), _bound_parts(b)
         reason = max(mine, key=lambda k: mine[k] - theirs[k])
-        return reason, (f"not simulated: its busiest rank's own work, {fmt_seconds(m['lower_bound_s'])}, "
-                        f"already exceeds the last shown step time ({reason} {fmt_seconds(mine[reason])} "
+        part = "pipeline fill" if reason == "bubble" else reason
+        return reason, (f"not simulated: its fill plus its busiest rank's own work, {fmt_seconds(m['lower_bound_s'])}, "
+                        f"already exceeds the last shown step time ({part} {fmt_seconds(mine[reason])} "
                         f"vs {fmt_seconds(theirs[reason])} in #1)")
     return "not reached", record.get("error") or status
 
