@@ -10,7 +10,7 @@ from typing import Sequence
 from mpsim.errors import EXIT_INPUT_ERROR, InputError
 
 # one module per subcommand, each with register(commands)
-COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.compare", "mpsim.cli.schedule", "mpsim.cli.hardware", "mpsim.cli.collective", "mpsim.cli.sweep", "mpsim.cli.plan", "mpsim.cli.calibrate", "mpsim.cli.validate"]
+COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.compare", "mpsim.cli.schedule", "mpsim.cli.hardware", "mpsim.cli.collective", "mpsim.cli.sweep", "mpsim.cli.plan", "mpsim.cli.calibrate", "mpsim.cli.validate", "mpsim.cli.import_torch"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -101,6 +101,8 @@ class Summary:
     out_of_memory: bool
     ranks: list[RankTime] = field(default_factory=list)
     memory: list[RankMemory] = field(default_factory=list)
+    layers_per_stage: tuple[int, ...] = ()  # layers (or layer-stack units) of each model chunk, in stage order
+    layer_split: str = "even"  # how they were chosen: even, given (parallel.layers_per_stage) or auto
 
 
 def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
@@ -186,4 +188,6 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         out_of_memory=peak_memory > capacity,
         ranks=ranks,
         memory=memory,
+        layers_per_stage=tuple(layout.layers_per_chunk),
+        layer_split=layout.layer_split,
     )

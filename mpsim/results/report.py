@@ -43,6 +43,17 @@ def _memory_rows(summary: Summary) -> list[str]:
     return rows
 
 
+def format_split(counts: tuple[int, ...] | list[int]) -> str:
+    """Layers per stage with runs folded: ``5, 4 x 22, 5``."""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ", ".join(f"{count} x {times}" if times > 2 else ", ".join([str(count)] * times) for count, times in runs)
+
+
 def format_summary(summary: Summary) -> str:
     """Human-readable summary of a simulated step."""
     s = summary
@@ -59,6 +70,8 @@ def format_summary(summary: Summary) -> str:
         f"  cluster      {s.devices} x {s.accelerator} ({s.system})",
         f"  layout       TP {s.tp}{cp} x PP {s.pp}{vpp} x DP {s.dp}{extras}; {s.num_microbatches} microbatches of "
         f"{s.microbatch_size} per pipeline; schedule {s.schedule}",
+        *([f"  stages       layers per stage {format_split(s.layers_per_stage)} ({s.layer_split} split)"]
+          if len(s.layers_per_stage) > 1 else []),
         f"  step time    {format_seconds(step)}   tokens/s {s.tokens_per_s:,.0f} total, "
         f"{s.tokens_per_s_per_device:,.0f} per device",
         f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
@@ -102,6 +115,7 @@ def summary_dict(summary: Summary) -> dict[str, Any]:
         entry["fits"] = memory.fits
         entry["largest_category"] = memory.largest_category
         entry["stages"] = list(memory.stages)
+    data["layers_per_stage"] = list(summary.layers_per_stage)
     return data
 
 

@@ -3,15 +3,20 @@
 Pydantic checks each field on its own; this module checks the combinations that
 Megatron-LM refuses at start-up (TP must divide the heads, the global batch must split
 into microbatches over DP, ...). Each violation is an :class:`InputError` naming the
-field to change and how.
+field to change and how. A layer stack gets its own rules instead of the transformer's
+head and FFN rules: every layer must have a tensor-parallel split at the chosen ``tp``
+(``stack_tp.py``). ``parallel.layers_per_stage: auto`` is resolved here too, by the
+partitioner (``mpsim/balance/``), which prices each layer with the cost model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mpsim.errors import InputError
 from mpsim.specs.scenario import Scenario
+from mpsim.specs.stack import LayerStackSpec
+from mpsim.specs.stack_tp import plan_tensor_parallel
 
 ORDER_DIMS = ("tp", "cp", "dp", "pp")
 
@@ -38,6 +43,7 @@ class Layout:
     devices_per_node: int
     order: tuple[str, ...]  # innermost first
     sequence_parallel: bool
+    layer_split: str = "even"  # how layers_per_chunk was chosen: even, given or auto
 
     @property
     def expert_dp(self) -> int:
@@ -73,18 +79,12 @@ def resolve_layout(scenario: Scenario) -> Layout:
     def fail(field: str, message: str) -> InputError:
         return InputError(message, field=field)
 
-    if model.num_attention_heads % tp:
-        raise fail("parallel.tp", f"tp={tp} does not divide model.num_attention_heads={model.num_attention_heads}; "
-                                  f"use one of {_divisors(model.num_attention_heads)}")
-    if model.kv_heads % tp:
-        raise fail("parallel.tp", f"tp={tp} does not divide the model's {model.kv_heads} key/value heads "
-                                  f"(num_query_groups); use one of {_divisors(model.kv_heads)}")
-    if model.ffn_hidden_size % tp:
-        raise fail("parallel.tp", f"tp={tp} does not divide model.ffn_hidden_size={model.ffn_hidden_size}")
-    if plan.sequence_parallel and model.seq_length % tp:
-        raise fail("parallel.sequence_parallel",
-                   f"sequence parallelism splits the sequence over tp={tp}, but seq_length={model.seq_length} "
-                   f"is not divisible by it")
+    stack = isinstance(model, LayerStackSpec)
+    if stack:
+        # every layer needs a split at this tp (an LSTM has none); errors name the layer
+        plan_tensor_parallel(model, tp, plan.sequence_parallel and tp > 1)
+    else:
+        _check_transformer(scenario)
     if tp > system.devices_per_node and not plan.allow_tp_across_nodes:
         raise fail("parallel.tp", f"tp={tp} spans more than one {system.name} node ({system.devices_per_node} devices); "
                                   f"lower tp or set parallel.allow_tp_across_nodes: true")
@@ -93,6 +93,8 @@ def resolve_layout(scenario: Scenario) -> Layout:
                                   f"TP groups would straddle two nodes; use one of {_divisors(system.devices_per_node)}")
 
     cp = plan.cp
+    if stack and cp > 1:
+        raise fail("parallel.cp", "context parallelism splits a transformer's sequence; layer stacks need cp=1")
     if cp > 1 and scenario.training.attention != "flash":
         raise fail("parallel.cp", "context parallelism needs the fused attention kernel; set training.attention: flash")
     if model.moe is not None and tp > 1 and not plan.sequence_parallel:
@@ -144,10 +146,20 @@ def resolve_layout(scenario: Scenario) -> Layout:
     num_microbatches = plan.global_batch_size // per_step
 
     num_chunks = pp * vpp
-    if plan.layers_per_stage is None:
+    split = "even" if plan.layers_per_stage is None else "auto" if plan.layers_per_stage == "auto" else "given"
+    what = "pipeline units (top-level layers, block repetitions)" if stack else "layers"
+    if split == "auto":
+        if model.num_layers < num_chunks:
+            raise fail("parallel.layers_per_stage", f"the model has {model.num_layers} {what}, fewer than the "
+                                                    f"pp x vpp = {num_chunks} model chunks to fill")
+        # a provisional even split; the partitioner replaces it once the layout is known
+        base, extra = divmod(model.num_layers, num_chunks)
+        layers = tuple(base + (1 if k < extra else 0) for k in range(num_chunks))
+    elif split == "even":
         if model.num_layers % num_chunks:
-            raise fail("parallel.pp", f"{model.num_layers} layers do not split evenly over pp x vpp = {num_chunks} "
-                                      f"model chunks; change pp/vpp or give parallel.layers_per_stage")
+            raise fail("parallel.pp", f"{model.num_layers} {what} do not split evenly over pp x vpp = {num_chunks} "
+                                      f"model chunks; change pp/vpp or give parallel.layers_per_stage (a list, "
+                                      f"or auto)")
         layers = (model.num_layers // num_chunks,) * num_chunks
     else:
         layers = tuple(plan.layers_per_stage)
@@ -170,7 +182,7 @@ def resolve_layout(scenario: Scenario) -> Layout:
                                      f"{scenario.cluster.system.accelerator.name}; use one of "
                                      f"{', '.join(scenario.cluster.system.accelerator.peak_flops)}")
 
-    return Layout(
+    layout = Layout(
         tp=tp, pp=pp, dp=dp, vpp=vpp, cp=cp, cp_comm=plan.cp_comm, ep=ep, etp=etp, zero_stage=zero,
         zero_shard_size=shard,
         microbatch_size=plan.microbatch_size,
@@ -181,4 +193,31 @@ def resolve_layout(scenario: Scenario) -> Layout:
         devices_per_node=system.devices_per_node,
         order=order,
         sequence_parallel=plan.sequence_parallel and tp > 1,
+        layer_split=split,
     )
+    if split == "auto":
+        from mpsim.balance.auto import balanced_layers  # prices layers with the cost model, which needs a layout
+
+        layout = replace(layout, layers_per_chunk=balanced_layers(scenario, layout))
+    return layout
+
+
+def _check_transformer(scenario: Scenario) -> None:
+    """The transformer's tensor- and sequence-parallel rules (heads, FFN, sequence over tp)."""
+    plan, model, tp = scenario.parallel, scenario.model, scenario.parallel.tp
+
+    def fail(field: str, message: str) -> InputError:
+        return InputError(message, field=field)
+
+    if model.num_attention_heads % tp:
+        raise fail("parallel.tp", f"tp={tp} does not divide model.num_attention_heads={model.num_attention_heads}; "
+                                  f"use one of {_divisors(model.num_attention_heads)}")
+    if model.kv_heads % tp:
+        raise fail("parallel.tp", f"tp={tp} does not divide the model's {model.kv_heads} key/value heads "
+                                  f"(num_query_groups); use one of {_divisors(model.kv_heads)}")
+    if model.ffn_hidden_size % tp:
+        raise fail("parallel.tp", f"tp={tp} does not divide model.ffn_hidden_size={model.ffn_hidden_size}")
+    if plan.sequence_parallel and model.seq_length % tp:
+        raise fail("parallel.sequence_parallel",
+                   f"sequence parallelism splits the sequence over tp={tp}, but seq_length={model.seq_length} "
+                   f"is not divisible by it")

@@ -3,15 +3,19 @@
 Field names follow Megatron-LM's arguments (``num_layers``, ``hidden_size``,
 ``ffn_hidden_size``, ``num_attention_heads``, ``num_query_groups`` for GQA), so a
 Megatron or NeMo config maps across line by line.
+
+A model file is a transformer unless it says ``kind: stack`` (any ordered stack of
+layers, ``mpsim/specs/stack.py``); :func:`parse_model` picks the class by that field.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Union
 
 from pydantic import Field, model_validator
 
 from mpsim.specs.base import Spec
+from mpsim.specs.stack import LayerStackSpec, input_error
 
 
 class MoESpec(Spec):
@@ -53,6 +57,8 @@ class MLASpec(Spec):
 class TransformerSpec(Spec):
     """Decoder-only transformer (GPT, Llama, Mixtral, DeepSeek, ...)."""
 
+    # the default model kind; left out of dumps so configs saved before stacks existed stay equal
+    kind: Literal["transformer"] = Field("transformer", exclude=True)
     name: str
     description: str = ""
     num_layers: int = Field(gt=0)
@@ -102,3 +108,28 @@ class TransformerSpec(Spec):
     def gated_ffn(self) -> bool:
         """True when the MLP's first projection produces a gate and a value (SwiGLU)."""
         return self.ffn_type == "swiglu"
+
+
+ModelSpec = Union[TransformerSpec, LayerStackSpec]
+MODEL_KINDS: dict[str, type[TransformerSpec] | type[LayerStackSpec]] = {
+    "transformer": TransformerSpec, "stack": LayerStackSpec}
+
+
+def parse_model(value: Any) -> ModelSpec:
+    """A model from its mapping: a transformer unless ``kind`` says otherwise.
+
+    Validating the chosen class directly (not the union) keeps every error's location
+    the field's own path, e.g. ``model.layers.3.out_features``.
+    """
+    if isinstance(value, (TransformerSpec, LayerStackSpec)):
+        return value
+    kind = value.get("kind", "transformer") if isinstance(value, dict) else "transformer"
+    cls = MODEL_KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise input_error(("kind",), f"unknown model kind {kind!r}; use transformer (the default) or stack "
+                                     f"(for a PyTorch model, write a stack with mpsim import-torch)", kind)
+    return cls.model_validate(value)
+
+
+__all__ = ["LayerStackSpec", "MLASpec", "MODEL_KINDS", "ModelSpec", "MoESpec", "TransformerSpec",
+           "parse_model"]

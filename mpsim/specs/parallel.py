@@ -39,8 +39,9 @@ class ParallelPlan(Spec):
     schedule: str = Field("1f1b", description="pipeline schedule name, or file:PATH of a schedule text file")
     sequence_parallel: bool = False
     recompute: Literal["none", "selective", "full"] = "none"
-    layers_per_stage: list[int] | None = Field(
-        None, description="transformer layers of each model chunk, pp*vpp entries in stage order; even split by default"
+    layers_per_stage: list[int] | Literal["auto"] | None = Field(
+        None, description="layers (transformer layers, or layer-stack units) of each model chunk, pp*vpp entries in "
+                          "stage order; 'auto' balances the slowest stage within the memory limit; even by default"
     )
     order: str = Field("tp-cp-dp-pp", description="rank order, innermost first (Megatron's default is tp-cp-dp-pp)")
     allow_tp_across_nodes: bool = False

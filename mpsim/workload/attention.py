@@ -50,7 +50,7 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
         heads, kv, queries = max(1, heads // ctx.cp), max(1, kv // ctx.cp), ctx.tokens * ctx.cp
     if ctx.flash_attention:
         blocks = max(1, -(-s // FLASH_BLOCK_TOKENS))
-        causal_fraction = (1 + 1 / blocks) / 2
+        causal_fraction = (1 + 1 / blocks) / 2 if ctx.causal else 1.0
         fwd_flops = 2.0 * queries * s * heads * (d_qk + d_v) * causal_fraction
         qkv_bytes = queries * (heads * d_qk + kv * (d_qk + d_v)) * e
         out_bytes = queries * heads * d_v * e
@@ -107,8 +107,12 @@ def _context_parallel(ctx: LayerContext, fwd: list[Item], bwd: list[Item]) -> tu
              collective("attn.cp_all_to_all_dqkv", "all-to-all", "cp", qkv)])
 
 
-def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_params: int) -> BlockWork:
-    """The attention half of a layer on one rank."""
+def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> BlockWork:
+    """Projections, core and output projection on one rank, without the norm before or the residual after.
+
+    This is the attention layer of a layer stack (``mpsim/workload/layers.py``); the
+    transformer's :func:`attention_block` wraps it in its norm and bias-dropout-add.
+    """
     t, h, e = ctx.tokens, ctx.hidden, ctx.act_bytes
     heads, d_qk, d_v = ctx.heads_local, ctx.head_dim, ctx.value_dim
     gather, reduce = tp_collectives(ctx, "attn")
@@ -153,19 +157,33 @@ def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_pa
     rope = [memory_op("attn.rope", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
     rope_grad = [memory_op("attn.rope.grad", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
 
-    forward: list[Item] = [norm(ctx, "attn.norm"), *present(gather), *projections, *rope, *core_fwd, proj,
-                           *present(reduce), bias_dropout_add(ctx, "attn.bda")]
-    head = [bias_dropout_add(ctx, "attn.bda", backward=True), *grad_gather(ctx, "attn.proj"), proj_dgrad]
-    tail = [norm(ctx, "attn.norm", backward=True)]
-    backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *proj_b, *tail]
-    backward_input = [*head, *core_bwd, *rope_grad, *proj_i, *tail]
+    forward: list[Item] = [*present(gather), *projections, *rope, *core_fwd, proj, *present(reduce)]
+    head = [*grad_gather(ctx, "attn.proj"), proj_dgrad]
+    backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *proj_b]
+    backward_input = [*head, *core_bwd, *rope_grad, *proj_i]
     backward_weight = [proj_wgrad, *proj_w]
 
-    local, mask = ctx.norm_tokens, 1 if ctx.dropout else 0
-    params += heads * d_v * h + (h if bias else 0) + norm_params * h
+    params += heads * d_v * h + (h if bias else 0)
     context = t * heads * d_v * e
-    saved = 2 * local * h * e + saved_proj + core_saved + context + local * h * mask
+    # the projections' input (1/tp of the tokens under sequence parallelism, re-gathered
+    # for the backward), their output, what the core keeps, the output projection's input
+    saved = ctx.norm_tokens * h * e + saved_proj + core_saved + context
     wbuf += t * (heads * d_v + h) * e  # output projection: input and output gradient
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
                      recompute_selective=tuple(core_fwd), params=float(params), saved_bytes=float(saved),
                      selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf))
+
+
+def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_params: int) -> BlockWork:
+    """The attention half of a layer on one rank: norm, self-attention, bias-dropout-add."""
+    inner = self_attention(ctx, mla, bias)
+    h, local, e, mask = ctx.hidden, ctx.norm_tokens, ctx.act_bytes, 1 if ctx.dropout else 0
+    before, after = norm(ctx, "attn.norm"), bias_dropout_add(ctx, "attn.bda")
+    before_grad, after_grad = norm(ctx, "attn.norm", backward=True), bias_dropout_add(ctx, "attn.bda", backward=True)
+    # the norm's input and the residual's dropout mask, beside what self-attention keeps
+    saved = inner.saved_bytes + local * h * e + local * h * mask
+    return BlockWork((before, *inner.forward, after), (after_grad, *inner.backward, before_grad),
+                     (after_grad, *inner.backward_input, before_grad), inner.backward_weight,
+                     recompute_selective=inner.recompute_selective, params=inner.params + norm_params * h,
+                     saved_bytes=saved, selective_saved_bytes=inner.selective_saved_bytes,
+                     weight_grad_buffer_bytes=inner.weight_grad_buffer_bytes)

@@ -41,6 +41,7 @@ class LayerContext:
     cp_comm: str = "ring"
     ep: int = 1
     etp: int = 1
+    causal: bool = True  # decoder self-attention masks future keys; encoders (ViT, wav2vec) attend to all
 
     @property
     def tokens(self) -> int:

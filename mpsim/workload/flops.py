@@ -41,7 +41,11 @@ def _ffn_flops_per_token(model: TransformerSpec, dense: bool) -> float:
 
 
 def model_flops_per_sequence(model: TransformerSpec) -> float:
-    """Training FLOPs (forward + backward, no recompute) for one sequence."""
+    """Training FLOPs (forward + backward, no recompute) for one sequence (one sample of a layer stack)."""
+    if model.kind == "stack":
+        from mpsim.workload.layer_stack import stack_model_flops_per_sample
+
+        return stack_model_flops_per_sample(model)  # type: ignore[arg-type]
     dense_layers = model.moe.dense_layers if model.moe else model.num_layers
     attention = model.num_layers * _attention_flops_per_token(model)
     ffn = (dense_layers * _ffn_flops_per_token(model, True)

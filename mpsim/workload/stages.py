@@ -1,7 +1,8 @@
 """From a model and a layout to the work of each pipeline stage (model chunk).
 
 Stage ``k`` of ``pp * vpp`` holds ``layers_per_chunk[k]`` transformer layers; stage 0
-also holds the embedding and the last stage the final norm, LM head and loss. On MoE
+also holds the embedding and the last stage the final norm, LM head and loss. A layer
+stack model (``kind: stack``) is built by ``layer_stack.py`` into the same structures. On MoE
 models the first ``moe.dense_layers`` layers have a dense FFN. Stages with the same
 contents share one :class:`StageWork` (a 126-layer model has a handful of distinct
 stages), so costs are computed once per distinct stage.
@@ -188,6 +189,10 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
 
 def build_workload(scenario: Scenario, layout: Layout) -> Workload:
     """Per-stage work for every model chunk of the layout."""
+    if scenario.model.kind == "stack":  # any layer stack: layer_stack.py (which builds on this module)
+        from mpsim.workload.layer_stack import build_stack_workload
+
+        return build_stack_workload(scenario, layout)
     ctx = layer_context(scenario, layout)
     vocab = padded_vocab(scenario.model.vocab_size, layout.tp)
     options = stage_options(scenario, layout, vocab)

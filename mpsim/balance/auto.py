@@ -1,0 +1,116 @@
+"""``parallel.layers_per_stage: auto``: price every layer, then split the model with :mod:`partition`.
+
+Each pipeline unit (a transformer layer; a top-level layer or block repetition of a
+stack) is built as a one-unit stage and priced by the real cost model: its forward and
+backward seconds on one rank, the seconds to send its output to the next stage, its
+model-state bytes after ZeRO sharding and its activation bytes per microbatch. The
+schedule says how many microbatches each stage keeps in flight at its peak (1F1B: ``p``
+on the first stage, 1 on the last), which is what makes the memory budget differ by
+stage. A transformer's embedding and LM head are fixed extras of the first and last
+stage. The budget is the device's capacity less ``training.memory_reserved`` and
+fragmentation, shared evenly by a rank's ``vpp`` chunks. When no split fits, the
+fastest split is returned and the memory report shows what overflows.
+"""
+
+from __future__ import annotations
+
+from mpsim.balance.partition import PartitionProblem, balance
+from mpsim.cost.actions import CostModel
+from mpsim.cost.collectives import p2p_time
+from mpsim.cost.topology import pipeline_neighbours_share_node
+from mpsim.schedules import build_schedule, flat
+from mpsim.specs.layout import Layout
+from mpsim.specs.scenario import Scenario
+from mpsim.specs.stack import LayerStackSpec
+from mpsim.workload.memory import model_state_bytes
+from mpsim.workload.stages import StageWork
+
+
+def in_flight_per_stage(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
+    """Peak microbatches each stage holds between its forward and its backward, from the schedule."""
+    try:
+        schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches)
+    except Exception:  # a schedule file the layout check reports later: assume 1F1B's warm-up
+        return tuple(min(layout.num_microbatches, layout.pp - s % layout.pp) for s in range(layout.num_stages))
+    peak = [0] * layout.num_stages
+    for actions in schedule.actions:
+        held = [0] * layout.num_stages
+        for stage, kind, _ in flat(actions):
+            held[stage] += 1 if kind == "F" else -1 if kind in ("B", "I") else 0
+            peak[stage] = max(peak[stage], held[stage])
+    return tuple(max(1, n) for n in peak)
+
+
+def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
+    """Weights, gradients and optimizer state of a stage's parameters on one rank."""
+    training = scenario.training
+    kwargs = dict(grad_bytes=4 if training.fp32_grad_accumulation else 2, zero_stage=layout.zero_stage,
+                  optimizer=training.optimizer)
+    return (model_state_bytes(work.params, shard=layout.zero_shard_size, **kwargs).total_bytes
+            + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes)
+
+
+def _unit_stages(scenario: Scenario, layout: Layout) -> tuple[list[StageWork], list[float], StageWork | None,
+                                                               StageWork | None]:
+    """(one-unit stages, bytes a cut after each unit sends, first-stage extra, last-stage extra)."""
+    scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
+    if isinstance(scenario.model, LayerStackSpec):
+        from mpsim.workload.layer_stack import build_stack_stage, stack_env, stack_options, unit_works
+
+        options = stack_options(scenario, layout)
+        units = unit_works(scenario.model, stack_env(scenario, layout))
+        stages = [build_stack_stage((unit,), options) for unit in units]
+        sends = [unit.output_bytes / (layout.tp if scatter else 1) for unit in units]
+        return stages, sends, None, None
+    from mpsim.workload.embedding import padded_vocab
+    from mpsim.workload.stages import build_stage, layer_context, stage_options
+
+    ctx = layer_context(scenario, layout)
+    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
+    model = scenario.model
+    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
+    stages = [build_stage(ctx, 1, 1 if i < dense_layers else 0, False, False, options)
+              for i in range(model.num_layers)]
+    send = ctx.tokens * ctx.hidden * ctx.act_bytes / (layout.tp if scatter else 1)
+    embedding = build_stage(ctx, 0, 0, True, False, options)
+    head = build_stage(ctx, 0, 0, False, True, options)
+    return stages, [send] * len(stages), embedding, head
+
+
+def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
+    """The layer-by-layer costs of a scenario's model as a partition problem."""
+    model = CostModel(scenario, layout)
+    stages, sends, first, last = _unit_stages(scenario, layout)
+
+    def seconds(work: StageWork) -> float:
+        return model.price(work.forward).duration_s + model.price(work.backward).duration_s
+
+    parts = layout.num_stages
+    same_node = layout.pp > 1 and pipeline_neighbours_share_node(layout, 0, 1)
+    extra_s = [0.0] * parts
+    extra_bytes = [0.0] * parts
+    in_flight = in_flight_per_stage(scenario, layout)
+    for stage_index, work in ((0, first), (parts - 1, last)):
+        if work is not None:
+            extra_s[stage_index] += seconds(work)
+            extra_bytes[stage_index] += _state_bytes(scenario, layout, work) + \
+                in_flight[stage_index] * work.activation_bytes
+    training = scenario.training
+    capacity = scenario.cluster.system.accelerator.memory.capacity
+    budget = (capacity * (1 - training.memory_fragmentation) - training.memory_reserved) / layout.vpp
+    return PartitionProblem(
+        unit_s=tuple(seconds(work) for work in stages), parts=parts,
+        boundary_s=tuple(p2p_time(size, same_node, model.system) if layout.pp > 1 else 0.0 for size in sends),
+        unit_state_bytes=tuple(_state_bytes(scenario, layout, work) for work in stages),
+        unit_activation_bytes=tuple(work.activation_bytes for work in stages),
+        extra_s=tuple(extra_s), extra_bytes=tuple(extra_bytes), in_flight=in_flight, capacity_bytes=budget)
+
+
+def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
+    """Units per model chunk minimizing the slowest stage within the memory budget (fastest if none fits)."""
+    problem = partition_problem(scenario, layout)
+    counts = balance(problem)
+    if counts is None:
+        counts = balance(problem, use_memory=False)
+    assert counts is not None
+    return counts

@@ -1,0 +1,151 @@
+"""Contiguous partition of a layer sequence into pipeline stages: the slowest stage as fast as possible.
+
+A pipeline runs at the pace of its slowest stage: in steady state every stage handles
+one microbatch per beat, and the beat is the longest stage time. Given each unit's
+seconds per microbatch (forward + backward), the seconds to send its output to the next
+stage if the pipeline is cut after it, and its memory (model state, plus activations
+times the microbatches the schedule keeps in flight on that stage), the partition
+chooses ``parts`` contiguous runs of units minimizing the largest stage time, subject to
+every stage fitting its memory budget.
+
+The exact optimum comes from dynamic programming over (stage, last unit): the best
+bottleneck of covering units ``[0, b)`` with ``i + 1`` stages is the minimum over the
+previous cut ``a`` of ``max(best[i][a], time of stage i on [a, b))``. For a fixed end
+``b`` a stage's time and memory only grow as it starts earlier (costs are non-negative
+and the boundary term depends on ``b`` alone), so the scan over ``a`` stops at the first
+start that is already worse than the best found or over budget. This is the classic
+linear-partition problem (e.g. Narayanan et al. 2019, PipeDream's planner, solve a
+richer variant the same way); ``exhaustive`` enumerates every split for tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PartitionProblem:
+    """Per-unit costs and per-stage constants of one pipeline split."""
+
+    unit_s: tuple[float, ...]  # seconds per microbatch of each unit (forward + backward)
+    parts: int
+    boundary_s: tuple[float, ...] = ()  # seconds to pass unit i's output on when a stage ends after it
+    unit_state_bytes: tuple[float, ...] = ()  # weights, gradients and optimizer state of each unit
+    unit_activation_bytes: tuple[float, ...] = ()  # kept per microbatch in flight
+    extra_s: tuple[float, ...] = ()  # fixed seconds of each stage (a transformer's embedding, head)
+    extra_bytes: tuple[float, ...] = ()  # fixed bytes of each stage
+    in_flight: tuple[int, ...] = ()  # microbatches each stage holds at its peak
+    capacity_bytes: float = math.inf  # budget of each stage
+
+    def _get(self, values: tuple, index: int, default: float = 0.0) -> float:
+        return values[index] if values else default
+
+
+class Prefix:
+    """Prefix sums for O(1) range costs."""
+
+    def __init__(self, values: tuple[float, ...] | list[float], n: int):
+        self.sums = [0.0]
+        for i in range(n):
+            self.sums.append(self.sums[-1] + (values[i] if values else 0.0))
+
+    def range(self, a: int, b: int) -> float:
+        return self.sums[b] - self.sums[a]
+
+
+def stage_time_s(problem: PartitionProblem, stage: int, a: int, b: int, times: Prefix | None = None) -> float:
+    """Seconds of ``stage`` holding units ``[a, b)``: its units, its fixed work, the send after it."""
+    n = len(problem.unit_s)
+    work = times.range(a, b) if times else sum(problem.unit_s[a:b])
+    send = problem._get(problem.boundary_s, b - 1) if stage < problem.parts - 1 and 0 < b < n else 0.0
+    return work + problem._get(problem.extra_s, stage) + send
+
+
+def stage_bytes(problem: PartitionProblem, stage: int, a: int, b: int, state: Prefix | None = None,
+                acts: Prefix | None = None) -> float:
+    """Peak bytes of ``stage`` holding units ``[a, b)``."""
+    held = state.range(a, b) if state else sum(problem.unit_state_bytes[a:b]) if problem.unit_state_bytes else 0.0
+    kept = acts.range(a, b) if acts else sum(problem.unit_activation_bytes[a:b]) if problem.unit_activation_bytes \
+        else 0.0
+    flight = problem.in_flight[stage] if problem.in_flight else 1
+    return held + flight * kept + problem._get(problem.extra_bytes, stage)
+
+
+def counts_to_cuts(counts: tuple[int, ...] | list[int]) -> list[tuple[int, int]]:
+    """Units per stage -> (start, end) of each stage."""
+    cuts, start = [], 0
+    for count in counts:
+        cuts.append((start, start + count))
+        start += count
+    return cuts
+
+
+def bottleneck_s(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> float:
+    """The slowest stage's seconds for a split given as units per stage."""
+    return max(stage_time_s(problem, i, a, b) for i, (a, b) in enumerate(counts_to_cuts(counts)))
+
+
+def fits(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> bool:
+    """Whether every stage of the split is within the memory budget."""
+    return all(stage_bytes(problem, i, a, b) <= problem.capacity_bytes
+               for i, (a, b) in enumerate(counts_to_cuts(counts)))
+
+
+def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ...] | None:
+    """Units per stage of an optimal split (every stage non-empty); None when none fits in memory."""
+    n, parts = len(problem.unit_s), problem.parts
+    if parts < 1 or n < parts:
+        raise ValueError(f"cannot split {n} units into {parts} non-empty stages")
+    times = Prefix(problem.unit_s, n)
+    state = Prefix(problem.unit_state_bytes, n)
+    acts = Prefix(problem.unit_activation_bytes, n)
+    cap = problem.capacity_bytes if use_memory else math.inf
+    inf = math.inf
+    # best[b]: best bottleneck covering units [0, b) with the stages so far; start[i][b]: where stage i begins
+    best = [inf] * (n + 1)
+    best[0] = 0.0
+    starts: list[list[int]] = []
+    for stage in range(parts):
+        new = [inf] * (n + 1)
+        start = [-1] * (n + 1)
+        last = stage == parts - 1
+        # stage covers [a, b): at least one unit, leaving one for each later stage
+        for b in range(stage + 1, n - (parts - 1 - stage) + 1):
+            if last and b != n:
+                continue
+            for a in range(b - 1, stage - 1, -1):
+                cost = stage_time_s(problem, stage, a, b, times)
+                if cost >= new[b] or stage_bytes(problem, stage, a, b, state, acts) > cap:
+                    break  # an earlier start only adds work and memory
+                if best[a] == inf:
+                    continue
+                value = max(best[a], cost)
+                if value < new[b]:
+                    new[b], start[b] = value, a
+        best = new
+        starts.append(start)
+    if best[n] == inf:
+        return None
+    counts, b = [], n
+    for stage in range(parts - 1, -1, -1):
+        a = starts[stage][b]
+        counts.append(b - a)
+        b = a
+    return tuple(reversed(counts))
+
+
+def exhaustive(problem: PartitionProblem) -> tuple[float, tuple[int, ...] | None]:
+    """(best bottleneck, split) over every split that fits; for checking :func:`balance` on small cases."""
+    n, parts = len(problem.unit_s), problem.parts
+    best, chosen = math.inf, None
+    for cuts in itertools.combinations(range(1, n), parts - 1):
+        edges = (0, *cuts, n)
+        counts = tuple(edges[i + 1] - edges[i] for i in range(parts))
+        if not fits(problem, counts):
+            continue
+        value = bottleneck_s(problem, counts)
+        if value < best:
+            best, chosen = value, counts
+    return best, chosen

@@ -1,0 +1,310 @@
+"""Each layer kind of a stack as ops on one rank: forward, input gradient, weight gradient.
+
+A layer becomes a :class:`~mpsim.workload.blocks.BlockWork` like a transformer block:
+its forward items, its backward as a whole and split into the input-gradient and
+weight-gradient halves (for zero-bubble schedules), its parameters on the rank, the bytes
+its backward needs kept, and what a split backward holds from ``I`` until ``W``. The
+tensor-parallel mode (``mpsim/specs/stack_tp.py``) decides the shapes on the rank and
+the collectives: a column layer is preceded by the all-gather of sequence parallelism
+and its input gradient reduced over TP; a row layer ends with the all-reduce (or
+reduce-scatter) that joins the partial outputs. Linear layers, attention, the embedding
+and the loss reuse the transformer's own pieces, so a transformer written as a stack
+costs exactly what the transformer model costs.
+
+Every number is for one microbatch of ``microbatch_size`` samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, CustomLayer, ElementwiseLayer,
+                                EmbeddingLayer, LinearLayer, NormLayer, PoolLayer, RecurrentLayer, ViewLayer, numel)
+from mpsim.specs.stack import PlacedLayer
+from mpsim.workload.attention import self_attention
+from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, grad_gather, linear, tp_collectives
+from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
+                                      embedding_block)
+from mpsim.workload.ops import Item, Op, collective, memory_op
+from mpsim.workload.recurrent import recurrent_work
+
+
+@dataclass(frozen=True)
+class StackEnv:
+    """What besides a layer's own shape decides its work on one rank."""
+
+    microbatch_size: int
+    tp: int
+    sequence_parallel: bool
+    flash_attention: bool  # training.attention, for attention layers with kernel: auto
+    act_bytes: int = 2
+    gemm_in_bytes: int = 2
+    wgrad_accumulate_bytes: int = 4
+    tp_overlap_backward: bool = True
+
+    def context(self, tokens: int, hidden: int, **shape) -> LayerContext:
+        """The transformer helpers' context for ``tokens`` per sample of width ``hidden``."""
+        fields = dict(microbatch_size=self.microbatch_size, seq_length=tokens, hidden=hidden, heads=1, kv_heads=1,
+                      head_dim=1, ffn_hidden=hidden, gated_ffn=False, tp=self.tp,
+                      sequence_parallel=self.sequence_parallel, flash_attention=self.flash_attention, dropout=False,
+                      rope=False, act_bytes=self.act_bytes, gemm_in_bytes=self.gemm_in_bytes,
+                      wgrad_accumulate_bytes=self.wgrad_accumulate_bytes, tp_overlap_backward=self.tp_overlap_backward)
+        fields.update(shape)
+        return LayerContext(**fields)
+
+
+def tokens_of(shape: tuple[int, ...]) -> int:
+    """Rows of a ``(..., features)`` tensor: every dimension but the last."""
+    return math.prod(shape[:-1])
+
+
+def local_elements(env: StackEnv, shape: tuple[int, ...], mode: str) -> int:
+    """Elements of a microbatch's activation on one rank: split by features (shard) or tokens (SP)."""
+    elements = env.microbatch_size * numel(shape)
+    return elements // env.tp if mode == "shard" or (mode == "whole" and env.sequence_parallel) else elements
+
+
+def layer_work(env: StackEnv, placed: PlacedLayer, mode: str, first: bool = False) -> BlockWork:
+    """One layer of a stack on one rank, for one microbatch.
+
+    The ``first`` layer of a stack reads the data, which needs no gradient: its backward
+    computes only the weight gradient (as PyTorch skips inputs that do not require grad).
+    """
+    work = _layer_work(env, placed, mode)
+    if not first:
+        return work
+    dgrads = {op for op in work.backward_input if isinstance(op, Op) and op.name.endswith(("dgrad", ".input_proj.dgrad"))}
+    if not dgrads:
+        return work
+    keep = lambda items: tuple(item for item in items if item not in dgrads)  # noqa: E731
+    return _with(work, backward=keep(work.backward), backward_input=keep(work.backward_input))
+
+
+def _layer_work(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
+    layer = placed.layer
+    if isinstance(layer, LinearLayer):
+        return _linear(env, placed, layer, mode)
+    if isinstance(layer, ConvLayer):
+        return _conv(env, placed, layer, mode)
+    if isinstance(layer, RecurrentLayer):
+        return recurrent_work(env, placed.label, layer, placed.in_shape)
+    if isinstance(layer, AttentionLayer):
+        tokens, features = placed.in_shape
+        heads, kv_heads, head_dim = layer.dims(features)
+        flash = env.flash_attention if layer.kernel == "auto" else layer.kernel == "flash"
+        ctx = env.context(tokens, features, heads=heads, kv_heads=kv_heads, head_dim=head_dim, rope=layer.rope,
+                          dropout=layer.dropout > 0, causal=layer.causal, flash_attention=flash)
+        return self_attention(ctx, None, layer.bias)
+    if isinstance(layer, EmbeddingLayer):
+        tokens, dim = placed.out_shape
+        ctx = env.context(tokens, dim, dropout=layer.dropout > 0)
+        work = embedding_block(ctx, layer.num_embeddings // env.tp, learned_positions=layer.positions > 0)
+        params = layer.num_embeddings // env.tp * dim + layer.positions * dim
+        return _with(work, params=float(params))
+    if isinstance(layer, CrossEntropyLayer):
+        return _cross_entropy(env, placed, mode)
+    if isinstance(layer, CustomLayer):
+        return _custom(env, placed, layer)
+    if isinstance(layer, ViewLayer):
+        return BlockWork((), (), (), ())
+    return _memory_bound(env, placed, mode)
+
+
+def _with(work: BlockWork, **changes) -> BlockWork:
+    fields = {name: getattr(work, name) for name in work.__dataclass_fields__}
+    fields.update(changes)
+    return BlockWork(**fields)
+
+
+def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -> BlockWork:
+    """Column-, row-parallel or replicated ``y = x W``, as Megatron's linear layers."""
+    inputs, outputs = placed.in_shape[-1], layer.out_features
+    tokens = tokens_of(placed.in_shape)
+    rows = env.microbatch_size * tokens
+    e, name = env.act_bytes, placed.label
+    if mode == "column":
+        ctx = env.context(tokens, inputs)  # the gathered input: the collectives' payload
+        width = outputs // env.tp
+        fwd, dgrad, wgrad = linear(ctx, name, rows, width, inputs)
+        gather, _ = tp_collectives(ctx, name)
+        combined, input_only, weight_only = column_backward(ctx, name, dgrad, wgrad, gather)
+        forward: list[Item] = ([gather] if gather is not None else []) + [fwd]
+        params = inputs * width + (width if layer.bias else 0)
+        # the input is kept as it arrives: 1/tp of the tokens under sequence parallelism
+        saved = ctx.norm_tokens * inputs * e
+        buffer = rows * (inputs + width) * e
+        return BlockWork(tuple(forward), tuple(combined), tuple(input_only), tuple(weight_only),
+                         params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer))
+    if mode == "row":
+        ctx = env.context(tokens, outputs)  # the reduced output
+        depth = inputs // env.tp
+        fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, depth)
+        _, reduce = tp_collectives(ctx, name)
+        head = [*grad_gather(ctx, name), dgrad]
+        params = depth * outputs + (outputs if layer.bias else 0)  # the bias is added once, after the reduction
+        return BlockWork(tuple([fwd] + ([reduce] if reduce is not None else [])), (*head, wgrad), tuple(head),
+                         (wgrad,), params=float(params), saved_bytes=float(rows * depth * e),
+                         weight_grad_buffer_bytes=float(rows * (depth + outputs) * e))
+    ctx = env.context(tokens, inputs)
+    fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, inputs)
+    params = inputs * outputs + (outputs if layer.bias else 0)
+    return BlockWork((fwd,), (dgrad, wgrad), (dgrad,), (wgrad,), params=float(params),
+                     saved_bytes=float(rows * inputs * e), weight_grad_buffer_bytes=float(rows * (inputs + outputs) * e))
+
+
+def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> BlockWork:
+    """A convolution as the implicit GEMM cuDNN runs: rows are output positions, depth is channels x kernel."""
+    b, e, name = env.microbatch_size, env.act_bytes, placed.label
+    channels, out_channels = placed.in_shape[0], layer.out_channels
+    kernel = math.prod(layer.geometry()[0])
+    groups = layer.groups
+    if mode == "column":
+        out_channels //= env.tp
+    elif mode == "row":
+        channels //= env.tp
+    positions_in, positions_out = numel(placed.in_shape[1:]), numel(placed.out_shape[1:])
+    depth = channels // groups * kernel
+    weights = out_channels * depth
+    flops = 2.0 * b * positions_out * weights
+    in_bytes = b * positions_in * channels * e
+    out_bytes = b * positions_out * out_channels * e
+    w_bytes = weights * env.gemm_in_bytes
+    acc = 2 * env.wgrad_accumulate_bytes * weights  # read-modify-write of the accumulated weight gradient
+    fwd = Op(name, "gemm", flops=flops, bytes=float(in_bytes + w_bytes + out_bytes),
+             shape=(groups, b * positions_out, out_channels // groups, depth))
+    dgrad = Op(f"{name}.dgrad", "gemm", flops=flops, bytes=float(out_bytes + w_bytes + in_bytes),
+               shape=(groups, b * positions_in, channels // groups, out_channels // groups * kernel))
+    # the weight gradient reduces over every output position into a small (depth x channels)
+    # result; cuDNN splits that reduction (split-K) so enough tiles run at once
+    splits = _split_k(depth, out_channels // groups, b * positions_out) if groups == 1 else 1
+    wgrad = Op(f"{name}.wgrad", "gemm", flops=flops, bytes=float(in_bytes + out_bytes + acc),
+               shape=(groups * splits, depth, out_channels // groups, b * positions_out // splits))
+    forward: list[Item] = [fwd]
+    backward: list[Item] = [dgrad, wgrad]
+    backward_input: list[Item] = [dgrad]
+    if mode == "row":  # partial outputs of the input-channel slices are summed
+        forward.append(collective(f"{name}.all_reduce", "all-reduce", "tp", b * numel(placed.out_shape) * e))
+    if mode == "column":  # the input gradient is a sum over the output-channel slices
+        reduce = collective(f"{name}.grad_all_reduce", "all-reduce", "tp", b * numel(placed.in_shape) * e)
+        backward, backward_input = [dgrad, reduce, wgrad], [dgrad, reduce]
+    params = weights + (out_channels if layer.bias else 0)
+    return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), (wgrad,), params=float(params),
+                     saved_bytes=float(in_bytes), weight_grad_buffer_bytes=float(in_bytes + out_bytes))
+
+
+# output tiles a GEMM should offer to fill a GPU (about its SM count); split-K partitions
+# of the reduction are added until it does, each at least this deep
+SPLIT_K_TARGET_TILES = 128
+SPLIT_K_MIN_DEPTH = 256
+SPLIT_K_TILE = 128
+
+
+def _split_k(m: int, n: int, k: int) -> int:
+    """How many parts a GEMM with few output tiles and a long reduction splits the reduction into."""
+    tiles = math.ceil(m / SPLIT_K_TILE) * math.ceil(n / SPLIT_K_TILE)
+    return max(1, min(math.ceil(SPLIT_K_TARGET_TILES / tiles), k // SPLIT_K_MIN_DEPTH))
+
+
+# HBM traffic per element of the output, in activation sizes: (forward, backward, kept for
+# the backward); dropout masks add a byte per element on top
+ELEMENTWISE_TRAFFIC = {
+    "activation": (2, 3, 1),  # read x, write y; read x and dy, write dx; keep x
+    "gated": (3, 5, 2),  # SwiGLU/GeGLU: read gate and value, write y; keep both halves
+    "dropout": (2, 2, 0),
+    "add": (3, 0, 0),  # the backward hands the same gradient to both inputs
+    "bias_dropout_add": (3, 3, 0),  # Megatron's fused kernel
+    "scale": (2, 2, 0),
+}
+
+
+def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
+    """Norms, elementwise ops and pooling: they stream their bytes, no FLOPs to speak of."""
+    layer, e, name = placed.layer, env.act_bytes, placed.label
+    if isinstance(layer, NormLayer):
+        elements = local_elements(env, placed.in_shape, mode)
+        params = layer.params(placed.in_shape) // (env.tp if mode == "shard" else 1)
+        return BlockWork((memory_op(name, elements * e * 2),), (memory_op(f"{name}.grad", elements * e * 3),),
+                         (memory_op(f"{name}.grad", elements * e * 3),), (), params=float(params),
+                         saved_bytes=float(elements * e))
+    if isinstance(layer, PoolLayer):
+        if layer.mode == "first":
+            return BlockWork((), (), (), ())
+        elements_in = local_elements(env, placed.in_shape, mode)
+        elements_out = local_elements(env, placed.out_shape, mode)
+        traffic = (elements_in + elements_out) * e
+        kept = elements_out * 8 if layer.mode == "max" else 0  # max pooling keeps the argmax indices
+        return BlockWork((memory_op(name, traffic),), (memory_op(f"{name}.grad", traffic),),
+                         (memory_op(f"{name}.grad", traffic),), (), saved_bytes=float(kept))
+    assert isinstance(layer, ElementwiseLayer)
+    if layer.op == "dropout" and layer.dropout == 0:
+        return BlockWork((), (), (), ())
+    kind = {"swiglu": "gated", "geglu": "gated"}.get(layer.op, layer.op)
+    fwd_per, bwd_per, kept_per = ELEMENTWISE_TRAFFIC.get(kind, ELEMENTWISE_TRAFFIC["activation"])
+    elements = local_elements(env, placed.out_shape, mode)
+    mask = 1 if layer.dropout > 0 and layer.op in ("dropout", "bias_dropout_add") else 0
+    forward = memory_op(name, elements * (fwd_per * e + mask))
+    backward = (memory_op(f"{name}.grad", elements * (bwd_per * e + mask)),) if bwd_per else ()
+    params = layer.params // (env.tp if mode == "shard" else 1)
+    return BlockWork((forward,), backward, backward, (), params=float(params),
+                     saved_bytes=float(elements * (kept_per * e + mask)))
+
+
+def _cross_entropy(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
+    """Softmax cross entropy over fp32 logits; on classes split over TP, Megatron's vocab-parallel form."""
+    classes, tokens = placed.in_shape[-1], tokens_of(placed.in_shape)
+    rows = env.microbatch_size * tokens
+    logits = rows * (classes // env.tp if mode == "vocab" else classes)
+    e = env.act_bytes
+    forward: list[Item] = [memory_op(f"{placed.label}", logits * (e + CROSS_ENTROPY_FWD_BYTES_PER_LOGIT))]
+    if mode == "vocab" and env.tp > 1:
+        # max, sum of exponentials and target logit are all-reduced over the class shards
+        forward += [collective(f"{placed.label}.all_reduce_{what}", "all-reduce", "tp", rows * 4)
+                    for what in ("max", "sum", "target")]
+    grad = memory_op(f"{placed.label}.grad", logits * (e + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT))
+    return BlockWork(tuple(forward), (grad,), (grad,), (), saved_bytes=float(logits * 4))
+
+
+def _custom(env: StackEnv, placed: PlacedLayer, layer: CustomLayer) -> BlockWork:
+    """A layer given by its costs, priced like a GEMM producing its output (compute- or memory-bound)."""
+    b, e, name = env.microbatch_size, env.act_bytes, placed.label
+    # the larger of its input and output stands for the GEMM's output (a loss ends in a scalar)
+    out = max(placed.in_shape, placed.out_shape or (1,), key=numel)
+    traffic = layer.bytes if layer.bytes is not None else \
+        (numel(placed.in_shape) + numel(placed.out_shape)) * e + layer.params * env.gemm_in_bytes
+    backward_flops = layer.backward_flops if layer.backward_flops is not None else 2 * layer.forward_flops
+    weight_share = layer.weight_grad_fraction if layer.params > 0 else 0.0
+
+    def op(label: str, flops: float, bytes_moved: float) -> Op:
+        if flops <= 0:
+            return memory_op(label, b * bytes_moved)
+        rows, width = b * tokens_of(out), out[-1]
+        depth = max(1, round(b * flops / (2 * rows * width)))  # the GEMM that does this work on this output
+        return Op(label, "gemm", flops=b * flops, bytes=b * bytes_moved, shape=(1, rows, width, depth))
+
+    fwd = op(name, layer.forward_flops, traffic)
+    # the backward moves twice the forward's bytes, shared like its FLOPs
+    dgrad = op(f"{name}.dgrad", backward_flops * (1 - weight_share), 2 * traffic * (1 - weight_share))
+    weight = (op(f"{name}.wgrad", backward_flops * weight_share, 2 * traffic * weight_share),) if weight_share else ()
+    kept = layer.activation_bytes if layer.activation_bytes is not None else numel(placed.in_shape) * e
+    return BlockWork((fwd,), (dgrad, *weight), (dgrad,), weight, params=float(layer.params),
+                     saved_bytes=float(b * kept), weight_grad_buffer_bytes=float(b * kept) if weight else 0.0)
+
+
+def forward_flops_per_sample(placed: PlacedLayer) -> float:
+    """Forward FLOPs of one sample through one layer on one device (no TP), attention unmasked.
+
+    The convention of model FLOPs (and of PyTorch's FLOP counter): matrix products and
+    convolutions count, elementwise work does not, and attention counts its whole score
+    matrix even when a causal mask lets the kernel skip half of it.
+    """
+    env = StackEnv(microbatch_size=1, tp=1, sequence_parallel=False, flash_attention=False)
+    layer = placed.layer
+    if isinstance(layer, AttentionLayer) and layer.causal:
+        placed = PlacedLayer(layer.model_copy(update={"causal": False}), placed.path, placed.label,
+                             placed.in_shape, placed.out_shape)
+    mode = "vocab" if isinstance(layer, EmbeddingLayer) else "whole"
+    if isinstance(layer, (LinearLayer, ConvLayer, CustomLayer)):
+        mode = "replicate"
+    work = layer_work(env, placed, mode)
+    return sum(op.flops for op in work.forward if isinstance(op, Op) and op.kind != "memory")

@@ -1,0 +1,144 @@
+"""The pipeline partitioner: optimal on small cases, better than an even split where stacks are uneven."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpsim.balance import PartitionProblem, balance, bottleneck_s, exhaustive
+from mpsim.balance.auto import partition_problem
+from mpsim.balance.partition import fits
+from mpsim.results import format_summary, summarize, summary_json
+from mpsim.simulate import simulate
+from mpsim.specs import load_scenario, resolve_layout
+from tests.conftest import SCENARIOS
+
+
+@st.composite
+def problems(draw, with_memory: bool):
+    n = draw(st.integers(2, 9))
+    parts = draw(st.integers(1, min(4, n)))
+    seconds = st.floats(0.01, 10.0)
+    unit_s = draw(st.lists(seconds, min_size=n, max_size=n))
+    # a heavy head or a light front-end: one end of the stack scaled up or down
+    shape = draw(st.sampled_from(["flat", "heavy-head", "light-front"]))
+    if shape == "heavy-head":
+        unit_s[-1] *= 8
+    elif shape == "light-front":
+        unit_s[0] /= 8
+    boundary = draw(st.lists(st.floats(0.0, 2.0), min_size=n, max_size=n))
+    extra = draw(st.lists(st.floats(0.0, 3.0), min_size=parts, max_size=parts))
+    if not with_memory:
+        return PartitionProblem(tuple(unit_s), parts, tuple(boundary), extra_s=tuple(extra))
+    state = draw(st.lists(st.floats(0.0, 5.0), min_size=n, max_size=n))
+    acts = draw(st.lists(st.floats(0.0, 2.0), min_size=n, max_size=n))
+    in_flight = tuple(parts - i for i in range(parts))  # 1F1B: p on the first stage, 1 on the last
+    capacity = draw(st.floats(1.0, 40.0))
+    return PartitionProblem(tuple(unit_s), parts, tuple(boundary), tuple(state), tuple(acts), tuple(extra),
+                            in_flight=in_flight, capacity_bytes=capacity)
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems(with_memory=False))
+def test_balance_matches_exhaustive_search(problem):
+    optimum, _ = exhaustive(problem)
+    counts = balance(problem)
+    assert counts is not None and sum(counts) == len(problem.unit_s) and min(counts) >= 1
+    # the issue asks for the slowest stage within 5 % of the optimum; the DP is exact
+    assert bottleneck_s(problem, counts) <= optimum * (1 + 1e-9)
+    assert bottleneck_s(problem, counts) <= optimum * 1.05
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems(with_memory=True))
+def test_balance_is_optimal_within_the_memory_limit(problem):
+    optimum, best = exhaustive(problem)
+    counts = balance(problem)
+    if best is None:
+        assert counts is None  # nothing fits, and the partitioner says so
+        return
+    assert counts is not None and fits(problem, counts)
+    assert bottleneck_s(problem, counts) == pytest.approx(optimum, rel=1e-9)
+
+
+def test_memory_limit_moves_layers_off_the_first_stage():
+    # equal layers; the first stage keeps 4 microbatches in flight, the last one
+    free = PartitionProblem((1.0,) * 8, 4, unit_activation_bytes=(1.0,) * 8, in_flight=(4, 3, 2, 1))
+    assert balance(free) == (2, 2, 2, 2)
+    tight = PartitionProblem((1.0,) * 8, 4, unit_activation_bytes=(1.0,) * 8, in_flight=(4, 3, 2, 1),
+                             capacity_bytes=4.0)
+    # 4 bytes hold 1 layer at 4 (or 3) microbatches in flight, 2 at 2, 4 at 1: the only split that fits
+    assert balance(tight) == (1, 1, 2, 4)
+    assert bottleneck_s(tight, (1, 1, 2, 4)) == 4.0  # the time the memory limit costs (2.0 without it)
+    assert balance(PartitionProblem((1.0,) * 8, 4, unit_activation_bytes=(1.0,) * 8, in_flight=(4, 3, 2, 1),
+                                    capacity_bytes=3.0)) is None
+
+
+def test_heavy_head_gets_a_stage_of_its_own():
+    problem = PartitionProblem((1.0,) * 6 + (6.0,), 3)
+    assert balance(problem) == (3, 3, 1)
+    assert bottleneck_s(problem, (3, 3, 1)) == 6.0 < bottleneck_s(problem, (2, 2, 3))
+
+
+def even_split(units: int, parts: int) -> list[int]:
+    base, extra = divmod(units, parts)
+    return [base + (1 if k < extra else 0) for k in range(parts)]
+
+
+def test_auto_beats_the_even_split_on_wav2vec2():
+    path = SCENARIOS / "wav2vec2_large_16xa100.yaml"
+    auto = load_scenario(path).scenario
+    layout = resolve_layout(auto)
+    units = auto.model.num_layers
+    even = load_scenario(path, [f"parallel.layers_per_stage={even_split(units, layout.num_stages)}"]).scenario
+    problem = partition_problem(auto, layout)
+    even_counts = resolve_layout(even).layers_per_chunk
+    assert layout.layer_split == "auto" and layout.layers_per_chunk != even_counts
+    # the partitioner's own objective, and the simulated step
+    assert bottleneck_s(problem, layout.layers_per_chunk) < 0.9 * bottleneck_s(problem, even_counts)
+    auto_step = summarize(simulate(auto)).step_time_s
+    even_step = summarize(simulate(even)).step_time_s
+    assert auto_step < 0.95 * even_step
+    # the convolutional front end is heavy: the first stage gets fewer transformer blocks
+    assert layout.layers_per_chunk[0] > even_counts[0] - 7 and sum(layout.layers_per_chunk) == units
+
+
+def test_auto_on_a_transformer_matches_the_even_split_when_layers_are_equal():
+    path = SCENARIOS / "gpt3_175b_64xa100.yaml"
+    auto = resolve_layout(load_scenario(path, ["parallel.layers_per_stage=auto"]).scenario)
+    assert auto.layers_per_chunk == resolve_layout(load_scenario(path).scenario).layers_per_chunk
+
+
+def test_auto_on_a_transformer_with_a_large_vocabulary_unloads_the_last_stage():
+    # Llama 3 8B's 128K vocabulary makes the LM head worth about a layer and a half
+    path = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
+    scenario = load_scenario(path, ["parallel.layers_per_stage=auto", "parallel.pp=8", "parallel.dp=1",
+                                    "parallel.global_batch_size=64"]).scenario
+    layout = resolve_layout(scenario)
+    assert sum(layout.layers_per_chunk) == scenario.model.num_layers
+    problem = partition_problem(scenario, layout)
+    even = (scenario.model.num_layers // layout.num_stages,) * layout.num_stages
+    assert bottleneck_s(problem, layout.layers_per_chunk) < bottleneck_s(problem, even)
+    assert layout.layers_per_chunk[-1] < even[-1]
+
+
+def test_report_shows_the_chosen_split():
+    result = simulate(load_scenario(SCENARIOS / "wav2vec2_large_16xa100.yaml").scenario)
+    summary = summarize(result)
+    split = ", ".join(str(n) for n in result.layout.layers_per_chunk)
+    assert f"layers per stage {split} (auto split)" in format_summary(summary)
+    data = json.loads(summary_json(summary))
+    assert data["layers_per_stage"] == list(result.layout.layers_per_chunk) and data["layer_split"] == "auto"
+
+
+def test_too_few_units_for_the_stages_is_an_input_error():
+    from mpsim.errors import InputError
+
+    scenario = load_scenario(SCENARIOS / "deepspeech2_8xa100.yaml", ["parallel.pp=8", "parallel.dp=1",
+                                                                      "parallel.global_batch_size=64"]).scenario
+    with pytest.raises(InputError, match="fewer than the pp x vpp = 8"):
+        resolve_layout(scenario.model_copy(update={"model": scenario.model.model_copy(
+            update={"layers": scenario.model.layers[:3] + scenario.model.layers[-1:]})}))

@@ -1,0 +1,112 @@
+"""PyTorch interop: the stacks' FLOPs against PyTorch's FLOP counter, and a user's model end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from mpsim.specs import load_scenario
+from mpsim.specs.layers import CustomLayer
+from mpsim.workload.layers import forward_flops_per_sample
+from tests.conftest import ROOT, SCENARIOS
+
+EXAMPLE = ROOT / "examples"
+
+
+def run_cli(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+@pytest.mark.parametrize("name", ["vit_h14_32xa100", "vit_22b_512xh100", "wav2vec2_large_16xa100",
+                                  "deepspeech2_8xa100"])
+def test_forward_flops_per_layer_match_pytorchs_counter(name):
+    pytest.importorskip("torch")
+    from mpsim.torchio.modules import layer_flops
+
+    stack = load_scenario(SCENARIOS / f"{name}.yaml").scenario.model
+    checked = 0
+    for placed, counted in layer_flops(stack):
+        if isinstance(placed.layer, CustomLayer):
+            continue  # a custom layer states its own costs
+        mine = forward_flops_per_sample(placed)
+        assert mine == pytest.approx(counted, rel=0.02, abs=1.0), placed.label
+        checked += counted > 0
+    assert checked >= 4  # convolutions, projections, attention, recurrences were all compared
+
+
+def test_imported_example_simulates_end_to_end(tmp_path):
+    pytest.importorskip("torch")
+    target = tmp_path / "cnn.yaml"
+    made = run_cli("import-torch", "examples/cnn_transformer.py:build", "--input-shape", "3,64,64", "-o", str(target),
+                   cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    imported = yaml.safe_load(target.read_text())
+    shipped = yaml.safe_load((EXAMPLE / "cnn_transformer.yaml").read_text())
+    assert imported["layers"] == shipped["layers"]  # the shipped file is what the command writes
+    kinds = [layer["kind"] for layer in imported["layers"]]
+    assert kinds[:6] == ["conv2d", "batchnorm", "elementwise", "conv2d", "batchnorm", "elementwise"]
+    assert kinds.count("custom") == 8 + 2 and kinds[-2:] == ["linear", "cross_entropy"]
+    block = imported["layers"][7]
+    # a pre-norm block of width 256 over 256 tokens: 24 t d^2 + 4 t^2 d forward FLOPs, 2x backward
+    t, d = 256, 256
+    assert block["forward_flops"] == pytest.approx(24 * t * d * d + 4 * t * t * d, rel=1e-9)
+    assert block["backward_flops"] == pytest.approx(2 * block["forward_flops"], rel=1e-9)
+    assert block["params"] == 12 * d * d + 13 * d
+    ran = run_cli("run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), "--set", f"model={target}", "--json",
+                  cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    import json
+
+    summary = json.loads(ran.stdout)
+    assert summary["layer_split"] == "auto" and sum(summary["layers_per_stage"]) == len(kinds)
+    assert summary["step_time_s"] > 0 and not summary["out_of_memory"]
+
+
+def test_example_runs_from_its_shipped_file():
+    result = run_cli("run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "(auto split)" in result.stdout
+
+
+@pytest.mark.parametrize("factory,fragments", [
+    ("examples/no_such_model.py:build", ["examples/no_such_model.py", "factory file not found"]),
+    ("examples/cnn_transformer.py:no_such_function", ["examples/cnn_transformer.py", "no function 'no_such_function'"]),
+    ("no_such_package.models:build", ["cannot import module 'no_such_package.models'"]),
+    ("examples/cnn_transformer.py", ["FILE.py:FUNCTION"]),
+])
+def test_bad_factory_is_one_line(factory, fragments):
+    pytest.importorskip("torch")
+    result = run_cli("import-torch", factory, "--input-shape", "3,64,64", cwd=ROOT)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_factory_whose_model_fails_on_meta_is_one_line(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "broken.py").write_text(
+        "import torch\n\nclass Broken(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n        return self.fc(x.reshape(-1, 5))\n\n"
+        "def build():\n    return Broken()\n")
+    result = run_cli("import-torch", "broken.py:build", "--input-shape", "4", cwd=tmp_path)
+    assert result.returncode == 2 and "forward pass on meta tensors failed" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_without_torch_the_command_says_how_to_install_it(tmp_path):
+    blocker = tmp_path / "torch"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    result = run_cli("import-torch", "examples/cnn_transformer.py:build", "--input-shape", "3,64,64", cwd=ROOT,
+                     env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: PyTorch is needed to import a model: pip install 'mpsim[calibrate]' " \
+                                    "(torch>=2.4)"
