@@ -138,6 +138,7 @@ def test_too_few_units_for_the_stages_is_an_input_error():
     from mpsim.errors import InputError
 
     scenario = load_scenario(SCENARIOS / "deepspeech2_8xa100.yaml", ["parallel.pp=8", "parallel.dp=1",
+                                                                      "parallel.layers_per_stage=auto",
                                                                       "parallel.global_batch_size=64"]).scenario
     with pytest.raises(InputError, match="fewer than the pp x vpp = 8"):
         resolve_layout(scenario.model_copy(update={"model": scenario.model.model_copy(

@@ -169,7 +169,8 @@ def resolve_layout(scenario: Scenario) -> Layout:
             raise fail("parallel.layers_per_stage", "layer counts must be >= 0")
         if sum(layers) != model.num_layers:
             raise fail("parallel.layers_per_stage",
-                       f"sums to {sum(layers)} layers, but the model has num_layers={model.num_layers}")
+                       f"sums to {sum(layers)} layers, but the model has "
+                       + (f"{model.num_layers} {what}" if stack else f"num_layers={model.num_layers}"))
 
     order = tuple(plan.order.split("-"))
     if "cp" not in order and cp == 1 and "tp" in order:

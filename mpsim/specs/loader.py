@@ -225,23 +225,23 @@ def apply_override(tree: dict, path: Path_, value: Any, origins: Origins, base_d
     origins.sources[path] = label
 
 
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The pydantic model class that owns the fields at ``loc`` (for 'did you mean')."""
-    current: Any = model
+def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names at ``loc``; where a field is one of several models (a transformer or a layer stack),
+    the fields of every model that can be there."""
+    current: list[Any] = [model]
     for key in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        info = current.model_fields.get(str(key))
-        if info is None:
-            return None
-        annotation = info.annotation
-        for candidate in (annotation, *getattr(annotation, "__args__", ())):
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                current = candidate
-                break
-        else:
-            return None
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+        following = []
+        for owner in current:
+            info = owner.model_fields.get(str(key))
+            if info is None:
+                continue
+            annotation = info.annotation
+            following += [c for c in (annotation, *getattr(annotation, "__args__", ()))
+                          if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not following:
+            return []
+        current = following
+    return list(dict.fromkeys(name for owner in current for name in owner.model_fields))
 
 
 def validation_error(exc: ValidationError, origins: Origins, root: type[BaseModel] = Scenario) -> InputError:
@@ -253,8 +253,7 @@ def validation_error(exc: ValidationError, origins: Origins, root: type[BaseMode
     if first["type"] == "missing":
         message = "required field is missing"
     elif first["type"] == "extra_forbidden":
-        owner = _model_at(root, loc[:-1])
-        known = list(owner.model_fields) if owner else []
+        known = _known_fields(root, loc[:-1])
         close = difflib.get_close_matches(loc[-1], known, n=1)
         message = f"unknown field" + (f"; did you mean '{close[0]}'?" if close else
                                       (f"; known fields: {', '.join(known)}" if known else ""))

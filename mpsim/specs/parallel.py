@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mpsim.specs.accelerator import DType
 from mpsim.specs.base import Spec
@@ -45,6 +45,13 @@ class ParallelPlan(Spec):
     )
     order: str = Field("tp-cp-dp-pp", description="rank order, innermost first (Megatron's default is tp-cp-dp-pp)")
     allow_tp_across_nodes: bool = False
+
+    @field_validator("layers_per_stage", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"expected a list of layer counts, one per model chunk, or auto (got {value!r})")
+        return value
 
 
 class TrainingOptions(Spec):

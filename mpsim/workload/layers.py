@@ -74,8 +74,12 @@ def layer_work(env: StackEnv, placed: PlacedLayer, mode: str, first: bool = Fals
     work = _layer_work(env, placed, mode)
     if not first:
         return work
-    dgrads = {op for op in work.backward_input if isinstance(op, Op) and op.name.endswith(("dgrad", ".input_proj.dgrad"))}
-    if not dgrads:
+    label = placed.label
+    # the GEMMs that would produce the data's gradient (a deep RNN's upper layers and its
+    # recurrence still need theirs)
+    names = {f"{label}.dgrad", f"{label}.l0.input_proj.dgrad", f"{label}.l0.reverse.input_proj.dgrad"}
+    dgrads = {op for op in work.backward_input if isinstance(op, Op) and op.name in names}
+    if not dgrads or isinstance(placed.layer, CustomLayer):
         return work
     keep = lambda items: tuple(item for item in items if item not in dgrads)  # noqa: E731
     return _with(work, backward=keep(work.backward), backward_input=keep(work.backward_input))
