@@ -111,34 +111,28 @@ def zbv(pp: int, vpp: int, num_microbatches: int) -> Schedule:
         n: dict[tuple[int, str], int] = defaultdict(int)
         actions: list[Action] = []
 
-        def emit(stage: int, kind: str, counter: str | None = None) -> None:
-            key = (stage, counter or kind)
-            actions.append(Action(stage, kind, n[key]))
-            n[key] += 1
+        def emit(stage: int, *kinds: str) -> None:
+            for kind in kinds:
+                actions.append(Action(stage, kind, n[(stage, kind)]))
+                n[(stage, kind)] += 1
 
-        for _ in range(2 * (pp - rank) - 1):
+        for _ in range(2 * (pp - rank) - 1):  # warm-up: down the V
             emit(down, "F")
         for _ in range(rank):
             emit(up, "F")
             emit(down, "F")
-        for _ in range(pp - rank):
-            emit(up, "F")
-            emit(up, "I")
-            emit(up, "W")
-        while n[(up, "F")] < n[(down, "F")] or n[(down, "F")] < count:
+        for _ in range(pp - rank):  # the turn of the V: the up chunk starts its backwards
+            emit(up, "F", "I", "W")
+        while n[(up, "F")] < n[(down, "F")] or n[(down, "F")] < count:  # steady state
             if n[(down, "F")] < count:
                 emit(down, "F")
-            emit(down, "I")
-            emit(down, "W")
-            emit(up, "F")
-            emit(up, "I")
-            emit(up, "W")
-        for _ in range(rank):
+            emit(down, "I", "W")
+            emit(up, "F", "I", "W")
+        for _ in range(rank):  # cool-down: input gradients first, weight gradients fill in
             emit(down, "I")
             emit(up, "I")
         for _ in range(pp - rank):
-            emit(down, "I")
-            emit(down, "W")
+            emit(down, "I", "W")
         while n[(up, "W")] < n[(up, "I")]:
             emit(up, "W")
         while n[(down, "W")] < n[(down, "I")]:
