@@ -178,3 +178,16 @@ def test_shipped_stack_scenarios_run_and_fit(name):
 
 def test_example_scenario_file_is_shipped():
     assert (ROOT / "examples" / "cnn_transformer.yaml").is_file()
+
+
+def test_planner_enumerates_only_the_tensor_parallel_sizes_a_stack_can_take(tmp_path):
+    out = tmp_path / "plan.jsonl"
+    for model, allowed in (("deepspeech2", {1}), ("vit-h14", {1, 2, 4, 8})):
+        out.unlink(missing_ok=True)
+        result = run_cli("plan", model, "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "64", "--top",
+                         "1", "--no-progress", "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        import json
+
+        sizes = {json.loads(line)["point"]["parallel.tp"] for line in out.read_text().splitlines()}
+        assert sizes == allowed  # the GRUs refuse any tp > 1; ViT-H's 16 heads split up to 8

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Iterator
 
+from mpsim.errors import InputError
 from mpsim.schedules import GENERATORS as SCHEDULES, ScheduleError, build_schedule
 from mpsim.specs.scenario import Scenario
+from mpsim.specs.stack_tp import plan_tensor_parallel
 
 Choice = dict[str, Any]  # field -> value chosen by one axis
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -87,12 +89,22 @@ def _dp(ctx: PlanContext, chosen: Choice) -> int:
     return ctx.devices // (chosen["parallel.tp"] * chosen.get("parallel.cp", 1) * chosen["parallel.pp"])
 
 
+def _tp_splits(model, tp: int) -> bool:
+    """Whether tensor parallelism of size ``tp`` splits every layer of the model."""
+    if model.kind == "stack":  # layer stacks: every layer needs a split (docs/models.md)
+        try:
+            plan_tensor_parallel(model, tp, False)
+        except InputError:
+            return False
+        return True
+    return model.num_attention_heads % tp == 0 and model.kv_heads % tp == 0 and model.ffn_hidden_size % tp == 0
+
+
 def _tp(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
     model, system = ctx.scenario.model, ctx.scenario.cluster.system
     limit = ctx.devices if ctx.scenario.parallel.allow_tp_across_nodes else system.devices_per_node
     for tp in divisors(limit):
-        if (model.num_attention_heads % tp == 0 and model.kv_heads % tp == 0 and model.ffn_hidden_size % tp == 0
-                and ctx.devices % tp == 0):
+        if _tp_splits(model, tp) and ctx.devices % tp == 0:
             yield {"parallel.tp": tp}
 
 
