@@ -20,7 +20,8 @@ import argparse
 import resource
 import time
 
-from mpsim.explore.planner import PlanEvaluator, base_scenario, layout_label, plan, plan_identity
+from mpsim.explore.planbase import base_scenario
+from mpsim.explore.planner import PlanEvaluator, layout_label, plan, plan_identity
 from mpsim.explore.planreport import format_plan, loss_reason, matching, ranked
 from mpsim.explore.runner import run_points
 

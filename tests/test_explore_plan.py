@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mpsim.explore.layouts import PlanContext, enumerate_layouts, layer_split
-from mpsim.explore.planner import PlanEvaluator, apply_fields, base_scenario, plan, plan_identity
+from mpsim.explore.planbase import apply_fields, base_scenario
+from mpsim.explore.planner import PlanEvaluator, plan, plan_identity
 from mpsim.explore.planreport import explain_losses, format_plan, matching, ranked
 from mpsim.results import summarize
 from mpsim.simulate import simulate
@@ -112,3 +113,12 @@ def test_a_model_too_large_for_the_cluster_reports_memory(tmp_path):
     assert not ranked(result)
     assert {r["status"] for r in result.records} <= {"oom", "invalid"}
     assert "no layout fits in memory" in format_plan(result, 3)
+
+
+def test_plan_is_the_same_with_one_worker_or_two(tiny):
+    options = {**SMALL, "workers": None}
+    one = plan(tiny, **{**options, "workers": 1})
+    two = plan(tiny, **{**options, "workers": 2})
+    assert two.workers == 2
+    assert [(r["key"], r["status"], r["metrics"]) for r in one.records] == \
+        [(r["key"], r["status"], r["metrics"]) for r in two.records]

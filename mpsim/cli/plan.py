@@ -21,7 +21,8 @@ def _find_filter(text: str) -> dict[str, str]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from mpsim.explore.planner import base_scenario, layout_label, plan
+    from mpsim.explore.planbase import base_scenario
+    from mpsim.explore.planner import layout_label, plan
     from mpsim.explore.planreport import format_plan, matching, ranked
     from mpsim.specs.loader import parse_override
 

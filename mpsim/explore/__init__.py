@@ -14,7 +14,8 @@ See docs/explore.md for the commands and the results-file format.
 """
 
 from mpsim.explore.fastpath import simulate_fast
-from mpsim.explore.planner import base_scenario, plan
+from mpsim.explore.planbase import base_scenario
+from mpsim.explore.planner import plan
 from mpsim.explore.runner import Session, run_points
 from mpsim.explore.sweep import run_sweep
 

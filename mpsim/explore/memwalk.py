@@ -1,4 +1,7 @@
-"""A shorter schedule with the same activation memory, for checking many layouts quickly.
+"""Shorter schedules that answer the planner's questions about a layout as the full one would.
+
+``memory_schedule`` has the same activation peak; ``distinct_items`` has the same
+costs to price.
 
 ``results.memory.rank_memory`` walks each rank's action list: a forward holds its
 stage's activations, a backward frees them, an input-gradient backward swaps them for
@@ -13,16 +16,18 @@ followed by another ``F`` holds less than the next one: the peak is at one of th
 few distinct ones (1F1B's steady phase repeats the same one for every microbatch).
 ``memory_schedule`` keeps, of each rank's actions, the real path to each distinct
 turning state: it drops each stretch that leaves the state where the kept list ends and
-comes back to it without reaching a new one, and all that follows the last one. Every state of the short walk is a state of the full one, and
-every possible peak is on it, so ``rank_memory`` finds the same activation peak and
-hence the same ``peak_memory_bytes`` and largest category (to rounding: a running sum
-that takes another path to the same state), several times faster. The forwards in
+comes back to it without reaching a new one, and all that follows the last one. Every
+state of the short walk is a state of the full one, and every possible peak is on it,
+so ``rank_memory`` finds the same activation peak and hence the same
+``peak_memory_bytes`` and largest category (to rounding: a running sum that takes
+another path to the same state), several times faster. The forwards in
 flight at an exactly tied peak and the layers-only peak may differ; the planner uses
 neither. A simulated layout's report still walks the full schedule.
 """
 
 from __future__ import annotations
 
+from mpsim.engine.core import duration_key
 from mpsim.schedules.actions import Action, Schedule, flat
 
 _CACHE: dict[int, tuple[Schedule, Schedule]] = {}
@@ -82,4 +87,33 @@ def memory_schedule(schedule: Schedule) -> Schedule:
     if len(_CACHE) > 256:
         _CACHE.clear()
     _CACHE[id(schedule)] = (schedule, short)
+    return short
+
+
+_DISTINCT: dict[int, tuple[Schedule, Schedule]] = {}
+
+
+def distinct_items(schedule: Schedule) -> Schedule:
+    """The schedule with one item per duration key: what ``schedule_costs`` prices, without repeats.
+
+    ``schedule_costs`` prices every overlapped pair it meets, and a DualPipe schedule
+    meets the same pair of stages once per microbatch; the costs are the same dict.
+    """
+    cached = _DISTINCT.get(id(schedule))
+    if cached is not None and cached[0] is schedule:
+        return cached[1]
+    seen: set = set()
+    ranks = []
+    for items in schedule.actions:
+        kept = []
+        for item in items:
+            key = duration_key(item)
+            if key not in seen:
+                seen.add(key)
+                kept.append(item)
+        ranks.append(tuple(kept))
+    short = Schedule(schedule.name, schedule.num_microbatches, schedule.stage_to_rank, tuple(ranks))
+    if len(_DISTINCT) > 256:
+        _DISTINCT.clear()
+    _DISTINCT[id(schedule)] = (schedule, short)
     return short

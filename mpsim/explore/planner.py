@@ -33,29 +33,25 @@ import hashlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
-
-from pydantic import ValidationError
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import optimizer_s, pipeline_transfer_s
 from mpsim.engine import simulate as engine_simulate
-from mpsim.engine.core import duration_key
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.bounds import step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
 from mpsim.explore.fastpath import simulate_fast, supports
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
-from mpsim.explore.memwalk import memory_schedule
+from mpsim.explore.memwalk import distinct_items, memory_schedule
+from mpsim.explore.planbase import apply_fields
 from mpsim.explore.progress import Progress
 from mpsim.explore.runner import RunReport, Session, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.simulate import SimulationResult, engine_input, schedule_costs
 from mpsim.schedules import Schedule
 from mpsim.specs.layout import Layout, resolve_layout
-from mpsim.specs.loader import Origins, apply_override, parse_override, resolve_references, validation_error
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_bytes
 from mpsim.workload.stages import Workload, build_workload
@@ -63,60 +59,6 @@ from mpsim.workload.stages import Workload, build_workload
 RECOMPUTE_FIELD = "parallel.recompute"
 SCHEDULE_FIELD = "parallel.schedule"
 CACHE_ENTRIES = 256
-
-
-def base_scenario(model: str, system: str, devices: int, global_batch_size: int, seq_length: int | None = None,
-                  overrides: Sequence[str] = ()) -> Scenario:
-    """The scenario every layout starts from: model and cluster by name or path, defaults elsewhere."""
-    if devices <= 0:
-        raise InputError("must be a positive number of devices", "--devices")
-    if global_batch_size <= 0:
-        raise InputError("must be a positive number of sequences", "--global-batch")
-    tree: dict[str, Any] = {
-        "name": f"{model} on {devices} x {system}",
-        "cluster": {"system": system, "num_devices": devices},
-        "model": model,
-        "parallel": {"global_batch_size": global_batch_size},
-    }
-    origins = Origins({(): "plan", ("model",): "MODEL", ("cluster", "system"): "--cluster"})
-    base_dirs = {(): Path.cwd()}
-    settings = [(parse_override(text), f"--set {text}") for text in overrides]
-    if seq_length is not None:
-        settings.append(((("model", "seq_length"), seq_length), "--seq"))
-    for (field_path, value), label in settings:
-        apply_override(tree, field_path, value, origins, base_dirs, label)
-    resolve_references(tree, origins, base_dirs)
-    try:
-        return Scenario.model_validate(tree)
-    except ValidationError as exc:
-        raise validation_error(exc, origins) from None
-
-
-def apply_fields(scenario: Scenario, fields: dict[str, Any]) -> Scenario:
-    """A copy of ``scenario`` with dotted fields replaced, each touched section validated again."""
-    sections: dict[str, dict[str, Any]] = {}
-    for name, value in fields.items():
-        top, _, rest = name.partition(".")
-        if not rest:
-            raise InputError("the planner sets fields inside a section, like parallel.tp", name)
-        sections.setdefault(top, {})[rest] = value
-    update = {}
-    for top, changes in sections.items():
-        current = getattr(scenario, top)
-        data = current.model_dump()
-        for rest, value in changes.items():
-            node = data
-            *parents, leaf = rest.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-        try:
-            update[top] = type(current).model_validate(data)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join([top, *(str(p) for p in error["loc"])])
-            raise InputError(error["msg"].removeprefix("Value error, "), field=where) from None
-    return scenario.model_copy(update=update)
 
 
 @dataclass
@@ -131,35 +73,6 @@ class _Prepared:
 
 _PREPARED: OrderedDict[str, _Prepared] = OrderedDict()
 _MEMORY: OrderedDict[str, tuple[float, float, str]] = OrderedDict()
-
-
-_DISTINCT: dict[int, tuple[Schedule, Schedule]] = {}
-
-
-def distinct_items(schedule: Schedule) -> Schedule:
-    """The schedule with one item per duration key: what ``schedule_costs`` prices, without repeats.
-
-    ``schedule_costs`` prices every overlapped pair it meets, and a DualPipe schedule
-    meets the same pair of stages once per microbatch; the costs are the same dict.
-    """
-    cached = _DISTINCT.get(id(schedule))
-    if cached is not None and cached[0] is schedule:
-        return cached[1]
-    seen: set = set()
-    ranks = []
-    for items in schedule.actions:
-        kept = []
-        for item in items:
-            key = duration_key(item)
-            if key not in seen:
-                seen.add(key)
-                kept.append(item)
-        ranks.append(tuple(kept))
-    short = Schedule(schedule.name, schedule.num_microbatches, schedule.stage_to_rank, tuple(ranks))
-    if len(_DISTINCT) > 256:
-        _DISTINCT.clear()
-    _DISTINCT[id(schedule)] = (schedule, short)
-    return short
 
 
 def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
@@ -358,7 +271,8 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
                        if r is not None and r["status"] == "fits")
         best = sorted(r["metrics"]["step_time_s"] for r in records if r is not None and r["status"] == "ok")
         simulator = PlanEvaluator(scenario, "simulate", engine, identity)
-        size = round_size or max(keep, 16 * max(1, checked.workers))
+        # a fixed round size keeps which layouts get simulated the same for any worker count
+        size = round_size or max(2 * keep, 32)
         bar = Progress(0, "plan: simulate", progress)
         position = 0
         while position < len(order):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -79,13 +80,18 @@ class _SerialPool:
         pass
 
 
+def _ignore_interrupt() -> None:
+    """Workers leave Ctrl-C to the main process, which saves what is done and stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _LocalPool:
     """A process pool; the evaluator travels with each chunk (a few kB, pickled once per chunk)."""
 
     def __init__(self, workers: int):
         self.workers = workers
         self.in_flight = workers * CHUNKS_IN_FLIGHT_PER_WORKER
-        self.executor = futures.ProcessPoolExecutor(max_workers=workers)
+        self.executor = futures.ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupt)
 
     def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
         return self.executor.submit(evaluate_chunk, evaluator, chunk)
