@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -187,7 +188,5 @@ def test_planner_enumerates_only_the_tensor_parallel_sizes_a_stack_can_take(tmp_
         result = run_cli("plan", model, "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "64", "--top",
                          "1", "--no-progress", "--out", str(out))
         assert result.returncode == 0, result.stderr
-        import json
-
         sizes = {json.loads(line)["point"]["parallel.tp"] for line in out.read_text().splitlines()}
         assert sizes == allowed  # the GRUs refuse any tp > 1; ViT-H's 16 heads split up to 8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,8 +60,6 @@ def test_imported_example_simulates_end_to_end(tmp_path):
     ran = run_cli("run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), "--set", f"model={target}", "--json",
                   cwd=ROOT)
     assert ran.returncode == 0, ran.stderr
-    import json
-
     summary = json.loads(ran.stdout)
     assert summary["layer_split"] == "auto" and sum(summary["layers_per_stage"]) == len(kinds)
     assert summary["step_time_s"] > 0 and not summary["out_of_memory"]
