@@ -17,7 +17,7 @@ Every number is for one microbatch of ``microbatch_size`` samples.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, CustomLayer, ElementwiseLayer,
                                 EmbeddingLayer, LinearLayer, NormLayer, PoolLayer, RecurrentLayer, ViewLayer, numel)
@@ -82,7 +82,7 @@ def layer_work(env: StackEnv, placed: PlacedLayer, mode: str, first: bool = Fals
     if not dgrads or isinstance(placed.layer, CustomLayer):
         return work
     keep = lambda items: tuple(item for item in items if item not in dgrads)  # noqa: E731
-    return _with(work, backward=keep(work.backward), backward_input=keep(work.backward_input))
+    return replace(work, backward=keep(work.backward), backward_input=keep(work.backward_input))
 
 
 def _layer_work(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
@@ -105,7 +105,7 @@ def _layer_work(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
         ctx = env.context(tokens, dim, dropout=layer.dropout > 0)
         work = embedding_block(ctx, layer.num_embeddings // env.tp, learned_positions=layer.positions > 0)
         params = layer.num_embeddings // env.tp * dim + layer.positions * dim
-        return _with(work, params=float(params))
+        return replace(work, params=float(params))
     if isinstance(layer, CrossEntropyLayer):
         return _cross_entropy(env, placed, mode)
     if isinstance(layer, CustomLayer):
@@ -113,12 +113,6 @@ def _layer_work(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
     if isinstance(layer, ViewLayer):
         return BlockWork((), (), (), ())
     return _memory_bound(env, placed, mode)
-
-
-def _with(work: BlockWork, **changes) -> BlockWork:
-    fields = {name: getattr(work, name) for name in work.__dataclass_fields__}
-    fields.update(changes)
-    return BlockWork(**fields)
 
 
 def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -> BlockWork:
