@@ -82,6 +82,15 @@ def test_interrupted_sweep_resumes_with_only_the_missing_points(tmp_path):
     assert run_sweep(SCENARIO, GRID, workers=1, out=str(out)).report.computed == 0
 
 
+def test_a_limit_spans_several_chunks_and_workers(tmp_path):
+    out = tmp_path / "r.jsonl"
+    first = run_sweep(SCENARIO, GRID, workers=2, out=str(out), limit=5)
+    assert first.report.computed == 5 and first.report.stopped
+    assert sum(r is not None for r in first.report.records) == 5
+    rest = run_sweep(SCENARIO, GRID, workers=2, out=str(out))
+    assert (rest.report.computed, rest.report.reused, rest.report.stopped) == (1, 5, False)
+
+
 def test_a_stop_callback_leaves_the_rest_for_later(tmp_path):
     out = tmp_path / "r.jsonl"
     stopped = run_sweep(SCENARIO, GRID, workers=1, out=str(out), should_stop=lambda computed: computed >= 2)

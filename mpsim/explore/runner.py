@@ -262,8 +262,10 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Sessio
             report.reused += 1
         else:
             todo.append((index, point))
-    if limit is not None:
+    limited = limit is not None and len(todo) > max(0, limit)
+    if limited:
         todo = todo[:max(0, limit)]
+        report.stopped = True  # points are left for a later run
     if not todo:
         report.elapsed_s = time.monotonic() - started
         return report
@@ -279,6 +281,7 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Sessio
     pending: list[Any] = []
     source = _chunks(todo, pool.workers)
     clean = False
+    halted = False  # should_stop said so: nothing more is submitted
 
     def commit(everything: bool) -> None:
         """Append finished records in point order (all of them, gaps or not, when stopping)."""
@@ -310,9 +313,9 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Sessio
                     report.computed += 1
                     bar.advance(record["status"])
                 commit(everything=False)
-                if should_stop is not None and not report.stopped and should_stop(report.computed):
-                    report.stopped = True
-                if not report.stopped:
+                if should_stop is not None and not halted and should_stop(report.computed):
+                    halted = True
+                if not halted:
                     chunk = next(source, None)
                     if chunk is not None:
                         pending.append(pool.submit(evaluator, chunk))
@@ -324,6 +327,6 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Sessio
         session.clean = session.clean and clean
         if own_bar:
             bar.finish()
-    report.stopped = report.stopped or report.computed < len(todo) or len(todo) < len(points) - report.reused
+    report.stopped = report.stopped or halted or report.computed < len(todo)
     report.elapsed_s = time.monotonic() - started
     return report
