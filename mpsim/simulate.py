@@ -7,6 +7,7 @@ docs/architecture.md); this module only wires them together in a fixed order.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 from pathlib import Path
 
 from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost, stage_costs
@@ -62,9 +63,13 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
             transfer_links[(stage, stage + 1)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b))
             transfer_links[(stage + 1, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a))
 
+    # links pipeline transfers use: a DP bucket only needs to share a link one of them uses
+    busy_links = {link for spec in transfer_links.values() for link in spec.links}
+
     def bucket(spec: tuple, rank: int) -> GradBucket:
         ready, seconds, label, group = spec
-        return GradBucket(ready, seconds, label, group_links(model, group, rank) if contention else ())
+        links = tuple(link for link in group_links(model, group, rank) if link in busy_links) if contention else ()
+        return GradBucket(ready, seconds, label, links)
 
     buckets = {stage: tuple(bucket(spec, rank_of[stage]) for spec in final_grad_buckets(work, model))
                for stage, work in enumerate(workload.stages)}
@@ -106,20 +111,28 @@ def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> 
     for actions in schedule.actions:
         for item in actions:
             if isinstance(item, Overlapped):
-                costs[duration_key(item)] = overlapped_cost(
-                    costs[(item.forward.stage, "F")], costs[(item.backward.stage, item.backward.kind)])
+                key = duration_key(item)
+                if key not in costs:
+                    costs[key] = overlapped_cost(costs[(item.forward.stage, "F")],
+                                                 costs[(item.backward.stage, item.backward.kind)])
     return costs
 
 
-def simulate(scenario: Scenario, base_dir: Path | None = None) -> SimulationResult:
-    """Simulate one training step of ``scenario``."""
-    layout = resolve_layout(scenario)
-    schedule = plan_schedule(scenario, layout, base_dir)
+def simulate(scenario: Scenario, base_dir: Path | None = None, *,
+             engine: Callable[[EngineInput], Timeline] = run_engine, layout: Layout | None = None,
+             schedule: Schedule | None = None) -> SimulationResult:
+    """Simulate one training step of ``scenario``.
+
+    ``engine`` runs the step (the SimPy engine; a sweep may pass a faster evaluator of the
+    same input); a caller that already resolved the layout or built the schedule passes them.
+    """
+    layout = layout or resolve_layout(scenario)
+    schedule = schedule or plan_schedule(scenario, layout, base_dir)
     workload = build_workload(scenario, layout)
     model = CostModel(scenario, layout)
     costs = schedule_costs(schedule, workload, model)
     inp = engine_input(scenario, layout, workload, schedule, model, costs)
-    return SimulationResult(scenario, layout, schedule, workload, costs, run_engine(inp), inp)
+    return SimulationResult(scenario, layout, schedule, workload, costs, engine(inp), inp)
 
 
 @dataclass(frozen=True)

@@ -148,26 +148,41 @@ class _Run:
         stage_to_rank = self.schedule.stage_to_rank
         transfer_s, action_s, action_buckets = inp.transfer_s, inp.action_s, inp.action_buckets
         last_backward = self.last_backward if inp.overlap_grad_sync else {}
-        plan = []
-        for index, item in enumerate(self.schedule.actions[rank]):
-            inputs, outputs, completes = [], [], []
-            for action in ((item.forward, item.backward) if isinstance(item, Overlapped) else (item,)):
-                stage, kind = action.stage, action.kind
+        # what an action of a (stage, kind) receives and sends, whatever its microbatch
+        shapes: dict[tuple[int, str], tuple] = {}
+
+        def shape(stage: int, kind: str) -> tuple:
+            found = shapes.get((stage, kind))
+            if found is None:
+                source = target = None
                 if kind != "W":
                     # the input comes from the previous stage (F) or the next one (B, I)
-                    source = stage - 1 if kind == "F" else stage + 1
-                    if 0 <= source < num_stages and stage_to_rank[source] != rank:
-                        inputs.append(("act" if kind == "F" else "grad", stage, action.microbatch))
-                    target = stage + 1 if kind == "F" else stage - 1
-                    if 0 <= target < num_stages and stage_to_rank[target] != rank:
-                        consumer = stage_to_rank[target]
-                        outputs.append((("act" if kind == "F" else "grad", target, action.microbatch), consumer,
-                                        (rank, consumer), transfer_s.get((stage, target), 0.0), action))
-                if last_backward.get((rank, stage)) == index:
-                    completes.append(stage)
-            key = duration_key(item)
-            plan.append((item, action_s[key], tuple(inputs), tuple(outputs), action_buckets.get(key, ()),
-                         tuple(completes)))
+                    data = "act" if kind == "F" else "grad"
+                    before = stage - 1 if kind == "F" else stage + 1
+                    after = stage + 1 if kind == "F" else stage - 1
+                    if 0 <= before < num_stages and stage_to_rank[before] != rank:
+                        source = data
+                    if 0 <= after < num_stages and stage_to_rank[after] != rank:
+                        consumer = stage_to_rank[after]
+                        target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
+                found = shapes[(stage, kind)] = (source, target)
+            return found
+
+        plan = []
+        for index, item in enumerate(self.schedule.actions[rank]):
+            actions = (item.forward, item.backward) if isinstance(item, Overlapped) else (item,)
+            inputs, outputs, completes = [], [], []
+            for action in actions:
+                source, target = shape(action.stage, action.kind)
+                if source is not None:
+                    inputs.append((source, action.stage, action.microbatch))
+                if target is not None:
+                    data, after, consumer, link, seconds = target
+                    outputs.append(((data, after, action.microbatch), consumer, link, seconds, action))
+                if last_backward.get((rank, action.stage)) == index:
+                    completes.append(action.stage)
+            key = (item.stage, item.kind) if len(actions) == 1 else duration_key(item)
+            plan.append((item, action_s[key], inputs, outputs, action_buckets.get(key, ()), completes))
         return plan
 
     def _rank(self, rank: int):
@@ -268,13 +283,16 @@ class _Run:
             entry = yield queue.get()
             if entry is None:
                 break
-            ready, bucket, label = entry
-            if ready > env.now:
-                yield env.timeout(ready - env.now)
-            begin = env.now
-            yield self.shared.wait(bucket.duration_s, bucket.links)
-            if env.now > begin:
-                self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, env.now))
+            start, end, buckets, label = entry  # an action's buckets, in the order it produces them
+            for bucket in buckets:
+                ready = start + bucket.ready_fraction * (end - start)
+                if ready > env.now:
+                    yield env.timeout(ready - env.now)
+                begin = env.now
+                yield self.shared.wait(bucket.duration_s, bucket.links)
+                if env.now > begin:
+                    self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin,
+                                                          env.now))
         records = self.timeline.actions[rank]
         self.grad_done[rank] = max(env.now, records[-1].end_s if records else 0.0)
 
@@ -284,16 +302,12 @@ class _Run:
     def _start_buckets(self, rank: int, buckets: tuple[GradBucket, ...], start: float, end: float, dp_free: float,
                        label: str) -> float:
         """Queue reductions on the rank's DP stream as an action running start..end produces them."""
+        if self.shared is not None:
+            if buckets:
+                self.dp_queues[rank].put((start, end, buckets, label))
+            return dp_free
         for bucket in buckets:
             ready = start + bucket.ready_fraction * (end - start)
-            if self.shared is not None:
-                entry = (ready, bucket, label)
-                if ready <= self.env.now:
-                    self.dp_queues[rank].put(entry)
-                else:
-                    self.env.timeout(ready - self.env.now).callbacks.append(
-                        lambda _, queue=self.dp_queues[rank], entry=entry: queue.put(entry))
-                continue
             begin = max(ready, dp_free)
             dp_free = begin + bucket.duration_s
             if bucket.duration_s > 0:

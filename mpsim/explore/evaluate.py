@@ -19,17 +19,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mpsim.cost.actions import CostModel
-from mpsim.engine import simulate as engine_simulate
+from mpsim.engine import EngineInput, Timeline, simulate as engine_simulate
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
 from mpsim.explore.fastpath import simulate_fast, supports
 from mpsim.results.memory import rank_memory
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
-from mpsim.simulate import SimulationResult, engine_input, plan_schedule, schedule_costs
+from mpsim.simulate import SimulationResult, plan_schedule, simulate
 from mpsim.specs.layout import Layout, resolve_layout
 from mpsim.specs.scenario import Scenario
-from mpsim.workload.stages import build_workload
 
 ENGINES = ("fast", "simpy")
 
@@ -68,13 +66,12 @@ def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: 
     engine for an input it does not model; ``simpy`` always runs the engine.
     """
     layout = layout or resolve_layout(scenario)
-    schedule = schedule or schedule_for(scenario, layout, base_dir)
-    workload = build_workload(scenario, layout)
-    model = CostModel(scenario, layout)
-    costs = schedule_costs(schedule, workload, model)
-    inp = engine_input(scenario, layout, workload, schedule, model, costs)
-    timeline = simulate_fast(inp) if engine == "fast" and supports(inp) else engine_simulate(inp)
-    return SimulationResult(scenario, layout, schedule, workload, costs, timeline, inp)
+
+    def run(inp: EngineInput) -> Timeline:
+        return simulate_fast(inp) if engine == "fast" and supports(inp) else engine_simulate(inp)
+
+    return simulate(scenario, base_dir, engine=run, layout=layout,
+                    schedule=schedule or schedule_for(scenario, layout, base_dir))
 
 
 def summary_metrics(summary: Any) -> dict[str, Any]:

@@ -100,8 +100,10 @@ def activation_walk(schedule: Schedule, rank: int, workload: Workload, layers_on
     for stage, kind, _ in flat(schedule.actions[rank]):
         work = workload.stages[stage]
         delta, count = _activation_deltas(work, kind)
-        if layers_only and kind in ("F", "B"):
-            delta = work.layer_activation_bytes * (1 if kind == "F" else -1)
+        if layers_only and kind != "W":
+            # the layers' share only (weight-gradient buffers are the layers' anyway)
+            delta = {"F": work.layer_activation_bytes, "B": -work.layer_activation_bytes,
+                     "I": work.weight_grad_buffer_bytes - work.layer_activation_bytes}[kind]
         level += delta
         in_flight += count
         if level > peak:

@@ -255,7 +255,7 @@ def validation_error(exc: ValidationError, origins: Origins, root: type[BaseMode
     elif first["type"] == "extra_forbidden":
         known = _known_fields(root, loc[:-1])
         close = difflib.get_close_matches(loc[-1], known, n=1)
-        message = f"unknown field" + (f"; did you mean '{close[0]}'?" if close else
+        message = "unknown field" + (f"; did you mean '{close[0]}'?" if close else
                                       (f"; known fields: {', '.join(known)}" if known else ""))
     elif "input" in first and first["type"] not in ("value_error", "assertion_error"):
         message = f"{message} (got {first['input']!r})"
@@ -265,8 +265,8 @@ def validation_error(exc: ValidationError, origins: Origins, root: type[BaseMode
     return InputError(message, source or None, ".".join(rest) or None)
 
 
-def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
-    """Load, resolve, override and validate a scenario file."""
+def read_scenario_file(path: str | Path) -> tuple[Path, dict]:
+    """Find a scenario (a path or the name of a shipped one) and read its tree."""
     file = Path(path)
     if not file.is_file():
         try:
@@ -274,10 +274,15 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         except InputError:
             raise InputError("scenario file not found", str(path)) from None
     tree = read_yaml(file)
-    label = display_path(file)
     if not isinstance(tree, dict):
-        raise InputError("a scenario file must be a mapping of fields (name, cluster, model, parallel)", label)
-    origins = Origins({(): label})
+        raise InputError("a scenario file must be a mapping of fields (name, cluster, model, parallel)",
+                         display_path(file))
+    return file, tree
+
+
+def scenario_from_tree(tree: dict, file: Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
+    """Apply ``--set`` overrides to a scenario tree read from ``file``, resolve references, validate."""
+    origins = Origins({(): display_path(file)})
     base_dirs: dict[Path_, Path] = {(): file.parent}
     parsed = [(parse_override(text), f"--set {text}") for text in overrides]
     for (opath, value), olabel in parsed:
@@ -288,3 +293,9 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
     except ValidationError as exc:
         raise validation_error(exc, origins) from None
     return LoadedScenario(scenario, origins, file)
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
+    """Load, resolve, override and validate a scenario file."""
+    file, tree = read_scenario_file(path)
+    return scenario_from_tree(tree, file, overrides)
