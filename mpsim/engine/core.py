@@ -19,6 +19,7 @@ are already priced into the durations it is given.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Mapping
 
 import simpy
@@ -256,17 +257,18 @@ class _Run:
         spec = self.inp.transfer_links[(action.stage, key[1])]
         self.sent_at[key] = end
         self.sends_in_flight[rank] += 1
+        self.shared.transfer(spec.latency_s + spec.busy_s, spec.links,
+                             partial(self._landed, rank, consumer, key, action, end))
 
-        def landed() -> None:
-            self.timeline.transfers.append(TransferRecord(rank, consumer, action, end, self.env.now))
-            self._deliver(key, self.env.now)
-            self.sends_in_flight[rank] -= 1
-            waiter = self.send_waiters[rank]
-            if waiter is not None and self.sends_in_flight[rank] == 0:
-                self.send_waiters[rank] = None
-                waiter.succeed()
-
-        self.shared.transfer(spec.latency_s + spec.busy_s, spec.links, landed)
+    def _landed(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float) -> None:
+        """A pipeline transfer arrived: record it, wake its consumer, release a blocked sender."""
+        self.timeline.transfers.append(TransferRecord(rank, consumer, action, end, self.env.now))
+        self._deliver(key, self.env.now)
+        self.sends_in_flight[rank] -= 1
+        waiter = self.send_waiters[rank]
+        if waiter is not None and self.sends_in_flight[rank] == 0:
+            self.send_waiters[rank] = None
+            waiter.succeed()
 
     def _wait_for_sends(self, rank: int):
         """Blocking sends: wait until every transfer this rank started has landed."""

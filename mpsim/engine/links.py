@@ -14,30 +14,31 @@ a + b: the sum of their bytes over the link bandwidth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import simpy
 
 
-@dataclass(eq=False)
 class Flow:
     """One transfer in flight."""
 
-    remaining_s: float  # seconds left if it had its links to itself
-    links: tuple
-    on_done: Callable[[], None]
-    rate: float = 0.0
-    updated_s: float = 0.0
-    version: int = 0
+    __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "version")
+
+    def __init__(self, remaining_s: float, links: tuple, on_done: Callable[[], None], now: float):
+        self.remaining_s = remaining_s  # seconds left if it had its links to itself
+        self.links = links
+        self.on_done = on_done
+        self.rate = 0.0
+        self.updated_s = now
+        self.version = 0
 
 
-@dataclass
 class SharedLinks:
     """All shared links of one simulation."""
 
-    env: simpy.Environment
-    flows_on: dict = field(default_factory=dict)  # link -> set of active flows
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.flows_on: dict = {}  # link -> set of active flows
 
     def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None]) -> None:
         """Start a flow now; ``on_done()`` is called (at that simulated time) when it has moved all its data."""
@@ -47,10 +48,16 @@ class SharedLinks:
         if not links:  # nothing shared: it just takes its time
             self.env.timeout(busy_s).callbacks.append(lambda _: on_done())
             return
-        flow = Flow(busy_s, links, on_done, updated_s=self.env.now)
-        neighbours = self._neighbours(flow)
+        flow = Flow(busy_s, links, on_done, self.env.now)
+        flows_on = self.flows_on
+        neighbours = set()
         for link in links:
-            self.flows_on.setdefault(link, set()).add(flow)
+            on_link = flows_on.get(link)
+            if on_link is None:
+                flows_on[link] = {flow}
+            else:
+                neighbours.update(on_link)
+                on_link.add(flow)
         for other in neighbours:
             self._update(other)
         self._update(flow)
@@ -61,31 +68,30 @@ class SharedLinks:
         self.transfer(busy_s, links, done.succeed)
         return done
 
-    def _neighbours(self, flow: Flow) -> set[Flow]:
-        found: set[Flow] = set()
-        for link in flow.links:
-            on_link = self.flows_on.get(link)
-            if on_link:
-                found.update(on_link)
-        found.discard(flow)
-        return found
-
     def _update(self, flow: Flow) -> None:
         """Advance ``flow`` to now at its old rate, take its new rate, reschedule its finish."""
         now = self.env.now
         flow.remaining_s -= (now - flow.updated_s) * flow.rate
         flow.updated_s = now
-        flow.rate = 1.0 / max(len(self.flows_on[link]) for link in flow.links)
+        sharing = 1
+        for link in flow.links:
+            count = len(self.flows_on[link])
+            if count > sharing:
+                sharing = count
+        flow.rate = 1.0 / sharing
         flow.version += 1
         version = flow.version
-        delay = max(0.0, flow.remaining_s) / flow.rate
-        self.env.timeout(delay).callbacks.append(lambda _: self._finish(flow, version))
+        remaining = flow.remaining_s if flow.remaining_s > 0 else 0.0
+        self.env.timeout(remaining * sharing).callbacks.append(lambda _: self._finish(flow, version))
 
     def _finish(self, flow: Flow, version: int) -> None:
         if version != flow.version:
             return  # its rate changed since this timer was set
+        neighbours = set()
         for link in flow.links:
-            self.flows_on[link].discard(flow)
+            on_link = self.flows_on[link]
+            on_link.discard(flow)
+            neighbours.update(on_link)
         flow.on_done()
-        for other in self._neighbours(flow):
+        for other in neighbours:
             self._update(other)
