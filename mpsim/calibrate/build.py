@@ -28,7 +28,8 @@ def merge_ranks(ops: list[dict], results: list[dict]) -> list[tuple[dict, dict]]
         seconds = statistics.fmean(m["seconds"] for m in per_rank)
         merged.append((record, {"seconds": seconds, "spread": max(m["spread"] for m in per_rank),
                                 "samples": sum(m["samples"] for m in per_rank),
-                                "foreign_cpu_share": max(m.get("foreign_cpu_share", 0.0) for m in per_rank)}))
+                                "foreign_cpu_share": max(m.get("foreign_cpu_share", 0.0) for m in per_rank),
+                                "slowdown": max(m.get("slowdown", 1.0) for m in per_rank)}))
     return merged
 
 
@@ -104,14 +105,15 @@ def links_profile(raw: dict, backend: str) -> LinksProfile | None:
     return LinksProfile(backend=backend, p2p=p2p, collectives=collectives)
 
 
-def conditions(results: list[dict], environment: dict[str, str], shares: list[float]) -> Conditions:
-    """Load averages around the job and the largest foreign CPU share any kept number saw."""
+def conditions(results: list[dict], environment: dict[str, str], kept: list[dict]) -> Conditions:
+    """Load averages around the job, the largest foreign CPU share and canary slowdown any kept number saw."""
     first = results[0]
-    share = max(shares) if shares else None
+    share = max((k.get("foreign_cpu_share", 0.0) for k in kept), default=None)
+    slowdown = max((k.get("slowdown", 1.0) for k in kept), default=None)
     return Conditions(load_average_before=list(first.get("load_average_before") or []) or None,
                       load_average_after=list(first.get("load_average_after") or []) or None,
-                      foreign_cpu_share=share, busy=share is not None and share > FOREIGN_CPU_LIMIT,
-                      environment=environment)
+                      foreign_cpu_share=share, canary_slowdown=slowdown,
+                      busy=share is not None and share > FOREIGN_CPU_LIMIT, environment=environment)
 
 
 def build_profile(ops: list[dict], results: list[dict], *, device: str, world: int, threads: int, dtype: str,
@@ -121,13 +123,13 @@ def build_profile(ops: list[dict], results: list[dict], *, device: str, world: i
     eff = accelerator.efficiency
     compute = compute_profile(merged, dtype, accelerator.peak(dtype), (eff.attention_forward, eff.attention_backward))
     links = links_profile(results[0].get("links", {}), "nccl" if device == "cuda" else "gloo")
-    shares = [m["foreign_cpu_share"] for _, m in merged]
+    kept = [m for _, m in merged]
     if results[0].get("links"):
-        shares.append(results[0]["links"].get("foreign_cpu_share", 0.0))
+        kept.append(results[0]["links"])
     first = results[0]
     info = DeviceInfo(kind=device, name=first.get("device_name", ""), cores=cpu_count(), ranks=world,
                       threads_per_rank=threads, torch=first.get("torch", ""), python=first.get("python", ""),
                       platform=first.get("platform", ""))
     created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     return CalibrationProfile(description=description, created=created, device=info,
-                              conditions=conditions(results, environment, shares), compute=compute, links=links)
+                              conditions=conditions(results, environment, kept), compute=compute, links=links)

@@ -2,9 +2,11 @@
 
 1. **Fit.** With the microbenchmark profile alone, mpsim prices every action of the fit
    schedule (1F1B) as a sum of measured ops. Against the same actions timed inside the
-   job, a line ``measured = predicted / efficiency_multiplier + intercept`` is fitted;
-   the framework's time between actions that is not spent waiting for input is
-   measured directly. The per-action overhead is the intercept plus that gap.
+   job, ``measured = predicted / efficiency_multiplier`` is fitted (least squares
+   through the origin, ``mpsim/calibrate/fitting.py`` says why). The per-action
+   overhead is the framework's time between two actions of a rank that is not spent
+   waiting for input (Python, posting sends and receives), the median over the fit
+   schedule's steps.
 2. **Check.** The profile with the fit is simulated under every schedule (same
    scenario, ``parallel.schedule`` and ``vpp`` set for each) and each one's pipeline
    time and action durations are compared with the median measured step.
@@ -76,10 +78,8 @@ def fit_profile(profile: CalibrationProfile, scenario: Scenario, steps: list[Mea
     pairs = list(_action_pairs(result, steps))
     fitted = fit_actions([p for *_, p, _ in pairs], [m for *_, m in pairs])
     gap_s = statistics.median(framework_gaps(steps)) if steps else 0.0
-    intercept = max(0.0, fitted.intercept_s)
     fit = ActionFit(fitted_on=schedule_name, efficiency_multiplier=fitted.efficiency_multiplier,
-                    action_overhead_s=intercept + gap_s, in_action_overhead_s=intercept, gap_overhead_s=gap_s,
-                    rms_error_pct=fitted.rms_error_pct)
+                    action_overhead_s=gap_s, rms_error_pct=fitted.rms_error_pct)
     return fit, result
 
 
@@ -143,6 +143,10 @@ class ScheduleCheck:
     @property
     def max_foreign_share(self) -> float:
         return max(s.foreign_cpu_share for s in self.steps)
+
+    @property
+    def max_slowdown(self) -> float:
+        return max(s.slowdown for s in self.steps)
 
     def action_error_summary(self) -> tuple[float, float]:
         """(median, max) absolute per-action error in percent."""

@@ -70,24 +70,26 @@ def gemm_curve(flops: list[float], seconds: list[float], peak_flops: float) -> t
 
 @dataclass(frozen=True)
 class ActionFitResult:
-    """``measured = predicted / efficiency_multiplier + intercept_s`` over a schedule's actions."""
+    """``measured = predicted / efficiency_multiplier`` over a schedule's actions."""
 
     efficiency_multiplier: float
-    intercept_s: float
     rms_error_pct: float
     points: int
 
 
 def fit_actions(predicted_s: list[float], measured_s: list[float]) -> ActionFitResult:
-    """Fit a speed multiplier and a fixed per-action cost to (predicted, measured) action times.
+    """Fit a speed multiplier to (predicted, measured) action times, least squares through the origin.
 
     ``predicted_s`` are sums of microbenchmarked op times, ``measured_s`` the same actions
-    timed inside the training job. Absolute (not relative) errors: the long actions
-    carry the step time, and the intercept is what the short ones add to it.
+    timed inside the training job. No intercept: a fit schedule whose actions come in
+    two sizes (a forward and a backward about twice as long) cannot tell a fixed cost
+    per action from a multiplier, and a free intercept swings by several milliseconds
+    either way from one run to the next. The fixed cost per action is measured instead
+    (the gaps between actions, ``mpsim/calibrate/measured.py``).
     """
-    line = fit_line(predicted_s, measured_s, relative=False)
-    if line.slope <= 0:
-        raise ValueError("measured action times do not grow with the predicted ones; nothing to fit")
-    fitted = [line(p) for p in predicted_s]
-    rms = math.sqrt(sum(((f - m) / m) ** 2 for f, m in zip(fitted, measured_s)) / len(measured_s))
-    return ActionFitResult(1.0 / line.slope, line.intercept, 100 * rms, len(measured_s))
+    products = sum(p * m for p, m in zip(predicted_s, measured_s))
+    if products <= 0:
+        raise ValueError("no positive action times to fit")
+    slope = products / sum(p * p for p in predicted_s)
+    rms = math.sqrt(sum(((slope * p - m) / m) ** 2 for p, m in zip(predicted_s, measured_s)) / len(measured_s))
+    return ActionFitResult(1.0 / slope, 100 * rms, len(measured_s))

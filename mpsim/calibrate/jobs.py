@@ -23,7 +23,7 @@ from mpsim.specs.scenario import Scenario
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev")
 FIT_SCHEDULE = "1f1b"
 VALIDATION_SCENARIO = "validation-2xcpu"
-TP_CHECK_SEQUENCES = 4  # sequences per MLP call in the TP check: 512 tokens, tens of ms per call
+TP_CHECK_SEQUENCES = 8  # sequences per MLP call in the TP check: 1024 tokens, so the all-reduces are a small part
 
 
 @dataclass

@@ -45,6 +45,7 @@ class MeasuredStep:
     actions: list[list[MeasuredAction]]  # per rank, in execution order
     waits: list[list[tuple[float, float]]]  # per rank: blocked in a receive
     foreign_cpu_share: float = 0.0
+    slowdown: float = 1.0  # the speed canary's, worst of before and after the step
     by_key: list[dict[tuple[int, str, int], MeasuredAction]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -83,7 +84,7 @@ def parse_steps(per_rank: list[dict]) -> list[MeasuredStep]:
                      for s, k, mb, start, end in _merge_loss(r["actions"])] for r in raw]
         waits = [[(a - origin, b - origin) for a, b in r["waits"]] for r in raw]
         share = max(r.get("foreign_cpu_share", 0.0) for r in raw)
-        steps.append(MeasuredStep(actions, waits, share))
+        steps.append(MeasuredStep(actions, waits, share, max(r.get("slowdown", 1.0) for r in raw)))
     return steps
 
 

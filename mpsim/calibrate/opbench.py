@@ -154,10 +154,10 @@ def op_callable(record: dict, device: torch.device) -> Callable[[], object]:
     return memory_callable(record, dtype, device)
 
 
-def bench_op(record: dict, device: torch.device, kind: str) -> Measurement:
-    """Median seconds of one op record on ``device`` ("cpu" or "cuda" as ``kind``)."""
+def bench_op(record: dict, device: torch.device, kind: str, budget_s: float = 0.12) -> Measurement:
+    """Median seconds of one op record on ``device`` ("cpu" or "cuda" as ``kind``), about ``budget_s`` of repeats."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(1234)  # the same operands on every rank and every run
     fn = op_callable(record, device)
     torch.random.set_rng_state(generator_state)
-    return measure(fn, kind)
+    return measure(fn, kind, min_repeats=3, budget_s=budget_s)

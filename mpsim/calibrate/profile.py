@@ -166,8 +166,12 @@ class Conditions(_Strict):
     load_average_after: list[float] | None = None
     foreign_cpu_share: float | None = Field(
         None, description="share of all CPU time that other processes used during the measurements (0-1)")
+    canary_slowdown: float | None = Field(
+        None, description="worst slowdown of the speed canary (a fixed small GEMM) against its time at the start of "
+                          "the job while a kept number was measured: about 1.0 means the machine kept its speed")
     busy: bool = Field(False, description="true when other processes took more than the limit: numbers are suspect")
-    environment: dict[str, str] = Field(default_factory=dict, description="allocator and thread settings of the workers")
+    environment: dict[str, str] = Field(default_factory=dict,
+                                        description="allocator and thread settings of the workers")
 
 
 class ActionFit(_Strict):
@@ -175,10 +179,8 @@ class ActionFit(_Strict):
 
     fitted_on: str = Field(description="the schedule whose measured actions were fitted")
     efficiency_multiplier: float = Field(gt=0, description="in-job speed of the ops over their microbenchmark speed")
-    action_overhead_s: float = Field(ge=0, description="fixed cost per action: in-action framework work plus the gap "
-                                                         "between actions")
-    in_action_overhead_s: float = Field(0.0, description="of which inside the action (the fit's intercept)")
-    gap_overhead_s: float = Field(0.0, ge=0, description="of which between actions, besides waiting for input")
+    action_overhead_s: float = Field(ge=0, description="fixed cost per action: the framework's time between two "
+                                                         "actions that is not spent waiting for input")
     rms_error_pct: float = Field(0.0, ge=0, description="of the per-action fit on its schedule")
 
 

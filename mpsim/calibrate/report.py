@@ -20,11 +20,13 @@ def machine_lines(profile: CalibrationProfile) -> list[str]:
     """Device, torch and how busy the machine was."""
     d, c = profile.device, profile.conditions
     share = "n/a" if c.foreign_cpu_share is None else f"{100 * c.foreign_cpu_share:.1f} %"
+    slow = "n/a" if c.canary_slowdown is None else f"{c.canary_slowdown:.3f}x"
     lines = [f"device       {d.kind}: {d.name}; {d.ranks} rank(s) x {d.threads_per_rank} thread(s) on {d.cores} "
              f"core(s); torch {d.torch}, python {d.python}",
              f"machine load load average (1/5/15 min) {_load(c.load_average_before)} before, "
-             f"{_load(c.load_average_after)} after; other processes used at most {share} of the CPU during "
-             f"kept measurements" + ("  BUSY: numbers suspect" if c.busy else "")]
+             f"{_load(c.load_average_after)} after; during kept measurements other processes used at most {share} "
+             f"of the CPU and the speed canary ran at most {slow} its starting time" + ("  BUSY: numbers suspect" if c.busy
+                                                                                  else "")]
     return lines
 
 
@@ -38,7 +40,8 @@ def profile_lines(profile: CalibrationProfile) -> list[str]:
              f"of that at {curve.half_efficiency_flops / 1e6:.2f} MFLOP (rms error {100 * curve.rms_error:.1f} %)",
              f"  attention    fused core at {100 * comp.attention_curve.forward_fraction:.1f} % of peak forward, "
              f"{100 * comp.attention_curve.backward_fraction:.1f} % backward",
-             f"  streaming    {comp.memory_fit.bandwidth / 1e9:.2f} GB/s after {format_seconds(comp.memory_fit.latency_s)}"
+             f"  streaming    {comp.memory_fit.bandwidth / 1e9:.2f} GB/s after "
+             f"{format_seconds(comp.memory_fit.latency_s)}"
              f" per op (rms error {100 * comp.memory_fit.rms_error:.1f} %)"]
     if profile.links is not None:
         p2p = profile.links.p2p
@@ -54,22 +57,22 @@ def fit_lines(outcome) -> list[str]:
     fit = outcome.fit
     verdict = "in range" if not outcome.fit_problems else "OUT OF RANGE: " + "; ".join(outcome.fit_problems)
     return [f"fit on {fit.fitted_on}: efficiency multiplier {fit.efficiency_multiplier:.3f} (sensible: "
-            f"{MULTIPLIER_RANGE[0]}-{MULTIPLIER_RANGE[1]}), action overhead {fit.action_overhead_s * 1e3:.2f} ms = "
-            f"{fit.in_action_overhead_s * 1e3:.2f} ms in the action + {fit.gap_overhead_s * 1e3:.2f} ms between "
-            f"actions (sensible: {OVERHEAD_RANGE_S[0] * 1e3:.0f}-{OVERHEAD_RANGE_S[1] * 1e3:.0f} ms); per-action rms "
+            f"{MULTIPLIER_RANGE[0]}-{MULTIPLIER_RANGE[1]}), action overhead {fit.action_overhead_s * 1e3:.2f} ms "
+            f"(sensible: {OVERHEAD_RANGE_S[0] * 1e3:.0f}-{OVERHEAD_RANGE_S[1] * 1e3:.0f} ms); per-action rms "
             f"error {fit.rms_error_pct:.1f} %: {verdict}"]
 
 
 def schedule_table(outcome) -> list[str]:
     lines = [f"{'schedule':<18}{'vpp':>4}{'measured step':>15}{'spread':>8}{'predicted':>12}{'error':>9}"
-             f"{'actions |err| median':>22}{'max':>8}{'steps':>7}{'busy':>6}"]
+             f"{'actions |err| median':>22}{'max':>8}{'steps':>7}{'busy':>6}{'canary':>8}"]
     for check in outcome.checks:
         med, worst = check.action_error_summary()
         name = check.name + ("" if check.held_out else " (fit)")
         lines.append(f"{name:<18}{check.vpp:>4}{format_seconds(check.measured_step_s):>15}"
                      f"{100 * check.measured_spread:>7.1f}%{format_seconds(check.predicted_step_s):>12}"
                      f"{check.error_pct:>+8.1f}%{med:>21.1f}%{worst:>7.1f}%"
-                     f"{len(check.steps):>4}/{check.attempts:<2}{100 * check.max_foreign_share:>5.0f}%")
+                     f"{len(check.steps):>4}/{check.attempts:<2}{100 * check.max_foreign_share:>5.0f}%"
+                     f"{check.max_slowdown:>7.2f}x")
         if check.order_problem:
             lines.append(f"  order differs from mpsim's: {check.order_problem}")
     for name, why in outcome.skipped.items():

@@ -133,17 +133,20 @@ def analyse(plan: ValidationPlan, job: dict, results: list[dict], device: str, w
             skipped[name] = reports[0]["skipped"]
             continue
         steps = parse_steps(reports)
+        attempts = reports[0]["attempts"]
         if not steps:
-            skipped[name] = (f"no step was quiet enough: other processes took "
-                             f"{100 * min(reports[0]['attempt_shares']):.0f} % of the CPU or more")
+            skipped[name] = (f"no step was quiet enough in {len(attempts)} tries: other processes took "
+                             f"{100 * min(a['foreign_cpu_share'] for a in attempts):.0f} % of the CPU or more, or "
+                             f"the machine ran {min(a['slowdown'] for a in attempts):.2f}x slower than its best")
             continue
-        measured[name] = (steps, len(reports[0]["attempt_shares"]))
+        measured[name] = (steps, len(attempts))
     if FIT_SCHEDULE not in measured:
         raise InputError(f"{FIT_SCHEDULE}, the fit schedule, has no usable step: {skipped.get(FIT_SCHEDULE)}")
     fit, _ = fit_profile(profile, plan.variants[FIT_SCHEDULE], measured[FIT_SCHEDULE][0], FIT_SCHEDULE)
-    step_shares = [s.foreign_cpu_share for steps, _ in measured.values() for s in steps]
-    worst = max([profile.conditions.foreign_cpu_share or 0.0, *step_shares])
-    conditions = profile.conditions.model_copy(update={"foreign_cpu_share": worst,
+    kept = [s for steps, _ in measured.values() for s in steps]
+    worst = max([profile.conditions.foreign_cpu_share or 0.0, *(s.foreign_cpu_share for s in kept)])
+    slowest = max([profile.conditions.canary_slowdown or 1.0, *(s.slowdown for s in kept)])
+    conditions = profile.conditions.model_copy(update={"foreign_cpu_share": worst, "canary_slowdown": slowest,
                                                        "busy": worst > settings.foreign_limit})
     fitted = profile.model_copy(update={"fit": fit, "conditions": conditions})
     checks = [check_schedule(name, plan.variants[name], fitted, steps, attempts, held_out=name != FIT_SCHEDULE)

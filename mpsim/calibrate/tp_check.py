@@ -8,7 +8,8 @@ every rank runs the whole block on its own, at the same time as the others, so b
 settings run with every core busy and differ only in the split.
 
 One iteration is forward plus backward (the input needs a gradient, as a layer's input
-does inside a model); the median over repeats is the block's time.
+does inside a model); the two settings alternate iteration by iteration and the median
+over repeats is each one's time.
 """
 
 from __future__ import annotations
@@ -36,21 +37,21 @@ class Mlp(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def _time_block(block: nn.Module, x: torch.Tensor, grad: torch.Tensor, kind: str, warmup: int,
-                repeats: int) -> list[float]:
-    samples = []
-    for i in range(warmup + repeats):
-        dist.barrier()
-        if kind == "cuda":
-            torch.cuda.synchronize()
-        begin = time.perf_counter()
-        out = block(x)
-        out.backward(grad)
-        if kind == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            samples.append(time.perf_counter() - begin)
-    return samples
+def _iteration_s(block: nn.Module, x: torch.Tensor, grad: torch.Tensor, kind: str) -> float:
+    """Seconds of one forward+backward of ``block`` after a barrier."""
+    dist.barrier()
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    x.grad = None
+    begin = time.perf_counter()
+    out = block(x)
+    out.backward(grad)
+    # DTensor's collectives can return before they finish (the result waits when first
+    # used): touching the input gradient makes the iteration include its all-reduce
+    x.grad.sum().item()
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - begin
 
 
 def run_tp_check(config: dict, rank: int, world: int, device: torch.device, kind: str) -> dict:
@@ -66,12 +67,17 @@ def run_tp_check(config: dict, rank: int, world: int, device: torch.device, kind
     x = torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(*shape, device=device, dtype=dtype)
     single = Mlp(hidden, ffn, bias).to(device=device, dtype=dtype)
-    tp1 = _time_block(single, x, grad, kind, warmup, repeats)
     mesh = init_device_mesh(kind, (world,))
     torch.manual_seed(config.get("seed", 0))
     split = parallelize_module(Mlp(hidden, ffn, bias).to(device=device, dtype=dtype), mesh,
                                {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    tpn = _time_block(split, x, grad, kind, warmup, repeats)
+    # alternate the two so that a drift in the machine's speed touches both alike
+    tp1, tpn = [], []
+    for i in range(warmup + repeats):
+        single_s, split_s = _iteration_s(single, x, grad, kind), _iteration_s(split, x, grad, kind)
+        if i >= warmup:
+            tp1.append(single_s)
+            tpn.append(split_s)
     # a block's time is its slowest rank's
     both = torch.tensor([tp1, tpn], dtype=torch.float64, device=device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX)

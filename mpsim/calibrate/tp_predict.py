@@ -52,6 +52,7 @@ class TpCheck:
     predicted_single_s: float
     predicted_split_s: float
     foreign_cpu_share: float
+    slowdown: float
 
     @property
     def measured_speedup(self) -> float:
@@ -70,4 +71,4 @@ def tp_check(raw: dict, single: Scenario, split: Scenario, profile: CalibrationP
     """The verdict on the workers' TP measurement."""
     return TpCheck(raw["tp"], single.parallel.microbatch_size * single.model.seq_length,
                    raw["tp1"]["seconds"], raw["tpn"]["seconds"], mlp_seconds(single, profile),
-                   mlp_seconds(split, profile), raw.get("foreign_cpu_share", 0.0))
+                   mlp_seconds(split, profile), raw.get("foreign_cpu_share", 0.0), raw.get("slowdown", 1.0))

@@ -1,0 +1,135 @@
+"""What a worker measures, and in which order: op passes and pipeline rounds, interleaved.
+
+The speed of a shared machine drifts over minutes (other guests of the host, clocks),
+by more than the errors being measured. Nothing is therefore measured in one block:
+
+* the op list is measured in passes, alternating direction, and an op's time is the
+  median of its passes (each pass the median of the op's own repeats);
+* the schedules run round-robin, one step each in turn, the first one rotating;
+* and op passes and pipeline rounds alternate: pass, round, pass, round, ... so the
+  microbenchmarks and the training steps they are compared with see the same minutes.
+
+The machine is checked (``mpsim/calibrate/guard.py``) around each group of ops and each
+training step; a disturbed one is measured again after the ranks pause together.
+Groups rather than single ops, because ``/proc/stat`` counts in 10 ms ticks, too coarse
+to judge a 50 ms measurement on its own.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from mpsim.calibrate.guard import MAX_TRIES, LoadGuard, least_disturbed
+
+MIN_OP_PASSES = 3
+OP_GROUP = 10  # ops between two checks of the machine (a check wants about a second)
+OP_BUDGET_S = 0.05  # repeats of one op in one pass
+
+
+class OpPasses:
+    """Every op of the job, pass after pass."""
+
+    def __init__(self, ops: list[dict], device: torch.device, kind: str, guard: LoadGuard):
+        self.ops, self.device, self.kind, self.guard = ops, device, kind, guard
+        self.passes: list[list] = [[] for _ in ops]
+        self.done = 0
+
+    def run_pass(self) -> None:
+        from mpsim.calibrate.opbench import bench_op
+
+        order = list(range(len(self.ops)))
+        if self.done % 2:
+            order.reverse()
+        for first in range(0, len(order), OP_GROUP):
+            group = order[first:first + OP_GROUP]
+            measured, disturbance = least_disturbed(
+                lambda: [bench_op(self.ops[i], self.device, self.kind, budget_s=OP_BUDGET_S) for i in group],
+                self.guard)
+            for i, measurement in zip(group, measured):
+                self.passes[i].append((measurement, disturbance))
+        self.done += 1
+
+    def results(self) -> list[dict]:
+        """Per op: median of its passes, spread (the larger of within and across passes), disturbance."""
+        results = []
+        for passes in self.passes:
+            times = sorted(m.seconds for m, _ in passes)
+            median = statistics.median(times)
+            within = statistics.median(m.spread for m, _ in passes)
+            results.append({"seconds": median, "spread": max(within, (times[-1] - times[0]) / median),
+                            "samples": sum(m.samples for m, _ in passes),
+                            "foreign_cpu_share": max(d.share for _, d in passes),
+                            "slowdown": max(d.slowdown for _, d in passes)})
+        return results
+
+
+class PipelineRounds:
+    """Every schedule's stages built once; each round runs one step of each schedule."""
+
+    def __init__(self, spec: dict, rank: int, device: torch.device, guard: LoadGuard, clock):
+        from mpsim.calibrate.pipeline import PipelineJob, PipelineRunner, torch_schedule_class
+        from mpsim.calibrate.torch_model import ModelShape
+
+        self.guard = guard
+        shape = ModelShape(**spec["shape"])
+        self.out: dict = {}
+        self.runners = {}
+        for entry in spec["schedules"]:
+            name = entry["name"]
+            if torch_schedule_class(name) is None:
+                self.out[name] = {"skipped": f"torch {torch.__version__} has no {name} schedule"}
+                continue
+            job = PipelineJob(name, shape, entry["layers_per_chunk"], entry["stage_to_rank"], spec["microbatches"],
+                              spec["microbatch_size"], spec["seed"])
+            self.runners[name] = PipelineRunner(job, rank, device, clock)
+            self.out[name] = {"steps": [], "attempts": []}
+            for _ in range(spec["warmup_steps"]):
+                self.runners[name].step()
+
+    def run_round(self, index: int) -> None:
+        names = list(self.runners)
+        shift = index % max(1, len(names))
+        for name in names[shift:] + names[:shift]:  # rotate who goes first
+            record = self.out[name]
+            for _ in range(MAX_TRIES):
+                self.guard.start()
+                step = self.runners[name].step()
+                disturbance = self.guard.check()
+                record["attempts"].append(disturbance.as_dict())
+                step.update(disturbance.as_dict())
+                if not self.guard.disturbed(disturbance):
+                    record["steps"].append(step)
+                    break
+                self.guard.wait_for_quiet()
+
+
+def run_measurements(job: dict, rank: int, world: int, device: torch.device, kind: str, guard: LoadGuard,
+                     clock) -> dict:
+    """The job's phases on this rank: links, then op passes and pipeline rounds interleaved, then TP."""
+    phases, result = job["phases"], {}
+    if "links" in phases:
+        from mpsim.calibrate.commbench import bench_links
+
+        repeats = job.get("links", {}).get("repeats", 15)
+        links, disturbance = least_disturbed(lambda: bench_links(rank, world, device, kind, repeats), guard)
+        result["links"] = {**links, **disturbance.as_dict()}
+    ops = OpPasses(job["ops"], device, kind, guard) if "ops" in phases else None
+    rounds = PipelineRounds(job["pipeline"], rank, device, guard, clock) if "pipeline" in phases else None
+    steps = job["pipeline"]["steps"] if rounds is not None else 0
+    for index in range(max(MIN_OP_PASSES if ops is not None else 0, steps)):
+        if ops is not None:
+            ops.run_pass()
+        if rounds is not None and index < steps:
+            rounds.run_round(index)
+    if ops is not None:
+        result["ops"] = ops.results()
+    if rounds is not None:
+        result["pipeline"] = rounds.out
+    if "tp" in phases and world >= 2:
+        from mpsim.calibrate.tp_check import run_tp_check
+
+        tp, disturbance = least_disturbed(lambda: run_tp_check(job["tp"], rank, world, device, kind), guard)
+        result["tp"] = {**tp, **disturbance.as_dict()}
+    return result
