@@ -18,6 +18,7 @@ from mpsim.engine.core import TransferSpec, duration_key
 from mpsim.schedules.actions import Overlapped
 from mpsim.errors import InputError
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
+from mpsim.schedules.zb_search import SEARCHED, StageTimes
 from mpsim.specs.layout import Layout, resolve_layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.stages import Workload, build_workload
@@ -46,6 +47,23 @@ def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = No
         return build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches, base_dir)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
+
+
+def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) -> Schedule:
+    """A searched schedule (zb-1p, zb-2p) found again for this scenario's stage and transfer times.
+
+    The registry builds it with unit times (all a name and a layout give); the search
+    needs the priced forward, input-gradient and weight-gradient times of every stage.
+    """
+    costs = stage_costs(workload, model)
+    stages = range(schedule.num_stages)
+    rank_of = schedule.stage_to_rank
+    transfer_s = max((pipeline_transfer_s(workload, model, rank_of[s], rank_of[s + 1]) for s in stages[:-1]),
+                     default=0.0)
+    times = StageTimes(tuple(costs[(s, "F")].duration_s for s in stages),
+                       tuple(costs[(s, "I")].duration_s for s in stages),
+                       tuple(costs[(s, "W")].duration_s for s in stages), transfer_s)
+    return SEARCHED[schedule.name](times, schedule.num_microbatches)
 
 
 def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedule: Schedule, model: CostModel,
@@ -130,6 +148,8 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     schedule = schedule or plan_schedule(scenario, layout, base_dir)
     workload = build_workload(scenario, layout)
     model = CostModel(scenario, layout)
+    if schedule.name in SEARCHED:
+        schedule = searched_schedule(schedule, workload, model)
     costs = schedule_costs(schedule, workload, model)
     inp = engine_input(scenario, layout, workload, schedule, model, costs)
     return SimulationResult(scenario, layout, schedule, workload, costs, engine(inp), inp)

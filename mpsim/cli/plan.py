@@ -104,7 +104,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="also say where matching layouts landed and why (repeatable)")
     parser.add_argument("--max-microbatch", type=int, default=8, metavar="N", help="largest microbatch (default 8)")
     parser.add_argument("--max-vpp", type=int, default=8, metavar="N", help="most model chunks per rank (default 8)")
-    parser.add_argument("--schedules", metavar="A,B", help="only these schedules (default: every registered one)")
+    parser.add_argument("--schedules", metavar="A,B", help="only these schedules (default: every registered one but the searched zb-1p and zb-2p)")
     parser.add_argument("--max-cp", type=int, default=1, metavar="N",
                         help="search context parallelism up to N (default 1: off; it pays at long sequences)")
     parser.add_argument("--zero-stages", default="0,1", metavar="S,S",

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from mpsim.errors import InputError
 from mpsim.schedules import GENERATORS as SCHEDULES, ScheduleError, build_schedule
+from mpsim.schedules.zb_search import SEARCHED
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack_tp import plan_tensor_parallel
 
@@ -167,7 +168,9 @@ def _chunks(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
 
 def _schedule(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
     vpp = chosen["parallel.vpp"]
-    for name in ctx.schedules or tuple(SCHEDULES):
+    # searched schedules (zb-1p, zb-2p) run a search of about a second per layout, too slow
+    # to try on every layout by default; ask for them by name
+    for name in ctx.schedules or tuple(name for name in SCHEDULES if name not in SEARCHED):
         low, high = schedule_vpp_range(name, ctx.max_vpp)
         if low <= vpp <= high:
             yield {"parallel.schedule": name}

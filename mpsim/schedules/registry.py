@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from mpsim.schedules.actions import Schedule
 from mpsim.schedules.dualpipe import dualpipev
 from mpsim.schedules.generators import Generator, gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
+from mpsim.schedules.zb_search import zb_1p_unit, zb_2p_unit
 from mpsim.schedules.zero_bubble import interleaved_zero_bubble, zb_h1, zb_h2, zbv
 
 
@@ -37,6 +38,8 @@ SCHEDULES: dict[str, ScheduleKind] = {
     "looped-bfs": ScheduleKind(looped_bfs, 1, None, "breadth-first over chunks (Lamy-Poirier 2023)"),
     "zb-h1": ScheduleKind(zb_h1, 1, 1, "zero bubble, 1F1B memory (Qi et al. 2024)"),
     "zb-h2": ScheduleKind(zb_h2, 1, 1, "zero bubble, 2p-1 microbatches of memory (Qi et al. 2024)"),
+    "zb-1p": ScheduleKind(zb_1p_unit, 1, 1, "zero bubble searched for the stage times, p pending (Qi et al. 2024)"),
+    "zb-2p": ScheduleKind(zb_2p_unit, 1, 1, "zero bubble searched for the stage times, 2p pending (Qi et al. 2024)"),
     "interleaved-zb": ScheduleKind(interleaved_zero_bubble, 1, None, "interleaved 1F1B with split backward (torch ZB1P)"),
     "zbv": ScheduleKind(zbv, 2, 2, "zero bubble in a V of two chunks per rank (Qi et al. 2024)"),
     "dualpipev": ScheduleKind(dualpipev, 2, 2, "DualPipe in a V, overlapped forward+backward (DeepSeek-V3)"),
@@ -46,13 +49,15 @@ ALIASES = {
     "1f1b-interleaved": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "1f1b-i": "interleaved-1f1b",
     "interleaved1f1b": "interleaved-1f1b", "pipedream-flush": "1f1b", "bfs": "looped-bfs", "loopedbfs": "looped-bfs",
     "zb1p": "interleaved-zb", "interleavedzerobubble": "interleaved-zb", "zb-v": "zbv", "zbvzerobubble": "zbv",
-    "dualpipe-v": "dualpipev", "zbh1": "zb-h1", "zbh2": "zb-h2",
+    "dualpipe-v": "dualpipev", "zbh1": "zb-h1", "zbh2": "zb-h2", "zb2p": "zb-2p",
 }
 
 
 def canonical_name(name: str) -> str:
     """The registry name of a schedule, accepting aliases, torch's class names and any case."""
     key = name.strip().lower().replace("_", "-")
+    if key in SCHEDULES:  # before the dash-free aliases: "zb-1p" is not torch's ZB1P
+        return key
     return ALIASES.get(key, ALIASES.get(key.replace("-", ""), key))
 
 

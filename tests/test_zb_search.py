@@ -1,0 +1,110 @@
+"""The zero-bubble schedule search (zb-1p, zb-2p): valid, within its limit, never worse than
+the hand-made schedules it competes with, timed as the engine times it, and at least as
+good as the Zero Bubble paper's own search on its setups."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mpsim.engine import EngineInput, simulate as run_engine
+from mpsim.schedules.registry import canonical_name
+from mpsim.schedules.validate import validate
+from mpsim.schedules.zb_search import StageTimes, execute, search, zb_1p, zb_2p
+from mpsim.schedules.zero_bubble import zb_h1, zb_h2
+from mpsim.simulate import simulate
+from mpsim.specs import load_scenario
+from tests.conftest import SCENARIOS
+
+
+def random_times(seed: int) -> tuple[StageTimes, int]:
+    """Uneven stage times (a heavier last stage, as an LM head makes it) and a transfer time."""
+    rng = random.Random(seed)
+    pp = rng.choice([2, 3, 4, 6, 8])
+    m = rng.choice([pp, 2 * pp, 3 * pp + 1])
+    f = [rng.uniform(0.5, 1.5) for _ in range(pp)]
+    f[-1] *= rng.uniform(1.0, 1.6)
+    i = [x * rng.uniform(0.8, 1.3) for x in f]
+    w = [x * rng.uniform(0.3, 1.0) for x in f]
+    return StageTimes(tuple(f), tuple(i), tuple(w), rng.uniform(0.0, 0.2)), m
+
+
+def engine_timing(schedule, times: StageTimes) -> float:
+    """When the engine finishes the schedule with these fixed times."""
+    action_s = {}
+    for stage in range(times.pp):
+        action_s.update({(stage, "F"): times.forward_s[stage], (stage, "I"): times.input_grad_s[stage],
+                         (stage, "W"): times.weight_grad_s[stage]})
+    transfer_s = {}
+    for stage in range(times.pp - 1):
+        transfer_s[(stage, stage + 1)] = transfer_s[(stage + 1, stage)] = times.transfer_s
+    timeline = run_engine(EngineInput(schedule, action_s, transfer_s))
+    return max(records[-1].end_s for records in timeline.actions)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_searched_schedules_are_valid_within_limit_and_no_worse_than_zb_h(seed):
+    times, m = random_times(seed)
+    for searched, limit, handmade in ((zb_1p, times.pp, zb_h1), (zb_2p, 2 * times.pp, zb_h2)):
+        schedule = searched(times, m)
+        validate(schedule)  # every F, I and W once, on its rank, and no deadlock
+        timing = execute([list(rank) for rank in schedule.actions], times)
+        assert max(timing.peak_pending) <= limit
+        reference = execute([list(rank) for rank in handmade(times.pp, 1, m).actions], times)
+        if max(reference.peak_pending) <= limit:
+            assert timing.end_s <= reference.end_s + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_search_times_a_schedule_exactly_as_the_engine_does(seed):
+    times, m = random_times(100 + seed)
+    schedule = zb_2p(times, m)
+    expected = execute([list(rank) for rank in schedule.actions], times).end_s
+    assert engine_timing(schedule, times) == pytest.approx(expected, rel=1e-12)
+
+
+def test_uniform_times_without_transfers_reach_zb_h2s_zero_bubble():
+    times = StageTimes.uniform(4, 1.0, 1.0, 1.0)
+    timing = execute([list(rank) for rank in zb_2p(times, 12, objective="span").actions], times)
+    assert timing.longest_span_s == pytest.approx(12 * 3.0)
+
+
+# Qi et al. 2024, Table 5 (bubble rate of their automatic ZB-2p) and Table 9 (profiled
+# T_F, T_B, T_W, T_comm), from shared/validation/zero_bubble_main_tables3_4_5_9.csv
+PAPER_ZB2P = [((8, 24, 18.522, 18.086, 9.337, 0.601), 0.0433),
+              ((8, 64, 18.546, 18.097, 9.321, 0.762), 0.0026),
+              ((16, 48, 11.347, 11.248, 8.132, 0.377), 0.0066)]
+
+
+@pytest.mark.parametrize("setup,paper", PAPER_ZB2P, ids=["1.5B-m24", "1.5B-m64", "14.6B-m48"])
+def test_zb_2p_is_at_least_as_good_as_the_papers_search(setup, paper):
+    pp, m, tf, tb, tw, tcomm = setup
+    times = StageTimes.uniform(pp, tf, tb, tw, tcomm)
+    timing = execute([list(rank) for rank in zb_2p(times, m, objective="span").actions], times)
+    busy = m * (tf + tb + tw)
+    rate = (timing.longest_span_s - busy) / timing.longest_span_s
+    assert rate <= paper + 5e-5  # the paper prints four decimals
+
+
+def test_zb_1p_is_not_torchs_zb1p_alias():
+    assert canonical_name("zb-1p") == "zb-1p"
+    assert canonical_name("ZB_2P") == "zb-2p"
+    assert canonical_name("zb1p") == "interleaved-zb"  # torch's ScheduleInterleavedZeroBubble
+
+
+def test_a_scenario_searches_with_its_own_stage_times():
+    scenario = load_scenario(SCENARIOS / "megatron_22b_8xa100.yaml",
+                             ["parallel.tp=2", "parallel.pp=4", "parallel.dp=1", "parallel.global_batch_size=32",
+                              "parallel.schedule=zb-1p"]).scenario
+    searched = simulate(scenario)
+    assert searched.schedule.name == "zb-1p"
+    validate(searched.schedule)
+    h1 = simulate(scenario.model_copy(update={"parallel": scenario.parallel.model_copy(
+        update={"schedule": "zb-h1"})}))
+    assert searched.timeline.step_time_s <= h1.timeline.step_time_s + 1e-9
+
+
+def test_a_limit_below_one_is_refused():
+    with pytest.raises(ValueError, match="at least one"):
+        search(StageTimes.uniform(2, 1, 1, 1), 4, 0)
