@@ -79,26 +79,6 @@ def duration_key(item: Item) -> tuple:
     return (item.stage, item.kind)
 
 
-def _input_of(action: Action, num_stages: int) -> tuple[str, int, int] | None:
-    """Key of the remote data an action consumes: ('act'|'grad', stage, microbatch)."""
-    stage, kind, mb = action
-    if kind == "F" and stage > 0:
-        return ("act", stage, mb)
-    if kind in ("B", "I") and stage < num_stages - 1:
-        return ("grad", stage, mb)
-    return None
-
-
-def _output_of(action: Action, num_stages: int) -> tuple[tuple[str, int, int], int] | None:
-    """(key, consuming stage) of the data an action produces for another stage."""
-    stage, kind, mb = action
-    if kind == "F" and stage < num_stages - 1:
-        return ("act", stage + 1, mb), stage + 1
-    if kind in ("B", "I") and stage > 0:
-        return ("grad", stage - 1, mb), stage - 1
-    return None
-
-
 class _Run:
     """State of one simulation; ``execute`` drives it."""
 
@@ -145,7 +125,7 @@ class _Run:
         sends (key, consumer rank, link, transfer seconds, producing action), the
         reductions it starts on the DP stream, and the stages whose gradients it completes.
         """
-        inp, num_stages = self.inp, self.schedule.num_stages
+        inp, chains = self.inp, self.schedule.topology
         stage_to_rank = self.schedule.stage_to_rank
         transfer_s, action_s, action_buckets = inp.transfer_s, inp.action_s, inp.action_buckets
         last_backward = self.last_backward if inp.overlap_grad_sync else {}
@@ -157,13 +137,14 @@ class _Run:
             if found is None:
                 source = target = None
                 if kind != "W":
-                    # the input comes from the previous stage (F) or the next one (B, I)
+                    # the input comes from the previous stage of the chain (F) or the next one
+                    # (B, I); a chain's first and last stages have no neighbour on that side
                     data = "act" if kind == "F" else "grad"
-                    before = stage - 1 if kind == "F" else stage + 1
-                    after = stage + 1 if kind == "F" else stage - 1
-                    if 0 <= before < num_stages and stage_to_rank[before] != rank:
+                    before = chains.previous(stage) if kind == "F" else chains.next(stage)
+                    after = chains.next(stage) if kind == "F" else chains.previous(stage)
+                    if before is not None and stage_to_rank[before] != rank:
                         source = data
-                    if 0 <= after < num_stages and stage_to_rank[after] != rank:
+                    if after is not None and stage_to_rank[after] != rank:
                         consumer = stage_to_rank[after]
                         target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
                 found = shapes[(stage, kind)] = (source, target)
