@@ -318,7 +318,8 @@ class _Run:
         for a, b, seconds, label in self.inp.pair_syncs:
             begin = max(done[a], done[b])
             for rank in (a, b):
-                self.timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
+                if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
+                    self.timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
                 done[rank] = begin + seconds
         ends = []
         for rank, ready in enumerate(done):

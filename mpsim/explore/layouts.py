@@ -168,6 +168,10 @@ def _chunks(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
 def _schedule(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
     vpp = chosen["parallel.vpp"]
     for name in ctx.schedules or tuple(SCHEDULES):
+        if getattr(SCHEDULES.get(name), "chains", 1) > 1:
+            # several pipelines over the same blocks (dualpipe) take one layer count per block,
+            # not the per-chunk split _chunks proposes; run them with mpsim run or sweep
+            continue
         low, high = schedule_vpp_range(name, ctx.max_vpp)
         if low <= vpp <= high:
             yield {"parallel.schedule": name}
