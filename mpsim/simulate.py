@@ -119,11 +119,11 @@ def block_copy_ranks(schedule: Schedule) -> list[tuple[int, ...]]:
     chains = schedule.topology
     if chains.count == 1:
         return [()] * schedule.num_stages
-    holders: dict[int, list[int]] = {}
+    holders: dict[int, set[int]] = {}
     for stage, rank in enumerate(schedule.stage_to_rank):
-        holders.setdefault(chains.block(stage), []).append(rank)
-    return [tuple(sorted(set(holders[chains.block(stage)]))) if len(set(holders[chains.block(stage)])) > 1 else ()
-            for stage in range(schedule.num_stages)]
+        holders.setdefault(chains.block(stage), set()).add(rank)
+    ranks_of = [sorted(holders[chains.block(stage)]) for stage in range(schedule.num_stages)]
+    return [tuple(ranks) if len(ranks) > 1 else () for ranks in ranks_of]
 
 
 def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> dict[tuple, ActionCost]:

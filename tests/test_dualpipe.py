@@ -227,3 +227,25 @@ def test_planner_leaves_dualpipe_out():
 
     names = {choice["parallel.schedule"] for choice in layouts._schedule(Context(), {"parallel.vpp": 2})}
     assert "dualpipev" in names and "dualpipe" not in names
+
+
+def test_a_file_of_unequal_pipelines_is_refused(tmp_path, capsys):
+    path = tmp_path / "uneven.txt"
+    path.write_text("# chains: 3 1\n0F0,3F1,3B1,0B0\n1F0,2F0,2B0,1B0\n")
+    assert main(["schedule", str(path)]) == 0  # a valid list of actions
+    capsys.readouterr()
+    code = main(["run", str(LLAMA), "--set", f"parallel.schedule=file:{path}", "--set", "parallel.pp=2",
+                 "--set", "parallel.vpp=2", "--set", "parallel.global_batch_size=4"])
+    assert code == 2
+    assert "equally long" in capsys.readouterr().err
+
+
+def test_sweep_fast_path_gives_the_engine_step_time():
+    from mpsim.explore.fastpath import simulate_fast, supports
+
+    result = _simulated("dualpipe", "parallel.pp=4", "parallel.dp=2", "parallel.global_batch_size=16",
+                        "training.network_contention=false", path=LLAMA_DP)
+    assert supports(result.engine_input)
+    fast = simulate_fast(result.engine_input)
+    assert fast.step_time_s == pytest.approx(result.timeline.step_time_s, rel=1e-9)
+    assert fast.rank_end_s == pytest.approx(result.timeline.rank_end_s, rel=1e-9)

@@ -62,8 +62,8 @@ def canonical_name(name: str) -> str:
 def stage_chains(name: str, pp: int, vpp: int) -> tuple[int, ...]:
     """Chain lengths a registered schedule's stages form ((): one chain); () for files and unknown names."""
     kind = SCHEDULES.get(canonical_name(name)) if not name.startswith("file:") else None
-    if kind is None or kind.chains == 1 or (pp * vpp) % kind.chains:
-        return ()
+    if kind is None or kind.chains == 1 or (pp * vpp) % kind.chains or kind.check_vpp(name, vpp):
+        return ()  # one chain, or a layout the generator refuses with its own message
     return (pp * vpp // kind.chains,) * kind.chains
 
 

@@ -163,6 +163,9 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     num_microbatches = plan.global_batch_size // per_step
 
     chains = stage_chains(plan.schedule, pp, vpp) if chains is None else chains
+    if len(set(chains)) > 1:
+        raise fail("parallel.schedule", f"its pipelines (chains of {', '.join(map(str, chains))} stages) must be "
+                                        f"equally long: each runs the whole model")
     # the layers split into blocks: one per stage, or one per stage of a chain when the
     # chains run the same blocks (each block then has a copy in every chain)
     num_chunks = pp * vpp // max(1, len(chains))
