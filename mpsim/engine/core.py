@@ -62,7 +62,8 @@ class EngineInput:
     transfer_s: Mapping[tuple[int, int], float]  # (from_stage, to_stage) -> seconds on the link
     grad_buckets: Mapping[int, tuple[GradBucket, ...]] = field(default_factory=dict)  # stage -> buckets
     overlap_grad_sync: bool = True
-    pair_syncs: tuple[tuple[int, int, float, str], ...] = ()  # (rank a, rank b, seconds, label) after DP sync
+    # (rank a, rank b, seconds, label) after DP sync; zero seconds only makes both wait for the later
+    pair_syncs: tuple[tuple[int, int, float, str], ...] = ()
     finalize_s: tuple[float, ...] = ()  # per rank, after all syncs (optimizer step)
     send_blocking: bool = False
     # reductions an action starts on the DP stream every time it runs (ZeRO-2/3), by duration key
