@@ -70,16 +70,20 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
                  costs: dict[tuple[int, str], ActionCost]) -> EngineInput:
     """The engine's plain-number input for one step."""
     rank_of = schedule.stage_to_rank
+    chains = schedule.topology
     contention = scenario.training.network_contention
     transfer: dict[tuple[int, int], float] = {}
     transfer_links: dict[tuple[int, int], TransferSpec] = {}
-    for stage in range(schedule.num_stages - 1):
-        a, b = rank_of[stage], rank_of[stage + 1]
+    for stage in range(schedule.num_stages):
+        after = chains.next(stage)  # pipeline links join the stages of a chain only
+        if after is None:
+            continue
+        a, b = rank_of[stage], rank_of[after]
         seconds = pipeline_transfer_s(workload, model, a, b)
-        transfer[(stage, stage + 1)] = transfer[(stage + 1, stage)] = seconds
+        transfer[(stage, after)] = transfer[(after, stage)] = seconds
         if contention and a != b:
-            transfer_links[(stage, stage + 1)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b))
-            transfer_links[(stage + 1, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a))
+            transfer_links[(stage, after)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b))
+            transfer_links[(after, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a))
 
     # links pipeline transfers use: a DP bucket only needs to share a link one of them uses
     busy_links = {link for spec in transfer_links.values() for link in spec.links}
@@ -89,7 +93,8 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         links = tuple(link for link in group_links(model, group, rank) if link in busy_links) if contention else ()
         return GradBucket(ready, seconds, label, links)
 
-    buckets = {stage: tuple(bucket(spec, rank_of[stage]) for spec in final_grad_buckets(work, model))
+    copies = block_copy_ranks(schedule)
+    buckets = {stage: tuple(bucket(spec, rank_of[stage]) for spec in final_grad_buckets(work, model, copies[stage]))
                for stage, work in enumerate(workload.stages)}
     # asynchronous reductions some actions start on the DP stream (ZeRO-2 per microbatch,
     # ZeRO-3 per layer); every action of a (stage, kind) runs on the same rank
@@ -98,7 +103,7 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         rank = rank_of[key[0]]
         per_action = [(*spec, "zero") for spec in cost.async_dp]
         if key[1] in ("B", "W") and len(key) == 2:
-            per_action += microbatch_grad_buckets(workload.stages[key[0]], model)
+            per_action += microbatch_grad_buckets(workload.stages[key[0]], model, copies[key[0]])
         if per_action:
             action_buckets[key] = tuple(bucket(spec, rank) for spec in per_action)
     works_per_rank: list[list] = [[] for _ in range(schedule.num_ranks)]
@@ -109,6 +114,10 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
     if scenario.model.tied_embeddings and first != last:
         pair_syncs = ((first, last, tied_embedding_sync_s(workload, model, first, last),
                        "tied embedding grad all-reduce"),)
+    # ranks sharing copies of a block reduce its gradients in one collective, which ends
+    # only when both have produced them: neither rank's optimizer starts before the other's
+    joined = sorted({(min(ranks), max(ranks)) for ranks in copies if len(ranks) == 2})
+    pair_syncs += tuple((a, b, 0.0, "block copies' gradients reduced together") for a, b in joined)
     return EngineInput(
         schedule=schedule,
         action_s={key: cost.duration_s for key, cost in costs.items()},
@@ -121,6 +130,18 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         send_blocking=scenario.training.pp_send_blocking,
         transfer_links=transfer_links if contention else None,
     )
+
+
+def block_copy_ranks(schedule: Schedule) -> list[tuple[int, ...]]:
+    """Per stage: the pipeline ranks holding a copy of its layer block, when several do (else ())."""
+    chains = schedule.topology
+    if chains.count == 1:
+        return [()] * schedule.num_stages
+    holders: dict[int, set[int]] = {}
+    for stage, rank in enumerate(schedule.stage_to_rank):
+        holders.setdefault(chains.block(stage), set()).add(rank)
+    ranks_of = [sorted(holders[chains.block(stage)]) for stage in range(schedule.num_stages)]
+    return [tuple(ranks) if len(ranks) > 1 else () for ranks in ranks_of]
 
 
 def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> dict[tuple, ActionCost]:
@@ -146,6 +167,9 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     """
     layout = layout or resolve_layout(scenario)
     schedule = schedule or plan_schedule(scenario, layout, base_dir)
+    if schedule.chains != layout.chains:
+        # a schedule file that names several pipelines: the layers split into blocks per chain
+        layout = resolve_layout(scenario, chains=schedule.chains)
     workload = build_workload(scenario, layout)
     model = CostModel(scenario, layout)
     if schedule.name in SEARCHED:

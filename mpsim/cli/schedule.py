@@ -23,7 +23,8 @@ def _schedule(args: argparse.Namespace) -> int:
         except (ScheduleTextError, ScheduleError) as exc:
             raise InputError(str(exc), str(path)) from None
         actions = sum(len(flat(rank)) for rank in schedule.actions)
-        print(f"{path}: valid: {schedule.num_ranks} ranks, {schedule.num_stages} stages, "
+        pipelines = f"{len(schedule.chains)} pipelines, " if len(schedule.chains) > 1 else ""
+        print(f"{path}: valid: {schedule.num_ranks} ranks, {pipelines}{schedule.num_stages} stages, "
               f"{schedule.num_microbatches} microbatches, {actions} actions")
         return 0
     if args.pp is None or args.microbatches is None:

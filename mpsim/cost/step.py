@@ -13,6 +13,12 @@ Data-parallel gradient reduction depends on the ZeRO stage (Rajbhandari et al. 2
 
 With hybrid sharding the shards are also all-reduced across the replica groups at the
 end. Expert gradients are reduced over the expert data-parallel group.
+
+A layer block that several pipeline ranks hold (the bidirectional DualPipe keeps block
+``k`` on ranks ``k`` and ``p-1-k``) must have its copies' gradients summed; as in
+DeepSeek-V3, the data-parallel reduction does it: its group is the DP group of every
+rank holding a copy (2 x DP ranks for DualPipe), so it moves the same bytes over a
+group twice as large, which may span more nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import math
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import collective_time, p2p_time
-from mpsim.cost.topology import pipeline_neighbours_share_node, place_ranks
+from mpsim.cost.topology import GroupPlacement, pipeline_neighbours_share_node, place_ranks
 from mpsim.workload.stages import StageWork, Workload
 
 # Optimizer step per parameter. Adam (Megatron mixed precision): read the fp32 grad for the
@@ -32,43 +38,66 @@ from mpsim.workload.stages import StageWork, Workload
 OPTIMIZER_STEP_BYTES_PER_PARAM = {"adam": 38, "adam-bf16": 18}
 GRAD_ZERO_BYTES_PER_PARAM = 4
 
-Bucket = tuple[float, float, str, str]  # (ready fraction of the action, seconds, label, group)
+# (ready fraction of the action, seconds, label, group: a name, or the placement of a
+# group joined over the ranks holding copies of a block)
+Bucket = tuple[float, float, str, "str | GroupPlacement"]
 
 
-def _buckets(grad_bytes: float, kind: str, group: str, model: CostModel, label: str) -> tuple[Bucket, ...]:
-    """Equal buckets of a gradient reduction, ready in backward order."""
-    place = model.placements[group]
+def copies_placement(model: CostModel, group: str, copy_ranks: tuple[int, ...]) -> GroupPlacement:
+    """``group`` on every pipeline rank in ``copy_ranks``, joined: the reduction of a block they all hold."""
+    layout = model.layout
+    base = model.placements[group].member_ranks(layout.devices_per_node)
+    stride = layout.stride("pp")
+    return place_ranks([rank + pp_rank * stride for pp_rank in copy_ranks for rank in base], layout.devices_per_node)
+
+
+def _buckets(grad_bytes: float, kind: str, group: str, model: CostModel, label: str,
+             copy_ranks: tuple[int, ...] = ()) -> tuple[Bucket, ...]:
+    """Equal buckets of a gradient reduction, ready in backward order.
+
+    ``copy_ranks``: the pipeline ranks holding a copy of the stage's block when there are
+    several; the reduction then spans the group on all of them.
+    """
+    place = model.placements[group] if len(copy_ranks) < 2 else copies_placement(model, group, copy_ranks)
     if grad_bytes <= 0 or place.size <= 1:
         return ()
     count = max(1, math.ceil(grad_bytes / model.scenario.training.grad_reduce_bucket_bytes))
     seconds = collective_time(kind, grad_bytes / count, place, model.system)
-    return tuple(((i + 1) / count, seconds, f"{label} {i + 1}/{count}", group) for i in range(count))
+    where = group if len(copy_ranks) < 2 else place
+    return tuple(((i + 1) / count, seconds, f"{label} {i + 1}/{count}", where) for i in range(count))
 
 
-def final_grad_buckets(work: StageWork, model: CostModel) -> tuple[Bucket, ...]:
-    """Reductions launched during a stage's last backward (ZeRO 0/1; hybrid-shard replicas)."""
+def final_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int, ...] = ()) -> tuple[Bucket, ...]:
+    """Reductions launched during a stage's last backward (ZeRO 0/1; hybrid-shard replicas).
+
+    ``copy_ranks``: pipeline ranks holding copies of the stage's block (DualPipe), whose
+    gradients the DP reduction sums too.
+    """
     layout = model.layout
     grad_bytes = 4 if model.scenario.training.fp32_grad_accumulation else 2
     dense = work.params * grad_bytes
     buckets: tuple[Bucket, ...] = ()
     if layout.zero_stage == 0:
-        buckets += _buckets(dense, "all-reduce", "dp", model, "grad all-reduce")
+        buckets += _buckets(dense, "all-reduce", "dp", model, "grad all-reduce", copy_ranks)
     elif layout.zero_stage == 1:
-        buckets += _buckets(dense, "reduce-scatter", "zero", model, "grad reduce-scatter")
+        buckets += _buckets(dense, "reduce-scatter", "zero", model, "grad reduce-scatter", copy_ranks)
     if layout.zero_stage >= 1:
         shard = dense / layout.zero_shard_size
         buckets += _buckets(shard, "all-reduce", "zero-replica", model, "grad shard all-reduce across replicas")
     expert_kind = "all-reduce" if layout.zero_stage == 0 else "reduce-scatter"
-    buckets += _buckets(work.expert_params * grad_bytes, expert_kind, "edp", model, f"expert grad {expert_kind}")
+    buckets += _buckets(work.expert_params * grad_bytes, expert_kind, "edp", model, f"expert grad {expert_kind}",
+                        copy_ranks)
     return buckets
 
 
-def microbatch_grad_buckets(work: StageWork, model: CostModel) -> tuple[Bucket, ...]:
+def microbatch_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int, ...] = ()
+                            ) -> tuple[Bucket, ...]:
     """ZeRO-2: every backward of the stage reduce-scatters the gradients it produced."""
     if model.layout.zero_stage != 2:
         return ()
     grad_bytes = 4 if model.scenario.training.fp32_grad_accumulation else 2
-    return _buckets(work.params * grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter")
+    return _buckets(work.params * grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter",
+                    copy_ranks)
 
 
 def optimizer_s(works: list[StageWork], model: CostModel) -> float:
@@ -110,9 +139,10 @@ def pipeline_transfer_spec(workload: Workload, model: CostModel, rank_a: int, ra
     return latency, total - latency, ((f"{kind}-out", rank_a), (f"{kind}-in", rank_b))
 
 
-def group_links(model: CostModel, group: str, rank: int) -> tuple:
+def group_links(model: CostModel, group: "str | GroupPlacement", rank: int) -> tuple:
     """Links a collective of ``group`` loads on ``rank``: its NIC both ways if the group spans nodes."""
-    kind = "nic" if model.placements[group].nodes > 1 else "nvl"
+    place = group if isinstance(group, GroupPlacement) else model.placements[group]
+    kind = "nic" if place.nodes > 1 else "nvl"
     return ((f"{kind}-out", rank), (f"{kind}-in", rank))
 
 

@@ -62,7 +62,8 @@ class EngineInput:
     transfer_s: Mapping[tuple[int, int], float]  # (from_stage, to_stage) -> seconds on the link
     grad_buckets: Mapping[int, tuple[GradBucket, ...]] = field(default_factory=dict)  # stage -> buckets
     overlap_grad_sync: bool = True
-    pair_syncs: tuple[tuple[int, int, float, str], ...] = ()  # (rank a, rank b, seconds, label) after DP sync
+    # (rank a, rank b, seconds, label) after DP sync; zero seconds only makes both wait for the later
+    pair_syncs: tuple[tuple[int, int, float, str], ...] = ()
     finalize_s: tuple[float, ...] = ()  # per rank, after all syncs (optimizer step)
     send_blocking: bool = False
     # reductions an action starts on the DP stream every time it runs (ZeRO-2/3), by duration key
@@ -77,26 +78,6 @@ def duration_key(item: Item) -> tuple:
     if isinstance(item, Overlapped):
         return (item.forward.stage, "F", item.backward.stage, item.backward.kind)
     return (item.stage, item.kind)
-
-
-def _input_of(action: Action, num_stages: int) -> tuple[str, int, int] | None:
-    """Key of the remote data an action consumes: ('act'|'grad', stage, microbatch)."""
-    stage, kind, mb = action
-    if kind == "F" and stage > 0:
-        return ("act", stage, mb)
-    if kind in ("B", "I") and stage < num_stages - 1:
-        return ("grad", stage, mb)
-    return None
-
-
-def _output_of(action: Action, num_stages: int) -> tuple[tuple[str, int, int], int] | None:
-    """(key, consuming stage) of the data an action produces for another stage."""
-    stage, kind, mb = action
-    if kind == "F" and stage < num_stages - 1:
-        return ("act", stage + 1, mb), stage + 1
-    if kind in ("B", "I") and stage > 0:
-        return ("grad", stage - 1, mb), stage - 1
-    return None
 
 
 class _Run:
@@ -145,7 +126,7 @@ class _Run:
         sends (key, consumer rank, link, transfer seconds, producing action), the
         reductions it starts on the DP stream, and the stages whose gradients it completes.
         """
-        inp, num_stages = self.inp, self.schedule.num_stages
+        inp, chains = self.inp, self.schedule.topology
         stage_to_rank = self.schedule.stage_to_rank
         transfer_s, action_s, action_buckets = inp.transfer_s, inp.action_s, inp.action_buckets
         last_backward = self.last_backward if inp.overlap_grad_sync else {}
@@ -157,13 +138,14 @@ class _Run:
             if found is None:
                 source = target = None
                 if kind != "W":
-                    # the input comes from the previous stage (F) or the next one (B, I)
+                    # the input comes from the previous stage of the chain (F) or the next one
+                    # (B, I); a chain's first and last stages have no neighbour on that side
                     data = "act" if kind == "F" else "grad"
-                    before = stage - 1 if kind == "F" else stage + 1
-                    after = stage + 1 if kind == "F" else stage - 1
-                    if 0 <= before < num_stages and stage_to_rank[before] != rank:
+                    before = chains.previous(stage) if kind == "F" else chains.next(stage)
+                    after = chains.next(stage) if kind == "F" else chains.previous(stage)
+                    if before is not None and stage_to_rank[before] != rank:
                         source = data
-                    if 0 <= after < num_stages and stage_to_rank[after] != rank:
+                    if after is not None and stage_to_rank[after] != rank:
                         consumer = stage_to_rank[after]
                         target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
                 found = shapes[(stage, kind)] = (source, target)
@@ -337,7 +319,8 @@ class _Run:
         for a, b, seconds, label in self.inp.pair_syncs:
             begin = max(done[a], done[b])
             for rank in (a, b):
-                self.timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
+                if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
+                    self.timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
                 done[rank] = begin + seconds
         ends = []
         for rank, ready in enumerate(done):

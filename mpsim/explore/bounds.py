@@ -56,11 +56,15 @@ def _rank_counts(schedule: Schedule) -> list[tuple[Any, Counter]]:
 def forward_heads(schedule: Schedule, action_s: Mapping[tuple, float],
                   transfer_s: Mapping[tuple[int, int], float]) -> list[float]:
     """Earliest time each stage's forward can start: the chain of forwards and transfers before it."""
-    rank_of = schedule.stage_to_rank
-    heads = [0.0]
-    for stage in range(1, schedule.num_stages):
-        hop = transfer_s.get((stage - 1, stage), 0.0) if rank_of[stage - 1] != rank_of[stage] else 0.0
-        heads.append(heads[-1] + action_s[(stage - 1, "F")] + hop)
+    rank_of, chains = schedule.stage_to_rank, schedule.topology
+    heads = []
+    for stage in range(schedule.num_stages):
+        before = chains.previous(stage)  # None at the start of a chain (each has its own inputs)
+        if before is None:
+            heads.append(0.0)
+            continue
+        hop = transfer_s.get((before, stage), 0.0) if rank_of[before] != rank_of[stage] else 0.0
+        heads.append(heads[before] + action_s[(before, "F")] + hop)
     return heads
 
 

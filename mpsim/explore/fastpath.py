@@ -87,7 +87,7 @@ def _plan(schedule: Schedule) -> list[list[_Step]]:
     cached = _PLANS.get(id(schedule))
     if cached is not None and cached[0] is schedule:
         return cached[1]
-    stages, micro = schedule.num_stages, schedule.num_microbatches
+    micro, chains = schedule.num_microbatches, schedule.topology
     rank_of = schedule.stage_to_rank
     plan = []
     for rank, items in enumerate(schedule.actions):
@@ -101,15 +101,17 @@ def _plan(schedule: Schedule) -> list[list[_Step]]:
             needs, outputs = [], []
             for action in parts(item):
                 stage, kind, mb = action
-                if kind == "F" and stage > 0 and rank_of[stage - 1] != rank:
+                # neighbours within the stage's chain (one chain unless the schedule has several)
+                before, after = chains.previous(stage), chains.next(stage)
+                if kind == "F" and before is not None and rank_of[before] != rank:
                     needs.append((stage * 2) * micro + mb)
-                elif kind in ("B", "I") and stage < stages - 1 and rank_of[stage + 1] != rank:
+                elif kind in ("B", "I") and after is not None and rank_of[after] != rank:
                     needs.append((stage * 2 + 1) * micro + mb)
                 consumer_stage = -1
-                if kind == "F" and stage < stages - 1:
-                    consumer_stage = stage + 1
-                elif kind in ("B", "I") and stage > 0:
-                    consumer_stage = stage - 1
+                if kind == "F" and after is not None:
+                    consumer_stage = after
+                elif kind in ("B", "I") and before is not None:
+                    consumer_stage = before
                 gives = consumer = -1
                 if consumer_stage >= 0 and rank_of[consumer_stage] != rank:
                     consumer = rank_of[consumer_stage]
@@ -229,7 +231,8 @@ def _finalize(inp: EngineInput, timeline: Timeline, done: list[float]) -> None:
     for a, b, seconds, label in inp.pair_syncs:
         begin = max(done[a], done[b])
         for rank in (a, b):
-            timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
+            if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
+                timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
             done[rank] = begin + seconds
     ends = []
     for rank, ready in enumerate(done):

@@ -171,6 +171,10 @@ def _schedule(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
     # searched schedules (zb-1p, zb-2p) run a search of about a second per layout, too slow
     # to try on every layout by default; ask for them by name
     for name in ctx.schedules or tuple(name for name in SCHEDULES if name not in SEARCHED):
+        if getattr(SCHEDULES.get(name), "chains", 1) > 1:
+            # several pipelines over the same blocks (dualpipe) take one layer count per block,
+            # not the per-chunk split _chunks proposes; run them with mpsim run or sweep
+            continue
         low, high = schedule_vpp_range(name, ctx.max_vpp)
         if low <= vpp <= high:
             yield {"parallel.schedule": name}

@@ -27,6 +27,8 @@ neither. A simulated layout's report still walks the full schedule.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mpsim.engine.core import duration_key
 from mpsim.schedules.actions import Action, Schedule, flat
 
@@ -83,7 +85,7 @@ def memory_schedule(schedule: Schedule) -> Schedule:
     for rank, items in enumerate(schedule.actions):
         stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
         ranks.append(_compress(flat(items), stages))
-    short = Schedule(schedule.name, schedule.num_microbatches, schedule.stage_to_rank, tuple(ranks))
+    short = replace(schedule, actions=tuple(ranks))
     if len(_CACHE) > 256:
         _CACHE.clear()
     _CACHE[id(schedule)] = (schedule, short)
@@ -112,7 +114,7 @@ def distinct_items(schedule: Schedule) -> Schedule:
                 seen.add(key)
                 kept.append(item)
         ranks.append(tuple(kept))
-    short = Schedule(schedule.name, schedule.num_microbatches, schedule.stage_to_rank, tuple(ranks))
+    short = replace(schedule, actions=tuple(ranks))
     if len(_DISTINCT) > 256:
         _DISTINCT.clear()
     _DISTINCT[id(schedule)] = (schedule, short)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from mpsim.cost.actions import CostModel
@@ -50,7 +50,6 @@ from mpsim.explore.progress import Progress
 from mpsim.explore.runner import RunReport, Session, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.simulate import SimulationResult, engine_input, schedule_costs
-from mpsim.schedules import Schedule
 from mpsim.specs.layout import Layout, resolve_layout
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_bytes
@@ -125,8 +124,7 @@ class PlanEvaluator:
         state_key = self.identity + canonical_json({k: v for k, v in fields.items() if k != RECOMPUTE_FIELD})
         state = _MEMORY.get(state_key)
         if state is None:
-            idle = Schedule(schedule.name, schedule.num_microbatches, schedule.stage_to_rank,
-                            tuple(() for _ in schedule.actions))
+            idle = replace(schedule, actions=tuple(() for _ in schedule.actions))
             worst = max(layout_memory(scenario, layout, idle, prepared.workload), key=lambda m: m.peak_memory_bytes)
             state = _remember(_MEMORY, state_key, (worst.peak_memory_bytes, worst.capacity_bytes,
                                                    worst.largest_category, False))
@@ -180,9 +178,9 @@ class PlanEvaluator:
         costs = schedule_costs(distinct_items(schedule), workload, model)
         # the bound needs the durations, the forward chain's transfers and the optimizer
         # steps of the engine input; its DP buckets (most of its price) wait for simulation
-        rank_of = schedule.stage_to_rank
-        transfer = {(s - 1, s): pipeline_transfer_s(workload, model, rank_of[s - 1], rank_of[s])
-                    for s in range(1, schedule.num_stages)}
+        rank_of, chains = schedule.stage_to_rank, schedule.topology
+        hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
+        transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b]) for a, b in hops}
         works: list[list] = [[] for _ in range(schedule.num_ranks)]
         for stage, work in enumerate(workload.stages):
             works[rank_of[stage]].append(work)

@@ -6,14 +6,21 @@ microbatch 3, ``1B3`` its full backward, ``1I3`` the input-gradient half and ``1
 the weight-gradient half. Stages are global model-chunk indices; a rank may hold
 several (interleaved, V-shaped schedules). The engine runs any valid schedule, so a new
 schedule is a new list, never an engine change.
+
+Stages normally form one pipeline; ``Schedule.chains`` splits them into several (the
+bidirectional DualPipe runs two, ``chains.py``). The text form then starts with a
+directive line, ``# chains: 4 4``, which older readers skip as a comment.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple, Union
+
+from mpsim.schedules.chains import StageChains
 
 KINDS = ("F", "B", "I", "W")
 
@@ -58,12 +65,18 @@ def flat(items: "tuple[Item, ...] | list[Item]") -> list[Action]:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Per-rank action lists and where each stage lives."""
+    """Per-rank action lists, where each stage lives and which pipeline (chain) it is in."""
 
     name: str
     num_microbatches: int
     stage_to_rank: tuple[int, ...]
     actions: tuple[tuple[Item, ...], ...]
+    chains: tuple[int, ...] = ()  # lengths of the stage chains in stage order; (): one chain of all stages
+
+    @cached_property
+    def topology(self) -> StageChains:
+        """Previous/next stage, layer block and microbatches of each stage (``chains.py``)."""
+        return StageChains(len(self.stage_to_rank), self.chains)
 
     @property
     def num_ranks(self) -> int:
@@ -79,12 +92,17 @@ class Schedule:
         return any(a.kind == "I" for rank in self.actions for a in flat(rank))
 
     def to_text(self) -> str:
-        """One comma-separated line of actions per rank (the CSV torch's schedules read)."""
-        return "".join(",".join(str(a) for a in rank) + "\n" for rank in self.actions)
+        """One comma-separated line of actions per rank (the CSV torch's schedules read).
+
+        Several chains are named on a first directive line, which torch skips as a comment.
+        """
+        header = f"# chains: {' '.join(str(n) for n in self.chains)}\n" if len(self.chains) > 1 else ""
+        return header + "".join(",".join(str(a) for a in rank) + "\n" for rank in self.actions)
 
 
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 _OVERLAP = re.compile(r"^\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B$")
+_CHAINS = re.compile(r"^\s*#\s*chains:(.*)$")
 
 
 class ScheduleTextError(ValueError):
@@ -121,9 +139,23 @@ def parse_actions(text: str) -> list[list[Item]]:
     return ranks
 
 
+def parse_chains(text: str) -> tuple[int, ...]:
+    """Chain lengths from a ``# chains: 4 4`` directive line, or () when there is none."""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        match = _CHAINS.match(raw)
+        if match:
+            fields = match.group(1).split()
+            if not fields or not all(f.isdigit() and int(f) > 0 for f in fields):
+                raise ScheduleTextError(number, f"'# chains:' needs positive stage counts like '# chains: 4 4', "
+                                                f"got {match.group(1).strip()!r}")
+            return tuple(int(f) for f in fields)
+    return ()
+
+
 def schedule_from_text(text: str, name: str = "file") -> Schedule:
     """Build a schedule from its text form; the stage of each rank is read off its actions."""
     ranks = parse_actions(text)
+    chains = parse_chains(text)
     owner: dict[int, int] = {}
     for rank, actions in enumerate(ranks):
         for action in flat(actions):
@@ -135,8 +167,11 @@ def schedule_from_text(text: str, name: str = "file") -> Schedule:
     if missing:
         raise ScheduleTextError(1, f"stage {missing[0]} has no actions (stages must be 0..{num_stages - 1})")
     microbatches = max(a.microbatch for actions in ranks for a in flat(actions)) + 1
+    if chains and sum(chains) != num_stages:
+        raise ScheduleTextError(1, f"'# chains:' lengths add up to {sum(chains)} stages, but the actions name "
+                                   f"{num_stages}")
     return Schedule(name, microbatches, tuple(owner[s] for s in range(num_stages)),
-                    tuple(tuple(actions) for actions in ranks))
+                    tuple(tuple(actions) for actions in ranks), chains if len(chains) > 1 else ())
 
 
 def load_schedule_file(path: Path) -> Schedule:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.schedules.actions import Schedule
-from mpsim.schedules.dualpipe import dualpipev
+from mpsim.schedules.dualpipe import dualpipe, dualpipev
 from mpsim.schedules.generators import Generator, gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from mpsim.schedules.zb_search import zb_1p_unit, zb_2p_unit
 from mpsim.schedules.zero_bubble import interleaved_zero_bubble, zb_h1, zb_h2, zbv
@@ -19,6 +19,7 @@ class ScheduleKind:
     min_vpp: int
     max_vpp: int | None  # None: no upper limit
     description: str
+    chains: int = 1  # pipelines the stages form (chains.py); each carries its share of the layer blocks
 
     def check_vpp(self, name: str, vpp: int) -> str | None:
         """Why ``vpp`` does not fit, or None."""
@@ -43,6 +44,8 @@ SCHEDULES: dict[str, ScheduleKind] = {
     "interleaved-zb": ScheduleKind(interleaved_zero_bubble, 1, None, "interleaved 1F1B with split backward (torch ZB1P)"),
     "zbv": ScheduleKind(zbv, 2, 2, "zero bubble in a V of two chunks per rank (Qi et al. 2024)"),
     "dualpipev": ScheduleKind(dualpipev, 2, 2, "DualPipe in a V, overlapped forward+backward (DeepSeek-V3)"),
+    "dualpipe": ScheduleKind(dualpipe, 2, 2, "bidirectional DualPipe: two pipelines, two copies of the blocks "
+                                             "(DeepSeek-V3)", chains=2),
 }
 
 ALIASES = {
@@ -59,6 +62,14 @@ def canonical_name(name: str) -> str:
     if key in SCHEDULES:  # before the dash-free aliases: "zb-1p" is not torch's ZB1P
         return key
     return ALIASES.get(key, ALIASES.get(key.replace("-", ""), key))
+
+
+def stage_chains(name: str, pp: int, vpp: int) -> tuple[int, ...]:
+    """Chain lengths a registered schedule's stages form ((): one chain); () for files and unknown names."""
+    kind = SCHEDULES.get(canonical_name(name)) if not name.startswith("file:") else None
+    if kind is None or kind.chains == 1 or (pp * vpp) % kind.chains or kind.check_vpp(name, vpp):
+        return ()  # one chain, or a layout the generator refuses with its own message
+    return (pp * vpp // kind.chains,) * kind.chains
 
 
 def generate(name: str, pp: int, vpp: int, num_microbatches: int) -> Schedule:

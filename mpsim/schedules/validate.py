@@ -4,6 +4,8 @@ Every (stage, microbatch) runs its forward once and its backward once (as ``B``,
 ``I`` then ``W``), each on the rank that holds the stage, and the dependencies can all
 be met: a dry run in unit time executes every rank's list in order, and if it stalls
 the first rank whose next action can never run is named, with what it waits for.
+With several chains (``chains.py``) each stage's microbatches are its chain's share, and
+dependencies stop at chain boundaries.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 from collections import Counter
 
 from mpsim.schedules.actions import Action, Schedule, flat, parts
+from mpsim.schedules.chains import StageChains
 
 
 class ScheduleError(ValueError):
     """A schedule that cannot run as written."""
 
 
-def dependencies(action: Action, num_stages: int) -> list[Action | tuple[int, str, int]]:
+def dependencies(action: Action, chains: StageChains) -> list[Action | tuple[int, str, int]]:
     """What must have run before ``action``: (stage, kind-set, microbatch) triples.
 
     A backward needs the next stage's input gradient, which either ``B`` or ``I``
@@ -25,17 +28,23 @@ def dependencies(action: Action, num_stages: int) -> list[Action | tuple[int, st
     """
     stage, kind, mb = action
     if kind == "F":
-        return [(stage - 1, "F", mb)] if stage > 0 else []
+        before = chains.previous(stage)
+        return [(before, "F", mb)] if before is not None else []
     if kind in ("B", "I"):
         deps: list = [(stage, "F", mb)]
-        if stage < num_stages - 1:
-            deps.append((stage + 1, "BI", mb))
+        after = chains.next(stage)
+        if after is not None:
+            deps.append((after, "BI", mb))
         return deps
     return [(stage, "I", mb)]  # W
 
 
 def check_coverage(schedule: Schedule) -> None:
     """Every action on its stage's rank, every forward and backward exactly once."""
+    chains = schedule.topology
+    if schedule.num_microbatches % chains.count:
+        raise ScheduleError(f"{schedule.num_microbatches} microbatches do not split evenly over the "
+                            f"{chains.count} pipelines (chains) of the schedule")
     counts: Counter = Counter()
     for rank, actions in enumerate(schedule.actions):
         for action in flat(actions):
@@ -48,13 +57,18 @@ def check_coverage(schedule: Schedule) -> None:
             if action.microbatch >= schedule.num_microbatches:
                 raise ScheduleError(f"rank {rank}: {action} names microbatch {action.microbatch}, but there are "
                                     f"only {schedule.num_microbatches}")
+            carried = chains.microbatches(action.stage, schedule.num_microbatches)
+            if action.microbatch not in carried:
+                raise ScheduleError(f"rank {rank}: {action} names microbatch {action.microbatch}, but stage "
+                                    f"{action.stage}'s pipeline carries microbatches {carried.start}.."
+                                    f"{carried.stop - 1}")
             counts[action] += 1
     for action, count in counts.items():
         if count > 1:
             raise ScheduleError(f"{action} appears {count} times on rank {schedule.stage_to_rank[action.stage]}")
     for stage in range(schedule.num_stages):
         rank = schedule.stage_to_rank[stage]
-        for mb in range(schedule.num_microbatches):
+        for mb in chains.microbatches(stage, schedule.num_microbatches):
             if not counts[Action(stage, "F", mb)]:
                 raise ScheduleError(f"rank {rank}: forward {Action(stage, 'F', mb)} is missing")
             full, inp, weight = (counts[Action(stage, k, mb)] for k in "BIW")
@@ -76,7 +90,7 @@ def check_runnable(schedule: Schedule) -> None:
     remaining = sum(len(actions) for actions in schedule.actions)
 
     def blockers(item) -> list[tuple[int, str, int]]:
-        return [dep for action in parts(item) for dep in dependencies(action, schedule.num_stages)
+        return [dep for action in parts(item) for dep in dependencies(action, schedule.topology)
                 if not satisfied(dep)]
 
     def satisfied(dep: tuple[int, str, int]) -> bool:

@@ -7,6 +7,11 @@ field to change and how. A layer stack gets its own rules instead of the transfo
 head and FFN rules: every layer must have a tensor-parallel split at the chosen ``tp``
 (``stack_tp.py``). ``parallel.layers_per_stage: auto`` is resolved here too, by the
 partitioner (``mpsim/balance/``), which prices each layer with the cost model.
+
+A schedule whose stages form several pipelines over the same layers (the bidirectional
+DualPipe: two chains, ``mpsim/schedules/chains.py``) splits the layers into one block
+per stage of a chain; ``layers_per_stage`` then has that many entries (``pp`` for
+DualPipe) and every chain's ``k``-th stage holds block ``k``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mpsim.errors import InputError
+from mpsim.schedules.chains import StageChains
+from mpsim.schedules.registry import stage_chains
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
 from mpsim.specs.stack_tp import plan_tensor_parallel
@@ -38,12 +45,13 @@ class Layout:
     microbatch_size: int
     global_batch_size: int
     num_microbatches: int
-    layers_per_chunk: tuple[int, ...]  # in global stage order, pp*vpp entries
+    layers_per_chunk: tuple[int, ...]  # in global stage order, pp*vpp entries (a block's count on each copy)
     devices: int
     devices_per_node: int
     order: tuple[str, ...]  # innermost first
     sequence_parallel: bool
     layer_split: str = "even"  # how layers_per_chunk was chosen: even, given or auto
+    chains: tuple[int, ...] = ()  # stage chains of the schedule (mpsim/schedules/chains.py); (): one
 
     @property
     def expert_dp(self) -> int:
@@ -54,6 +62,11 @@ class Layout:
     def num_stages(self) -> int:
         """Number of pipeline stages (model chunks) over all ranks."""
         return self.pp * self.vpp
+
+    @property
+    def stage_chains(self) -> StageChains:
+        """Which stages form each pipeline: chain starts hold the embedding, chain ends the head."""
+        return StageChains(self.num_stages, self.chains)
 
     def stride(self, dim: str) -> int:
         """Distance in global rank between neighbours along ``dim``."""
@@ -69,8 +82,12 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0 and d <= 64)
 
 
-def resolve_layout(scenario: Scenario) -> Layout:
-    """Check the plan against the model and cluster; return the resolved layout."""
+def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) -> Layout:
+    """Check the plan against the model and cluster; return the resolved layout.
+
+    ``chains``: the stage chains of the schedule when known from elsewhere (a schedule
+    file's directive); by default the registry says what the named schedule needs.
+    """
     plan, model = scenario.parallel, scenario.model
     system = scenario.cluster.system
     devices = scenario.cluster.devices
@@ -145,9 +162,18 @@ def resolve_layout(scenario: Scenario) -> Layout:
                    f"{dp} x {plan.microbatch_size} = {per_step}")
     num_microbatches = plan.global_batch_size // per_step
 
-    num_chunks = pp * vpp
+    chains = stage_chains(plan.schedule, pp, vpp) if chains is None else chains
+    if len(set(chains)) > 1:
+        raise fail("parallel.schedule", f"its pipelines (chains of {', '.join(map(str, chains))} stages) must be "
+                                        f"equally long: each runs the whole model")
+    # the layers split into blocks: one per stage, or one per stage of a chain when the
+    # chains run the same blocks (each block then has a copy in every chain)
+    num_chunks = pp * vpp // max(1, len(chains))
     split = "even" if plan.layers_per_stage is None else "auto" if plan.layers_per_stage == "auto" else "given"
     what = "pipeline units (top-level layers, block repetitions)" if stack else "layers"
+    if split == "auto" and chains:
+        raise fail("parallel.layers_per_stage", f"auto balancing splits one pipeline; {plan.schedule} runs "
+                                                f"{len(chains)}, so give {num_chunks} block sizes or omit it")
     if split == "auto":
         if model.num_layers < num_chunks:
             raise fail("parallel.layers_per_stage", f"the model has {model.num_layers} {what}, fewer than the "
@@ -157,14 +183,16 @@ def resolve_layout(scenario: Scenario) -> Layout:
         layers = tuple(base + (1 if k < extra else 0) for k in range(num_chunks))
     elif split == "even":
         if model.num_layers % num_chunks:
-            raise fail("parallel.pp", f"{model.num_layers} {what} do not split evenly over pp x vpp = {num_chunks} "
-                                      f"model chunks; change pp/vpp or give parallel.layers_per_stage (a list, "
-                                      f"or auto)")
+            raise fail("parallel.pp", f"{model.num_layers} {what} do not split evenly over "
+                                      + (f"pp x vpp = {num_chunks} model chunks" if not chains else
+                                         f"the {num_chunks} layer blocks of {plan.schedule}")
+                                      + "; change pp/vpp or give parallel.layers_per_stage (a list, or auto)")
         layers = (model.num_layers // num_chunks,) * num_chunks
     else:
         layers = tuple(plan.layers_per_stage)
         if len(layers) != num_chunks:
-            raise fail("parallel.layers_per_stage", f"has {len(layers)} entries, needs pp x vpp = {num_chunks}")
+            needs = f"pp x vpp = {num_chunks}" if not chains else f"one per layer block of {plan.schedule}: {num_chunks}"
+            raise fail("parallel.layers_per_stage", f"has {len(layers)} entries, needs {needs}")
         if any(n < 0 for n in layers):
             raise fail("parallel.layers_per_stage", "layer counts must be >= 0")
         if sum(layers) != model.num_layers:
@@ -172,6 +200,8 @@ def resolve_layout(scenario: Scenario) -> Layout:
                        f"sums to {sum(layers)} layers, but the model has "
                        + (f"{model.num_layers} {what}" if stack else f"num_layers={model.num_layers}"))
 
+    if chains:
+        layers = tuple(layers[k] for length in chains for k in range(length))  # every chain holds every block
     order = tuple(plan.order.split("-"))
     if "cp" not in order and cp == 1 and "tp" in order:
         order = (*order[:order.index("tp") + 1], "cp", *order[order.index("tp") + 1:])  # a size-1 dimension
@@ -195,6 +225,7 @@ def resolve_layout(scenario: Scenario) -> Layout:
         order=order,
         sequence_parallel=plan.sequence_parallel and tp > 1,
         layer_split=split,
+        chains=chains,
     )
     if split == "auto":
         from mpsim.balance.auto import balanced_layers  # prices layers with the cost model, which needs a layout

@@ -143,8 +143,11 @@ def build_stack_workload(scenario: Scenario, layout: Layout) -> Workload:
     env = stack_env(scenario, layout)
     units = unit_works(stack, env)
     options = stack_options(scenario, layout)
-    stages, cuts, first = [], [], 0
-    for count in layout.layers_per_chunk:
+    stages, cuts = [], []
+    chains = layout.stage_chains
+    for stage, count in enumerate(layout.layers_per_chunk):
+        # a stage's units start after those of the earlier stages of its chain (chains.py)
+        first = sum(layout.layers_per_chunk[chains.first(stage):stage])
         stages.append(build_stack_stage(units[first:first + count], options))
         first += count
         if 0 < first < len(units):

@@ -1,7 +1,10 @@
 """From a model and a layout to the work of each pipeline stage (model chunk).
 
 Stage ``k`` of ``pp * vpp`` holds ``layers_per_chunk[k]`` transformer layers; stage 0
-also holds the embedding and the last stage the final norm, LM head and loss. A layer
+also holds the embedding and the last stage the final norm, LM head and loss. When the
+schedule runs several pipelines (``layout.chains``: the bidirectional DualPipe), each
+chain's first stage holds an embedding and its last stage a head, and a stage's layers
+are numbered from its chain's start (block ``k`` of every chain is the same layers). A layer
 stack model (``kind: stack``) is built by ``layer_stack.py`` into the same structures. On MoE
 models the first ``moe.dense_layers`` layers have a dense FFN. Stages with the same
 contents share one :class:`StageWork` (a 126-layer model has a handful of distinct
@@ -198,12 +201,12 @@ def build_workload(scenario: Scenario, layout: Layout) -> Workload:
     options = stage_options(scenario, layout, vocab)
     dense_total = scenario.model.moe.dense_layers if scenario.model.moe else scenario.model.num_layers
     stages = []
-    first = 0
-    last = layout.num_stages - 1
+    chains = layout.stage_chains
     for stage, layers in enumerate(layout.layers_per_chunk):
+        start = chains.first(stage)
+        first = sum(layout.layers_per_chunk[start:stage])  # index of the stage's first layer in the model
         dense = max(0, min(layers, dense_total - first))
-        stages.append(build_stage(ctx, layers, dense, stage == 0, stage == last, options))
-        first += layers
+        stages.append(build_stage(ctx, layers, dense, stage == start, stage == chains.last(stage), options))
     scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
     p2p = ctx.tokens * ctx.hidden * ctx.act_bytes / (layout.tp if scatter else 1)
     return Workload(tuple(stages), ctx, vocab, float(p2p))
