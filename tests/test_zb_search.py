@@ -93,6 +93,14 @@ def test_zb_1p_is_not_torchs_zb1p_alias():
     assert canonical_name("zb1p") == "interleaved-zb"  # torch's ScheduleInterleavedZeroBubble
 
 
+@pytest.mark.parametrize("torch_class,name", [
+    ("ScheduleGPipe", "gpipe"), ("Schedule1F1B", "1f1b"), ("ScheduleInterleaved1F1B", "interleaved-1f1b"),
+    ("ScheduleLoopedBFS", "looped-bfs"), ("ScheduleInterleavedZeroBubble", "interleaved-zb"),
+    ("ScheduleZBVZeroBubble", "zbv"), ("ScheduleDualPipeV", "dualpipev")])
+def test_torchs_class_names_name_their_schedules(torch_class, name):
+    assert canonical_name(torch_class) == name
+
+
 def test_a_scenario_searches_with_its_own_stage_times():
     scenario = load_scenario(SCENARIOS / "megatron_22b_8xa100.yaml",
                              ["parallel.tp=2", "parallel.pp=4", "parallel.dp=1", "parallel.global_batch_size=32",

@@ -59,6 +59,8 @@ ALIASES = {
 def canonical_name(name: str) -> str:
     """The registry name of a schedule, accepting aliases, torch's class names and any case."""
     key = name.strip().lower().replace("_", "-")
+    if key.startswith("schedule") and key != "schedule":  # torch's class names: ScheduleGPipe, ...
+        key = key.removeprefix("schedule").lstrip("-")
     if key in SCHEDULES:  # before the dash-free aliases: "zb-1p" is not torch's ZB1P
         return key
     return ALIASES.get(key, ALIASES.get(key.replace("-", ""), key))
