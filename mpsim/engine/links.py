@@ -14,6 +14,7 @@ a + b: the sum of their bytes over the link bandwidth.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import simpy
@@ -45,19 +46,29 @@ class SharedLinks:
         if busy_s <= 0:
             on_done()
             return
+        env = self.env
         if not links:  # nothing shared: it just takes its time
-            self.env.timeout(busy_s).callbacks.append(lambda _: on_done())
+            env.timeout(busy_s).callbacks.append(lambda _: on_done())
             return
-        flow = Flow(busy_s, links, on_done, self.env.now)
+        flow = Flow(busy_s, links, on_done, env.now)
         flows_on = self.flows_on
-        neighbours = set()
+        neighbours = None
         for link in links:
             on_link = flows_on.get(link)
             if on_link is None:
                 flows_on[link] = {flow}
             else:
-                neighbours.update(on_link)
+                if on_link:
+                    if neighbours is None:
+                        neighbours = set(on_link)
+                    else:
+                        neighbours.update(on_link)
                 on_link.add(flow)
+        if neighbours is None:  # alone on its links (the common case): one timer, rate 1
+            flow.rate = 1.0
+            flow.version = 1
+            env.timeout(busy_s).callbacks.append(partial(self._timer, flow, 1))
+            return
         for other in neighbours:
             self._update(other)
         self._update(flow)
@@ -74,24 +85,32 @@ class SharedLinks:
         flow.remaining_s -= (now - flow.updated_s) * flow.rate
         flow.updated_s = now
         sharing = 1
+        flows_on = self.flows_on
         for link in flow.links:
-            count = len(self.flows_on[link])
+            count = len(flows_on[link])
             if count > sharing:
                 sharing = count
         flow.rate = 1.0 / sharing
         flow.version += 1
-        version = flow.version
         remaining = flow.remaining_s if flow.remaining_s > 0 else 0.0
-        self.env.timeout(remaining * sharing).callbacks.append(lambda _: self._finish(flow, version))
+        self.env.timeout(remaining * sharing).callbacks.append(partial(self._timer, flow, flow.version))
 
-    def _finish(self, flow: Flow, version: int) -> None:
-        if version != flow.version:
-            return  # its rate changed since this timer was set
-        neighbours = set()
+    def _timer(self, flow: Flow, version: int, _event) -> None:
+        if version == flow.version:  # else its rate changed since this timer was set
+            self._finish(flow)
+
+    def _finish(self, flow: Flow) -> None:
+        neighbours = None
+        flows_on = self.flows_on
         for link in flow.links:
-            on_link = self.flows_on[link]
+            on_link = flows_on[link]
             on_link.discard(flow)
-            neighbours.update(on_link)
+            if on_link:
+                if neighbours is None:
+                    neighbours = set(on_link)
+                else:
+                    neighbours.update(on_link)
         flow.on_done()
-        for other in neighbours:
-            self._update(other)
+        if neighbours:
+            for other in neighbours:
+                self._update(other)
