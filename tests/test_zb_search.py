@@ -11,7 +11,8 @@ import pytest
 from mpsim.engine import EngineInput, simulate as run_engine
 from mpsim.schedules.registry import canonical_name
 from mpsim.schedules.validate import validate
-from mpsim.schedules.zb_search import StageTimes, execute, search, zb_1p, zb_2p
+from mpsim.schedules.actions import Schedule
+from mpsim.schedules.zb_search import StageTimes, execute, knob_grid, list_schedule, search, zb_1p, zb_2p
 from mpsim.schedules.zero_bubble import zb_h1, zb_h2
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
@@ -59,9 +60,13 @@ def test_searched_schedules_are_valid_within_limit_and_no_worse_than_zb_h(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_the_search_times_a_schedule_exactly_as_the_engine_does(seed):
     times, m = random_times(100 + seed)
-    schedule = zb_2p(times, m)
-    expected = execute([list(rank) for rank in schedule.actions], times).end_s
-    assert engine_timing(schedule, times) == pytest.approx(expected, rel=1e-12)
+    for knobs in knob_grid(2 * times.pp)[::7]:
+        lists, timing = list_schedule(times, m, knobs)
+        schedule = Schedule("zb-2p", m, tuple(range(times.pp)), tuple(tuple(rank) for rank in lists))
+        assert engine_timing(schedule, times) == pytest.approx(timing.end_s, rel=1e-12)
+        replayed = execute(lists, times)  # the engine's longest-path evaluator
+        assert replayed.longest_span_s == pytest.approx(timing.longest_span_s, rel=1e-12)
+        assert (replayed.peak_pending, replayed.peak_held) == (timing.peak_pending, timing.peak_held)
 
 
 def test_uniform_times_without_transfers_reach_zb_h2s_zero_bubble():

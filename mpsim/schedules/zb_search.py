@@ -24,8 +24,9 @@ have arrived (stages advance earliest-first, so nothing can still arrive in the 
 :func:`search` tries a grid of the knobs: how large a gap a weight gradient needs, how
 close an input gradient must be to hold a warm-up forward back, and how many forwards
 may run ahead of their input gradients. It adds ZB-H1 and ZB-H2 as candidates. Each
-candidate is timed with the engine's rules (:func:`execute`), and the search keeps the
-one within the limit that ends first (the step time; or, to compare with the paper,
+candidate is timed with the engine's rules: the heuristic places every action when the
+engine would start it, and ZB-H1 and ZB-H2 go through the engine's longest-path
+evaluator (:func:`execute`). The search keeps the one within the limit that ends first (the step time; or, to compare with the paper,
 whose longest stage span, the paper's cost, is shortest). The paper refines its
 heuristic with an ILP; this search does not.
 """
@@ -73,6 +74,16 @@ class Knobs:
     ahead: int | None  # at most 2(p-1-stage)+1+ahead forwards without their input gradient (None: no cap)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """What running per-stage lists gives."""
+
+    end_s: float  # when the last action of any stage ends
+    longest_span_s: float  # the longest first-start to last-end of a stage: the Zero Bubble paper's cost
+    peak_pending: tuple[int, ...]  # most microbatches each stage held with their input gradient pending
+    peak_held: tuple[int, ...]  # most microbatches each stage held with their weight gradient pending
+
+
 def _arrival(times: StageTimes, stage: int, kind: str, mb: int, f_end: list, i_end: list) -> float | None:
     """When the input of (stage, kind, mb) is there; None while its producer has not been placed."""
     pp, comm = times.pp, times.transfer_s
@@ -87,8 +98,9 @@ def _arrival(times: StageTimes, stage: int, kind: str, mb: int, f_end: list, i_e
     return None if end is None else end + comm
 
 
-def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> list[list[Action]]:
-    """Per-stage action lists built by the heuristic with ``knobs`` (one stage per rank)."""
+def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> tuple[list[list[Action]], Timing]:
+    """Per-stage action lists built by the heuristic with ``knobs`` (one stage per rank), and
+    their timing: every action is placed at the time the engine would start it."""
     pp, m = times.pp, num_microbatches
     f_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
     i_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
@@ -104,14 +116,22 @@ def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> lis
 
     last_kind = [""] * pp  # the last F or I each stage ran
     idle = [0.0] * pp  # seconds each stage has waited since its first action
+    first_start: list[float | None] = [None] * pp
+    last_end = [0.0] * pp
+    most_pending, most_held = [0] * pp, [0] * pp
 
     def run(stage: int, kind: str, mb: int, start: float) -> None:
         end = start + times.duration(stage, kind)
+        if first_start[stage] is None:
+            first_start[stage] = start
+        last_end[stage] = end
         if kind != "W":
             last_kind[stage] = kind
         lists[stage].append(Action(stage, kind, mb))
         if kind == "F":
             f_end[stage][mb], next_f[stage] = end, mb + 1
+            most_pending[stage] = max(most_pending[stage], next_f[stage] - next_i[stage])
+            most_held[stage] = max(most_held[stage], next_f[stage] - next_i[stage] + len(pending_w[stage]))
         elif kind == "I":
             i_end[stage][mb], next_i[stage] = end, mb + 1
             pending_w[stage].append(mb)
@@ -127,6 +147,7 @@ def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> lis
         if next_i[stage] == m:  # forwards and input gradients done: the weight gradients left
             for mb in pending_w[stage]:
                 lists[stage].append(Action(stage, "W", mb))
+                last_end[stage] += times.weight_grad_s[stage]
             pending_w[stage] = []
             continue
         i_at = _arrival(times, stage, "I", next_i[stage], f_end, i_end) if next_i[stage] < next_f[stage] else None
@@ -171,65 +192,38 @@ def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> lis
         if next_i[stage] > 0 or next_f[stage] > 0:  # idle before the first action is not a bubble
             idle[stage] += wake - now
         push(wake, stage)
-    return lists
-
-
-@dataclass(frozen=True)
-class Timing:
-    """What running per-stage lists gives."""
-
-    end_s: float  # when the last action of any stage ends
-    longest_span_s: float  # the longest first-start to last-end of a stage: the Zero Bubble paper's cost
-    peak_pending: tuple[int, ...]  # most microbatches each stage held with their input gradient pending
-    peak_held: tuple[int, ...]  # most microbatches each stage held with their weight gradient pending
+    timing = Timing(max(last_end), max(last_end[s] - (first_start[s] or 0.0) for s in range(pp)),
+                    tuple(most_pending), tuple(most_held))
+    return lists, timing
 
 
 def execute(lists: list[list[Action]], times: StageTimes) -> Timing:
-    """Run per-stage lists in order with fixed durations.
+    """Run per-stage lists in order with fixed durations, by the engine's rules.
 
-    The engine's rules with fixed durations: an action starts when its rank is free and
-    its input has arrived; a weight gradient after its own input gradient.
+    The timing is the engine's own longest-path evaluator (``mpsim/explore/fastpath.py``);
+    the peaks only need the order of each list.
     """
+    from mpsim.engine import EngineInput  # here, not at the top: the engine imports the schedules
+    from mpsim.explore.fastpath import simulate_fast
+
     pp = times.pp
     m = max((a.microbatch for actions in lists for a in actions), default=-1) + 1
-    f_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
-    i_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
-    position, free, held, peak = [0] * pp, [0.0] * pp, [0] * pp, [0] * pp
-    kept, kept_peak = [0] * pp, [0] * pp  # forwards whose weight gradient has not run
-    first_start: list[float | None] = [None] * pp
-    progressed = True
-    while progressed:
-        progressed = False
-        for stage in range(pp):
-            while position[stage] < len(lists[stage]):
-                stage_, kind, mb = lists[stage][position[stage]]
-                if kind == "W":
-                    ready = i_end[stage][mb]
-                else:
-                    ready = _arrival(times, stage, kind, mb, f_end, i_end)
-                if ready is None:
-                    break
-                start = max(free[stage], ready)
-                if first_start[stage] is None:
-                    first_start[stage] = start
-                free[stage] = start + times.duration(stage, kind)
-                if kind == "F":
-                    f_end[stage][mb] = free[stage]
-                    held[stage] += 1
-                    kept[stage] += 1
-                    peak[stage] = max(peak[stage], held[stage])
-                    kept_peak[stage] = max(kept_peak[stage], kept[stage])
-                elif kind == "I":
-                    i_end[stage][mb] = free[stage]
-                    held[stage] -= 1
-                else:
-                    kept[stage] -= 1
-                position[stage] += 1
-                progressed = True
-    if any(position[s] < len(lists[s]) for s in range(pp)):
-        raise ValueError("the action lists deadlock")
-    spans = [free[s] - (first_start[s] or 0.0) for s in range(pp)]
-    return Timing(max(free), max(spans), tuple(peak), tuple(kept_peak))
+    schedule = Schedule("candidate", m, loop_placement(pp, 1), tuple(tuple(actions) for actions in lists))
+    action_s = {(stage, kind): times.duration(stage, kind) for stage in range(pp) for kind in "FIW"}
+    transfer_s = {pair: times.transfer_s for stage in range(pp - 1) for pair in ((stage, stage + 1), (stage + 1, stage))}
+    records = simulate_fast(EngineInput(schedule, action_s, transfer_s)).actions
+    pending, held = [], []
+    for actions in lists:
+        count = {"F": 0, "I": 0, "W": 0}
+        most_pending = most_held = 0
+        for action in actions:
+            count[action.kind] += 1
+            most_pending = max(most_pending, count["F"] - count["I"])
+            most_held = max(most_held, count["F"] - count["W"])
+        pending.append(most_pending)
+        held.append(most_held)
+    return Timing(max(r[-1].end_s for r in records), max(r[-1].end_s - r[0].start_s for r in records),
+                  tuple(pending), tuple(held))
 
 
 def knob_grid(memory_limit: int) -> list[Knobs]:
@@ -249,9 +243,11 @@ def search(times: StageTimes, num_microbatches: int, memory_limit: int, name: st
     pp = times.pp
     if memory_limit < 1:
         raise ValueError(f"the memory limit must allow at least one microbatch, got {memory_limit}")
-    candidates = [list_schedule(times, num_microbatches, knobs) for knobs in knob_grid(memory_limit)]
-    candidates += [[list(rank) for rank in handmade(pp, 1, num_microbatches).actions] for handmade in (zb_h1, zb_h2)]
-    timed = [(execute(lists, times), lists) for lists in candidates]
+    timed = [(timing, lists) for lists, timing in
+             (list_schedule(times, num_microbatches, knobs) for knobs in knob_grid(memory_limit))]
+    for handmade in (zb_h1, zb_h2):
+        lists = [list(rank) for rank in handmade(pp, 1, num_microbatches).actions]
+        timed.append((execute(lists, times), lists))
     fitting = [(timing, lists) for timing, lists in timed if max(timing.peak_pending) <= memory_limit]
 
     def rank(timing: Timing) -> tuple[float, float, int]:

@@ -80,6 +80,13 @@ def parse_layer(value: Any, index: int, allow_block: bool) -> Any:
         raise _relocated(exc, (index,)) from None
 
 
+def parse_layers(value: Any, allow_block: bool) -> Any:
+    """A ``layers`` list parsed layer by layer (anything else is left for pydantic to reject)."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    return tuple(parse_layer(item, i, allow_block) for i, item in enumerate(value))
+
+
 class BlockLayer(Spec):
     """A group of layers run ``repeat`` times in a row; each repetition is one pipeline unit."""
 
@@ -91,9 +98,7 @@ class BlockLayer(Spec):
     @field_validator("layers", mode="before")
     @classmethod
     def _parse(cls, value: Any) -> Any:
-        if not isinstance(value, (list, tuple)):
-            return value
-        return tuple(parse_layer(item, i, allow_block=False) for i, item in enumerate(value))
+        return parse_layers(value, allow_block=False)
 
 
 @dataclass(frozen=True)
@@ -150,9 +155,7 @@ class LayerStackSpec(Spec):
     @field_validator("layers", mode="before")
     @classmethod
     def _parse(cls, value: Any) -> Any:
-        if not isinstance(value, (list, tuple)):
-            return value
-        return tuple(parse_layer(item, i, allow_block=True) for i, item in enumerate(value))
+        return parse_layers(value, allow_block=True)
 
     @field_validator("input_shape")
     @classmethod
