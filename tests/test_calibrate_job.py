@@ -63,6 +63,9 @@ def test_fitted_parameters_are_in_sensible_ranges(outcome):
     assert fit_in_range(fit) == [], fit
     assert 0.75 <= fit.efficiency_multiplier <= 1.25
     assert 0.0 <= fit.action_overhead_s <= 5e-3
+    split = outcome.profile.compute.split_backward
+    assert split is not None and split.samples >= 3
+    assert 0.9 <= split.weight_slowdown <= 1.6  # a deferred W never runs much faster than inside a full backward
 
 
 def test_tp_speedup_is_predicted_within_15_percent(outcome):

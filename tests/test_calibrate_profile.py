@@ -14,13 +14,14 @@ import pytest
 import yaml
 
 from mpsim.calibrate import fitting
-from mpsim.calibrate.build import compute_profile, links_profile
+from mpsim.calibrate.build import compute_profile, links_profile, split_backward
 from mpsim.calibrate.compare import fit_in_range
 from mpsim.calibrate.costs import CalibratedCosts, calibrated_costs, gemm_layout
-from mpsim.calibrate.jobs import measured_ops, validation_plan
+from mpsim.calibrate.jobs import measured_ops, split_spec, validation_plan
 from mpsim.calibrate.machine import CpuSample, foreign_share, worker_environment
 from mpsim.calibrate.measured import framework_gaps, order_mismatch, parse_steps
-from mpsim.calibrate.profile import ActionFit, CalibrationProfile, DeviceInfo, read_profile, write_profile
+from mpsim.calibrate.profile import (ActionFit, CalibrationProfile, DeviceInfo, SplitBackward, read_profile,
+                                     weight_slowdown, write_profile)
 from mpsim.cli import main
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import p2p_time
@@ -116,6 +117,42 @@ def test_fit_multiplier_and_overhead_enter_every_action():
     for key, cost in plain.costs.items():
         if len(key) == 2:  # one action: its ops slowed by 1/0.8, plus one overhead
             assert math.isclose(fitted.costs[key].duration_s, cost.duration_s / 0.8 + 2e-3, rel_tol=1e-9)
+
+
+def test_split_backward_slows_every_weight_pass_but_the_first_stages(tmp_path):
+    split = SplitBackward(full_s=0.02, input_s=0.011, weight_s=0.0108, weight_slowdown=1.2, samples=5)
+    plain = synthetic_profile(1.0)
+    measured = plain.model_copy(update={"compute": plain.compute.model_copy(update={"split_backward": split})})
+    zbv = ("parallel.schedule=zbv", "parallel.vpp=2")
+    before, after = simulate(with_profile(plain, *zbv)), simulate(with_profile(measured, *zbv))
+    for (stage, kind), cost in before.costs.items():
+        slowed = after.costs[(stage, kind)]
+        if kind == "W" and stage > 0:
+            assert math.isclose(slowed.compute_s, 1.2 * cost.compute_s, rel_tol=1e-9)
+        else:  # the first stage's W is its whole backward: nothing split there
+            assert slowed.compute_s == cost.compute_s
+    assert after.timeline.pipeline_end_s > before.timeline.pipeline_end_s
+    # schedules without a split backward never run a W
+    onef1b = simulate(with_profile(plain)).timeline.pipeline_end_s
+    assert simulate(with_profile(measured)).timeline.pipeline_end_s == onef1b
+    write_profile(measured, tmp_path / "split.yaml")
+    assert read_profile(tmp_path / "split.yaml") == measured
+
+
+def test_split_backward_merges_over_ranks_and_rejects_an_impossible_measurement():
+    rank = {"full_s": 0.02, "input_s": 0.01, "weight_s": 0.011, "weight_slowdown": 1.1, "spread": 0.05, "samples": 4}
+    merged = split_backward([{"split_backward": rank}, {"split_backward": {**rank, "weight_slowdown": 1.3,
+                                                                            "spread": 0.1}}, {}])
+    assert math.isclose(merged.weight_slowdown, 1.2) and merged.spread == 0.1 and merged.samples == 8
+    assert split_backward([{}, {}]) is None
+    assert math.isclose(weight_slowdown(0.02, 0.011, 0.0108), 1.2)
+    with pytest.raises(ValueError, match="no longer than"):
+        weight_slowdown(0.01, 0.012, 0.001)
+
+
+def test_split_backward_is_measured_where_the_pytorch_stand_in_can_build_the_model():
+    assert split_spec(load_scenario(VALIDATION).scenario, 0)["shape"]["layers"] == 8
+    assert split_spec(load_scenario(SCENARIOS / "llama3_70b_32xh100.yaml").scenario, 0) is None  # GQA, SwiGLU
 
 
 def test_links_come_from_the_profile():

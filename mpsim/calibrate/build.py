@@ -17,7 +17,7 @@ from mpsim.calibrate import fitting
 from mpsim.calibrate.machine import FOREIGN_CPU_LIMIT, cpu_count
 from mpsim.calibrate.profile import (AttentionCurve, AttentionPoint, CalibrationProfile, CollectiveFit,
                                      ComputeProfile, Conditions, DeviceInfo, GemmCurve, GemmPoint, LinkFit,
-                                     LinksProfile, MemoryPoint, SizePoint, StreamFit)
+                                     LinksProfile, MemoryPoint, SizePoint, SplitBackward, StreamFit)
 
 
 def merge_ranks(ops: list[dict], results: list[dict]) -> list[tuple[dict, dict]]:
@@ -81,6 +81,17 @@ def compute_profile(merged: list[tuple[dict, dict]], dtype: str, peak_flops: flo
                           memory_fit=overall, memory_by_name=by_name)
 
 
+def split_backward(results: list[dict]) -> SplitBackward | None:
+    """The split-backward measurement, averaged over the ranks that made it."""
+    per_rank = [r["split_backward"] for r in results if r.get("split_backward")]
+    if not per_rank:
+        return None
+    mean = {key: statistics.fmean(m[key] for m in per_rank)
+            for key in ("full_s", "input_s", "weight_s", "weight_slowdown")}
+    return SplitBackward(**mean, spread=max(m["spread"] for m in per_rank),
+                         samples=sum(m["samples"] for m in per_rank))
+
+
 def _link_fit(points: list[dict]) -> tuple[float, float, float, list[SizePoint]]:
     sizes = [SizePoint(bytes=p["bytes"], seconds=p["seconds"], spread=p["spread"], samples=p["samples"])
              for p in points]
@@ -122,8 +133,9 @@ def build_profile(ops: list[dict], results: list[dict], *, device: str, world: i
     merged = merge_ranks(ops, results)
     eff = accelerator.efficiency
     compute = compute_profile(merged, dtype, accelerator.peak(dtype), (eff.attention_forward, eff.attention_backward))
+    compute = compute.model_copy(update={"split_backward": split_backward(results)})
     links = links_profile(results[0].get("links", {}), "nccl" if device == "cuda" else "gloo")
-    kept = [m for _, m in merged]
+    kept = [m for _, m in merged] + [r["split_backward"] for r in results if r.get("split_backward")]
     if results[0].get("links"):
         kept.append(results[0]["links"])
     first = results[0]

@@ -8,6 +8,8 @@
   curve (GEMM efficiency against FLOPs, the fused attention's fraction of peak, the
   per-name or overall streaming fit). Every op is then divided by the fitted
   ``efficiency_multiplier`` when the profile carries a fit from a real training job.
+* a weight-gradient action (``W``): its ops' seconds times the measured slowdown of
+  a weight-gradient pass run on its own (``compute.split_backward``), when measured.
 * a collective: the alpha-beta fit of that kind on that group size; other group sizes
   scale the fit with the ring algorithm's step count and volume.
 * point-to-point transfers: mpsim prices them from the system's scale-up link, so
@@ -53,6 +55,9 @@ class CalibratedCosts:
         fit = profile.fit
         self.efficiency_multiplier = fit.efficiency_multiplier if fit is not None else 1.0
         self.action_overhead_s = fit.action_overhead_s if fit is not None else 0.0
+        # a weight-gradient pass run on its own, as the framework runs it, over its ops (splitbench.py)
+        split = compute.split_backward
+        self.weight_pass_slowdown = split.weight_slowdown if split is not None else 1.0
         self._gemm = {(tuple(p.shape), p.layout): p.seconds for p in compute.gemm_points}
         self._attention = {(p.direction, round(p.flops)): p.seconds for p in compute.attention_points if p.fused}
         self._memory = {(p.name, round(p.bytes)): p.seconds for p in compute.memory_points}

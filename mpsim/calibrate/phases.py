@@ -7,7 +7,9 @@ by more than the errors being measured. Nothing is therefore measured in one blo
   median of its passes (each pass the median of the op's own repeats);
 * the schedules run round-robin, one step each in turn, the first one rotating;
 * and op passes and pipeline rounds alternate: pass, round, pass, round, ... so the
-  microbenchmarks and the training steps they are compared with see the same minutes.
+  microbenchmarks and the training steps they are compared with see the same minutes;
+  each op pass ends with a measurement of the split backward's cost
+  (``mpsim/calibrate/splitbench.py``) when the job asks for it.
 
 The machine is checked (``mpsim/calibrate/guard.py``) around each group of ops and each
 training step; a disturbed one is measured again after the ranks pause together.
@@ -65,6 +67,32 @@ class OpPasses:
         return results
 
 
+class SplitPasses:
+    """The cost of a split backward (``mpsim/calibrate/splitbench.py``), measured once per op pass."""
+
+    def __init__(self, spec: dict, device: torch.device, kind: str, guard: LoadGuard):
+        from mpsim.calibrate.splitbench import SplitBackward
+        from mpsim.calibrate.torch_model import ModelShape
+
+        self.bench = SplitBackward(ModelShape(**spec["shape"]), device, kind, spec.get("seed", 0))
+        self.guard = guard
+        self.passes: list[tuple[dict, object]] = []
+
+    def run_pass(self) -> None:
+        self.passes.append(least_disturbed(self.bench.measure, self.guard))
+
+    def results(self) -> dict:
+        """Medians over the passes of B, I, W and of the per-pass ``W / (B - I)``."""
+        from mpsim.calibrate.profile import weight_slowdown
+
+        ratios = [weight_slowdown(m["full_s"], m["input_s"], m["weight_s"]) for m, _ in self.passes]
+        medians = {key: statistics.median(m[key] for m, _ in self.passes) for key in ("full_s", "input_s", "weight_s")}
+        return {**medians, "weight_slowdown": statistics.median(ratios),
+                "spread": (max(ratios) - min(ratios)) / statistics.median(ratios), "samples": len(ratios),
+                "foreign_cpu_share": max(d.share for _, d in self.passes),
+                "slowdown": max(d.slowdown for _, d in self.passes)}
+
+
 class PipelineRounds:
     """Every schedule's stages built once; each round runs one step of each schedule."""
 
@@ -116,15 +144,20 @@ def run_measurements(job: dict, rank: int, world: int, device: torch.device, kin
         links, disturbance = least_disturbed(lambda: bench_links(rank, world, device, kind, repeats), guard)
         result["links"] = {**links, **disturbance.as_dict()}
     ops = OpPasses(job["ops"], device, kind, guard) if "ops" in phases else None
+    split = SplitPasses(job["split"], device, kind, guard) if ops is not None and job.get("split") else None
     rounds = PipelineRounds(job["pipeline"], rank, device, guard, clock) if "pipeline" in phases else None
     steps = job["pipeline"]["steps"] if rounds is not None else 0
     for index in range(max(MIN_OP_PASSES if ops is not None else 0, steps)):
         if ops is not None:
             ops.run_pass()
+        if split is not None:
+            split.run_pass()
         if rounds is not None and index < steps:
             rounds.run_round(index)
     if ops is not None:
         result["ops"] = ops.results()
+    if split is not None:
+        result["split_backward"] = split.results()
     if rounds is not None:
         result["pipeline"] = rounds.out
     if "tp" in phases and world >= 2:

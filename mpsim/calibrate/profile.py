@@ -13,6 +13,8 @@ datasheet efficiencies of the scenario's accelerator and links:
 * ``compute.memory``: measured memory-bound ops by mpsim op name and bytes, a fit
   ``t = latency + bytes / bandwidth`` per op name and one over all of them (the
   streaming bandwidth, which also prices the optimizer step).
+* ``compute.split_backward``: a decoder layer's backward run whole and split into input-
+  and weight-gradient passes; the weight pass's slowdown on its own prices ``W`` actions.
 * ``links``: alpha-beta fits ``t = latency + bytes / bandwidth`` of point-to-point sends
   and of each collective per group size, with the measured points behind them.
 * ``fit`` (written by ``mpsim validate``): a multiplier on every op's speed and a fixed
@@ -106,6 +108,27 @@ class StreamFit(_Strict):
         return self.latency_s + message_bytes / self.bandwidth
 
 
+def weight_slowdown(full_s: float, input_s: float, weight_s: float) -> float:
+    """``W`` run on its own over its share of a full backward, ``W / (B - I)``."""
+    share = full_s - input_s
+    if share <= 0:
+        raise ValueError(f"a full backward ({full_s:.3g} s) no longer than its input gradient ({input_s:.3g} s)")
+    return weight_s / share
+
+
+class SplitBackward(_Strict):
+    """One decoder layer's backward as one pass and as input- then weight-gradient passes
+    (``mpsim/calibrate/splitbench.py``)."""
+
+    full_s: float = Field(gt=0, description="the full backward (B)")
+    input_s: float = Field(gt=0, description="the input-gradient pass (I)")
+    weight_s: float = Field(gt=0, description="the weight-gradient pass run afterwards on its own (W)")
+    weight_slowdown: float = Field(gt=0, description="W / (B - I), the median over the measurement passes: "
+                                                     "multiplies the compute of every W action")
+    spread: float = Field(0.0, ge=0, description="(max - min) / median of the per-pass ratios")
+    samples: int = Field(1, ge=1, description="measurement passes")
+
+
 class ComputeProfile(_Strict):
     """Everything measured about compute ops, in one dtype."""
 
@@ -117,6 +140,8 @@ class ComputeProfile(_Strict):
     memory_points: list[MemoryPoint] = Field(default_factory=list)
     memory_fit: StreamFit = Field(description="over every memory-bound op measured: the streaming bandwidth")
     memory_by_name: dict[str, StreamFit] = Field(default_factory=dict, description="per op name")
+    split_backward: SplitBackward | None = Field(None, description="what a deferred weight gradient costs in the "
+                                                                   "framework; absent: as its ops")
 
 
 class SizePoint(Measured):

@@ -43,6 +43,11 @@ def profile_lines(profile: CalibrationProfile) -> list[str]:
              f"  streaming    {comp.memory_fit.bandwidth / 1e9:.2f} GB/s after "
              f"{format_seconds(comp.memory_fit.latency_s)}"
              f" per op (rms error {100 * comp.memory_fit.rms_error:.1f} %)"]
+    split = comp.split_backward
+    if split is not None:
+        lines.append(f"  split bwd    one layer: B {format_seconds(split.full_s)}, I {format_seconds(split.input_s)} "
+                     f"then W {format_seconds(split.weight_s)}: W on its own runs {split.weight_slowdown:.3f}x its "
+                     f"share of B (spread {100 * split.spread:.1f} % over {split.samples} passes)")
     if profile.links is not None:
         p2p = profile.links.p2p
         lines.append(f"links        {profile.links.backend}: point-to-point {format_seconds(p2p.latency_s)} + bytes / "

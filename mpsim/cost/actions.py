@@ -69,7 +69,7 @@ class CostModel:
         self.placements = group_placements(layout)
         # share of the SMs a running collective takes from compute that overlaps it
         self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
-        self._passes: dict[int, tuple[Pass, ActionCost]] = {}
+        self._passes: dict[int, tuple[Pass, float, ActionCost]] = {}
 
     def collective_s(self, op: Op) -> float:
         """Seconds of a collective op on its group."""
@@ -95,11 +95,17 @@ class CostModel:
             return comm_s
         return compute_s + comm_s * self.comm_sm_fraction
 
-    def price(self, work: Pass) -> ActionCost:
-        """Duration and segments of a pass (cached per pass object)."""
+    @property
+    def weight_pass_slowdown(self) -> float:
+        """How much slower a weight-gradient action runs than its ops (1 without a calibration profile)."""
+        return self.calibration.weight_pass_slowdown if self.calibration is not None else 1.0
+
+    def price(self, work: Pass, compute_scale: float = 1.0) -> ActionCost:
+        """Duration and segments of a pass, its compute ops ``compute_scale`` times their own
+        seconds (cached per pass object)."""
         cached = self._passes.get(id(work))
-        if cached is not None and cached[0] is work:
-            return cached[1]
+        if cached is not None and cached[0] is work and cached[1] == compute_scale:
+            return cached[2]
         clock = compute = comm = exposed = flops = dp_wait = 0.0
         by_group: dict[str, float] = {}
         previous_start = 0.0
@@ -121,7 +127,7 @@ class CostModel:
                     segments.append(Segment("tp", "tp-comm", f"{block.label} {item.comm.name}", clock, comm_s))
                     busy = 0.0
                     for op in item.compute:
-                        op_s = self.compute.time(op)
+                        op_s = self.compute.time(op) * compute_scale
                         segments.append(Segment("compute", block.category, f"{block.label} {op.name}",
                                                 clock + busy, op_s))
                         busy += op_s
@@ -140,7 +146,7 @@ class CostModel:
                     exposed += comm_s
                     by_group[item.group] = by_group.get(item.group, 0.0) + comm_s
                 else:
-                    op_s = self.compute.time(item)
+                    op_s = self.compute.time(item) * compute_scale
                     segments.append(Segment("compute", block.category, f"{block.label} {item.name}", clock, op_s))
                     clock += op_s
                     compute += op_s
@@ -157,7 +163,7 @@ class CostModel:
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
         cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
                           tuple(sorted(by_group.items())))
-        self._passes[id(work)] = (work, cost)
+        self._passes[id(work)] = (work, compute_scale, cost)
         return cost
 
 
@@ -168,7 +174,9 @@ def stage_costs(workload: Workload, model: CostModel) -> dict[tuple[int, str], A
         costs[(stage, "F")] = model.price(work.forward)
         costs[(stage, "B")] = model.price(work.backward)
         costs[(stage, "I")] = model.price(work.backward_input)
-        costs[(stage, "W")] = model.price(work.backward_weight)
+        # the first stage has no input gradient to produce, so nothing is split there: its W
+        # is the whole backward (torch.distributed.pipelining runs it that way)
+        costs[(stage, "W")] = model.price(work.backward_weight, model.weight_pass_slowdown if stage > 0 else 1.0)
     return costs
 
 

@@ -18,6 +18,7 @@ are already priced into the durations it is given.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Mapping
@@ -92,10 +93,12 @@ class _Run:
         self.sent_at: dict[tuple[str, int, int], float] = {}
         self.link_free: dict[tuple[int, int], float] = {}
         # with contention, transfers and DP buckets are flows on shared links, and each
-        # rank's DP stream is a process working through a queue
+        # rank's DP stream works through a queue of buckets: one at a time, in order
         self.shared = SharedLinks(self.env) if inp.transfer_links is not None else None
-        self.dp_queues = ([simpy.Store(self.env) for _ in range(self.schedule.num_ranks)]
-                          if self.shared is not None else [])
+        ranks = self.schedule.num_ranks
+        self.dp_queues: list[deque] = [deque() for _ in range(ranks)]
+        self.dp_busy = [False] * ranks  # a bucket in flight, or waiting to become ready
+        self.dp_closed = [False] * ranks  # the rank has run its last action: no more buckets
         self.sends_in_flight = [0] * self.schedule.num_ranks
         self.send_waiters: list[simpy.Event | None] = [None] * self.schedule.num_ranks
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
@@ -226,7 +229,9 @@ class _Run:
             for stage in stages:
                 dp_free = self._sync_buckets(rank, stage, last, last, dp_free)
         if self.shared is not None:
-            self.dp_queues[rank].put(None)  # the DP stream finishes its queue and sets grad_done
+            self.dp_closed[rank] = True  # the DP stream finishes its queue and sets grad_done
+            if not self.dp_busy[rank]:
+                self._dp_next(rank)
         else:
             self.grad_done[rank] = max(dp_free, records[-1].end_s if records else 0.0)
 
@@ -260,25 +265,34 @@ class _Run:
             yield waiter
             self.timeline.send_waits.append((rank, wait_from, self.env.now))
 
-    def _dp_stream(self, rank: int):
-        """Contention mode: the rank's DP stream runs its reductions in order as flows."""
-        env, queue = self.env, self.dp_queues[rank]
-        while True:
-            entry = yield queue.get()
-            if entry is None:
-                break
-            start, end, buckets, label = entry  # an action's buckets, in the order it produces them
-            for bucket in buckets:
-                ready = start + bucket.ready_fraction * (end - start)
-                if ready > env.now:
-                    yield env.timeout(ready - env.now)
-                begin = env.now
-                yield self.shared.wait(bucket.duration_s, bucket.links)
-                if env.now > begin:
-                    self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin,
-                                                          env.now))
-        records = self.timeline.actions[rank]
-        self.grad_done[rank] = max(env.now, records[-1].end_s if records else 0.0)
+    def _dp_next(self, rank: int) -> None:
+        """Contention mode: start the rank's next DP bucket as a flow once it is ready.
+
+        The stream is a queue driven by callbacks rather than a process: a bucket costs
+        its flow's timer, plus one timer when it is queued before it is ready.
+        """
+        queue, now = self.dp_queues[rank], self.env.now
+        while queue:
+            ready, bucket, label = queue[0]
+            if ready > now:
+                self.dp_busy[rank] = True
+                self.env.timeout(ready - now).callbacks.append(lambda _: self._dp_next(rank))
+                return
+            queue.popleft()
+            if bucket.duration_s > 0:
+                self.dp_busy[rank] = True
+                self.shared.transfer(bucket.duration_s, bucket.links,
+                                     partial(self._dp_done, rank, f"{label} {bucket.label}", now))
+                return
+        self.dp_busy[rank] = False
+        if self.dp_closed[rank]:
+            records = self.timeline.actions[rank]
+            self.grad_done[rank] = max(now, records[-1].end_s if records else 0.0)
+
+    def _dp_done(self, rank: int, label: str, begin: float) -> None:
+        if self.env.now > begin:
+            self.timeline.syncs.append(SyncRecord(rank, "dp-comm", label, begin, self.env.now))
+        self._dp_next(rank)
 
     def _sync_buckets(self, rank: int, stage: int, start: float, end: float, dp_free: float) -> float:
         return self._start_buckets(rank, self.inp.grad_buckets.get(stage, ()), start, end, dp_free, f"stage {stage}")
@@ -288,7 +302,10 @@ class _Run:
         """Queue reductions on the rank's DP stream as an action running start..end produces them."""
         if self.shared is not None:
             if buckets:
-                self.dp_queues[rank].put((start, end, buckets, label))
+                queue = self.dp_queues[rank]
+                queue.extend((start + bucket.ready_fraction * (end - start), bucket, label) for bucket in buckets)
+                if not self.dp_busy[rank]:
+                    self._dp_next(rank)
             return dp_free
         for bucket in buckets:
             ready = start + bucket.ready_fraction * (end - start)
@@ -301,8 +318,6 @@ class _Run:
     def execute(self) -> Timeline:
         for rank in range(self.schedule.num_ranks):
             self.env.process(self._rank(rank))
-            if self.shared is not None:
-                self.env.process(self._dp_stream(rank))
         self.env.run()
         unfinished = [r for r in range(self.schedule.num_ranks)
                       if len(self.timeline.actions[r]) != len(self.schedule.actions[r])]
