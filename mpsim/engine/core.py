@@ -25,7 +25,7 @@ from typing import Mapping
 
 import simpy
 
-from mpsim.engine.links import SharedLinks
+from mpsim.engine.links import Flow, SharedLinks
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
 from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, parts
 
@@ -99,8 +99,9 @@ class _Run:
         self.dp_queues: list[deque] = [deque() for _ in range(ranks)]
         self.dp_busy = [False] * ranks  # a bucket in flight, or waiting to become ready
         self.dp_closed = [False] * ranks  # the rank has run its last action: no more buckets
-        self.sends_in_flight = [0] * self.schedule.num_ranks
-        self.send_waiters: list[simpy.Event | None] = [None] * self.schedule.num_ranks
+        # contention mode: transfers in flight, by the key of what they carry and by sender
+        self.flow_of: dict[tuple[str, int, int], Flow] = {}
+        self.sending: list[list[Flow]] = [[] for _ in range(self.schedule.num_ranks)]
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
         self.grad_done = [0.0] * self.schedule.num_ranks
         # index of the action after which a stage's gradients are final, per rank
@@ -190,8 +191,14 @@ class _Run:
             for key in inputs:
                 at = self.arrival.pop(key, None)
                 if at is None:
-                    event = self.waiting[key] = env.event()
-                    yield event
+                    flow = self.flow_of.get(key)
+                    if flow is None:  # not sent yet: its transfer wakes this event when it lands
+                        event = self.waiting[key] = env.event()
+                        yield event
+                    else:  # in flight: wake with its timer (again, if its rate changes meanwhile)
+                        while at is None:
+                            yield flow.timer
+                            at = self.arrival.pop(key, None)
                 elif at > env.now:
                     yield env.timeout(at - env.now)
                 sent = self.sent_at[key] if sent is None else max(sent, self.sent_at[key])
@@ -243,26 +250,31 @@ class _Run:
         """
         spec = self.inp.transfer_links[(action.stage, key[1])]
         self.sent_at[key] = end
-        self.sends_in_flight[rank] += 1
-        self.shared.transfer(spec.latency_s + spec.busy_s, spec.links,
-                             partial(self._landed, rank, consumer, key, action, end))
+        flow = self.shared.transfer(spec.latency_s + spec.busy_s, spec.links,
+                                    partial(self._landed, rank, consumer, key, action, end))
+        if flow is not None:
+            self.flow_of[key] = flow
+            self.sending[rank].append(flow)
 
     def _landed(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float) -> None:
-        """A pipeline transfer arrived: record it, wake its consumer, release a blocked sender."""
+        """A pipeline transfer arrived: record it and wake its consumer (a blocked sender wakes on its timer)."""
         self.timeline.transfers.append(TransferRecord(rank, consumer, action, end, self.env.now))
+        flow = self.flow_of.pop(key, None)
+        if flow is not None:
+            self.sending[rank].remove(flow)
         self._deliver(key, self.env.now)
-        self.sends_in_flight[rank] -= 1
-        waiter = self.send_waiters[rank]
-        if waiter is not None and self.sends_in_flight[rank] == 0:
-            self.send_waiters[rank] = None
-            waiter.succeed()
 
     def _wait_for_sends(self, rank: int):
-        """Blocking sends: wait until every transfer this rank started has landed."""
-        if self.sends_in_flight[rank]:
+        """Blocking sends: wait until every transfer this rank started has landed.
+
+        The rank yields the timer of a send still in flight; the flow's own callback
+        (which lands it) runs before the rank resumes, so no extra event is needed.
+        """
+        sending = self.sending[rank]
+        if sending:
             wait_from = self.env.now
-            waiter = self.send_waiters[rank] = self.env.event()
-            yield waiter
+            while sending:
+                yield sending[-1].timer
             self.timeline.send_waits.append((rank, wait_from, self.env.now))
 
     def _dp_next(self, rank: int) -> None:

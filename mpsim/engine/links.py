@@ -23,7 +23,7 @@ import simpy
 class Flow:
     """One transfer in flight."""
 
-    __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "version")
+    __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "version", "timer")
 
     def __init__(self, remaining_s: float, links: tuple, on_done: Callable[[], None], now: float):
         self.remaining_s = remaining_s  # seconds left if it had its links to itself
@@ -32,6 +32,9 @@ class Flow:
         self.rate = 0.0
         self.updated_s = now
         self.version = 0
+        # the timeout that ends the flow at its current rate; a process may yield it to wake
+        # when the flow lands (after ``on_done``, whose callback comes first) or is rescheduled
+        self.timer: simpy.Event | None = None
 
 
 class SharedLinks:
@@ -41,16 +44,20 @@ class SharedLinks:
         self.env = env
         self.flows_on: dict = {}  # link -> set of active flows
 
-    def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None]) -> None:
-        """Start a flow now; ``on_done()`` is called (at that simulated time) when it has moved all its data."""
+    def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None]) -> Flow | None:
+        """Start a flow now; ``on_done()`` is called (at that simulated time) when it has moved all its data.
+
+        Returns the flow (None when it took no time and is already done).
+        """
         if busy_s <= 0:
             on_done()
-            return
+            return None
         env = self.env
-        if not links:  # nothing shared: it just takes its time
-            env.timeout(busy_s).callbacks.append(lambda _: on_done())
-            return
         flow = Flow(busy_s, links, on_done, env.now)
+        if not links:  # nothing shared: it just takes its time
+            flow.timer = env.timeout(busy_s)
+            flow.timer.callbacks.append(lambda _: on_done())
+            return flow
         flows_on = self.flows_on
         neighbours = None
         for link in links:
@@ -67,11 +74,13 @@ class SharedLinks:
         if neighbours is None:  # alone on its links (the common case): one timer, rate 1
             flow.rate = 1.0
             flow.version = 1
-            env.timeout(busy_s).callbacks.append(partial(self._timer, flow, 1))
-            return
+            flow.timer = env.timeout(busy_s)
+            flow.timer.callbacks.append(partial(self._timer, flow, 1))
+            return flow
         for other in neighbours:
             self._update(other)
         self._update(flow)
+        return flow
 
     def wait(self, busy_s: float, links: tuple) -> simpy.Event:
         """``transfer`` as an event to yield on."""
@@ -93,7 +102,8 @@ class SharedLinks:
         flow.rate = 1.0 / sharing
         flow.version += 1
         remaining = flow.remaining_s if flow.remaining_s > 0 else 0.0
-        self.env.timeout(remaining * sharing).callbacks.append(partial(self._timer, flow, flow.version))
+        flow.timer = self.env.timeout(remaining * sharing)
+        flow.timer.callbacks.append(partial(self._timer, flow, flow.version))
 
     def _timer(self, flow: Flow, version: int, _event) -> None:
         if version == flow.version:  # else its rate changed since this timer was set
