@@ -88,9 +88,17 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
     # links pipeline transfers use: a DP bucket only needs to share a link one of them uses
     busy_links = {link for spec in transfer_links.values() for link in spec.links}
 
+    shared_links: dict[tuple, tuple] = {}  # (group, rank) -> the links its buckets share with transfers
+
     def bucket(spec: tuple, rank: int) -> GradBucket:
         ready, seconds, label, group = spec
-        links = tuple(link for link in group_links(model, group, rank) if link in busy_links) if contention else ()
+        links = ()
+        if contention:
+            key = (group if isinstance(group, str) else id(group), rank)
+            links = shared_links.get(key)
+            if links is None:
+                links = shared_links[key] = tuple(link for link in group_links(model, group, rank)
+                                                  if link in busy_links)
         return GradBucket(ready, seconds, label, links)
 
     copies = block_copy_ranks(schedule)
