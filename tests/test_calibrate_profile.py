@@ -17,7 +17,8 @@ from mpsim.calibrate import fitting
 from mpsim.calibrate.build import compute_profile, links_profile, split_backward
 from mpsim.calibrate.compare import fit_in_range
 from mpsim.calibrate.costs import CalibratedCosts, calibrated_costs, gemm_layout
-from mpsim.calibrate.jobs import measured_ops, split_spec, validation_plan
+from mpsim.calibrate.jobs import (MeasureSettings, calibration_job, measured_ops, validation_job,
+                                  validation_plan)
 from mpsim.calibrate.machine import CpuSample, foreign_share, worker_environment
 from mpsim.calibrate.measured import framework_gaps, order_mismatch, parse_steps
 from mpsim.calibrate.profile import (ActionFit, CalibrationProfile, DeviceInfo, SplitBackward, read_profile,
@@ -150,9 +151,13 @@ def test_split_backward_merges_over_ranks_and_rejects_an_impossible_measurement(
         weight_slowdown(0.01, 0.012, 0.001)
 
 
-def test_split_backward_is_measured_where_the_pytorch_stand_in_can_build_the_model():
-    assert split_spec(load_scenario(VALIDATION).scenario, 0)["shape"]["layers"] == 8
-    assert split_spec(load_scenario(SCENARIOS / "llama3_70b_32xh100.yaml").scenario, 0) is None  # GQA, SwiGLU
+def test_only_the_validation_job_measures_the_split_backward():
+    plan = validation_plan(VALIDATION, ["1f1b", "zbv"], 2)
+    job = validation_job(plan, "cpu", MeasureSettings())
+    assert job["split"]["shape"]["layers"] == 8 and job["split"]["shape"]["hidden"] == 512
+    # a calibration job prices a scenario at its per-rank shapes; one whole layer of a large model is not one
+    assert "split" not in calibration_job(load_scenario(SCENARIOS / "gpt3_175b_64xa100.yaml").scenario, "cpu",
+                                          MeasureSettings())
 
 
 def test_links_come_from_the_profile():

@@ -6,9 +6,8 @@ the real training job: the validation scenario under each schedule (its placemen
 stages on ranks comes from mpsim's own schedule, which reproduces PyTorch's order), and
 the DTensor MLP check at TP = 1 and TP = ranks; the ops of all of these are measured in
 the same job, before the training steps, so the fit and the check see the same machine.
-Both jobs measure what splitting a layer's backward into input and weight gradients
-costs in PyTorch (``mpsim/calibrate/splitbench.py``) when the model is one the PyTorch
-stand-in can build.
+The validation job also measures what splitting a layer's backward into input and
+weight gradients costs in PyTorch (``mpsim/calibrate/splitbench.py``).
 """
 
 from __future__ import annotations
@@ -127,21 +126,12 @@ def model_shape(scenario: Scenario) -> dict:
             "dtype": scenario.training.dtype}
 
 
-def split_spec(scenario: Scenario, seed: int) -> dict | None:
-    """The split-backward measurement (``mpsim/calibrate/splitbench.py``) on one layer of the scenario's
-    model; None for a model the PyTorch stand-in cannot build."""
-    try:
-        return {"shape": model_shape(scenario), "seed": seed}
-    except InputError:
-        return None
-
-
 def calibration_job(scenario: Scenario, device: str, settings: MeasureSettings) -> dict:
-    """Ops (with the split backward where the model allows) and links of one scenario."""
+    """Ops and links of one scenario (per-rank shapes; a whole layer of a large model would not fit,
+    so the split backward is left to the validation job's small model)."""
     return {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
             "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links"],
-            "ops": measured_ops([scenario], scenario.training.dtype), "links": {"repeats": settings.link_repeats},
-            "split": split_spec(scenario, settings.seed)}
+            "ops": measured_ops([scenario], scenario.training.dtype), "links": {"repeats": settings.link_repeats}}
 
 
 def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings) -> dict:
@@ -158,7 +148,7 @@ def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings)
     layout = resolve_layout(base)
     job = {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
            "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links", "pipeline"], "ops": ops,
-           "links": {"repeats": settings.link_repeats}, "split": split_spec(base, settings.seed),
+           "links": {"repeats": settings.link_repeats}, "split": {"shape": model_shape(base), "seed": settings.seed},
            "pipeline": {"shape": model_shape(base), "microbatches": layout.num_microbatches,
                         "microbatch_size": layout.microbatch_size, "warmup_steps": settings.warmup_steps,
                         "steps": settings.steps, "seed": settings.seed, "schedules": entries}}
