@@ -58,7 +58,7 @@ def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) 
     costs = stage_costs(workload, model)
     stages = range(schedule.num_stages)
     rank_of = schedule.stage_to_rank
-    transfer_s = max((pipeline_transfer_s(workload, model, rank_of[s], rank_of[s + 1]) for s in stages[:-1]),
+    transfer_s = max((pipeline_transfer_s(workload, model, rank_of[s], rank_of[s + 1], s) for s in stages[:-1]),
                      default=0.0)
     times = StageTimes(tuple(costs[(s, "F")].duration_s for s in stages),
                        tuple(costs[(s, "I")].duration_s for s in stages),
@@ -79,11 +79,11 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         if after is None:
             continue
         a, b = rank_of[stage], rank_of[after]
-        seconds = pipeline_transfer_s(workload, model, a, b)
+        seconds = pipeline_transfer_s(workload, model, a, b, stage)
         transfer[(stage, after)] = transfer[(after, stage)] = seconds
         if contention and a != b:
-            transfer_links[(stage, after)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b))
-            transfer_links[(after, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a))
+            transfer_links[(stage, after)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b, stage))
+            transfer_links[(after, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a, stage))
 
     # links pipeline transfers use: a DP bucket only needs to share a link one of them uses
     busy_links = {link for spec in transfer_links.values() for link in spec.links}

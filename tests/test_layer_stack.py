@@ -190,3 +190,20 @@ def test_planner_enumerates_only_the_tensor_parallel_sizes_a_stack_can_take(tmp_
         assert result.returncode == 0, result.stderr
         sizes = {json.loads(line)["point"]["parallel.tp"] for line in out.read_text().splitlines()}
         assert sizes == allowed  # the GRUs refuse any tp > 1; ViT-H's 16 heads split up to 8
+
+
+def test_each_stage_boundary_of_a_stack_sends_its_own_activation():
+    # wav2vec 2.0 cut after its second conv layer: that cut carries the 512-channel feature map at a
+    # fine stride, 16x what crosses a cut between transformer blocks
+    scenario = load_scenario(SCENARIOS / "wav2vec2_large_16xa100.yaml", ["parallel.layers_per_stage=[2,11,7,16]"]
+                             ).scenario
+    result = simulate(scenario)
+    cuts = result.workload.cut_bytes
+    assert cuts[0] > 10 * cuts[1] and cuts[1] == cuts[2]
+    assert result.workload.p2p_bytes == max(cuts[:-1])
+    seconds = result.engine_input.transfer_s
+    assert seconds[(0, 1)] == seconds[(1, 0)] > 5 * seconds[(1, 2)]
+    assert seconds[(1, 2)] == seconds[(2, 1)] == seconds[(2, 3)]
+    # the transformer path has one size: every cut carries p2p_bytes
+    gpt = simulate(load_scenario(SCENARIOS / "gpt3_175b_64xa100.yaml").scenario)
+    assert gpt.workload.cut_bytes == () and gpt.workload.boundary_bytes(3) == gpt.workload.p2p_bytes

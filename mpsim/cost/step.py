@@ -117,22 +117,24 @@ def optimizer_s(works: list[StageWork], model: CostModel) -> float:
     return seconds
 
 
-def pipeline_transfer_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int) -> float:
-    """Seconds to send one microbatch's activation (or gradient) between two pipeline ranks."""
+def pipeline_transfer_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int,
+                        cut: int | None = None) -> float:
+    """Seconds to send one microbatch's activation (or gradient) between two pipeline ranks
+    across the cut after stage ``cut`` (None: the largest cut's size)."""
     if rank_a == rank_b:
         return 0.0
     same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
-    return p2p_time(workload.p2p_bytes, same_node, model.system)
+    return p2p_time(workload.boundary_bytes(cut), same_node, model.system)
 
 
-def pipeline_transfer_spec(workload: Workload, model: CostModel, rank_a: int, rank_b: int
+def pipeline_transfer_spec(workload: Workload, model: CostModel, rank_a: int, rank_b: int, cut: int | None = None
                            ) -> tuple[float, float, tuple]:
     """(latency, seconds on the wire alone, links) of a pipeline transfer, for contention.
 
     Inside a node it leaves through the sender's fabric port and enters the receiver's;
     across nodes through their NICs (each rank's share of its node's NICs).
     """
-    total = pipeline_transfer_s(workload, model, rank_a, rank_b)
+    total = pipeline_transfer_s(workload, model, rank_a, rank_b, cut)
     same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
     latency = min(total, p2p_time(1.0, same_node, model.system))  # a one-byte message is all latency
     kind = "nvl" if same_node else "nic"

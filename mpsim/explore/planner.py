@@ -180,7 +180,7 @@ class PlanEvaluator:
         # steps of the engine input; its DP buckets (most of its price) wait for simulation
         rank_of, chains = schedule.stage_to_rank, schedule.topology
         hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
-        transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b]) for a, b in hops}
+        transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
         works: list[list] = [[] for _ in range(schedule.num_ranks)]
         for stage, work in enumerate(workload.stages):
             works[rank_of[stage]].append(work)

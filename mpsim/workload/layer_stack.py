@@ -143,20 +143,22 @@ def build_stack_workload(scenario: Scenario, layout: Layout) -> Workload:
     env = stack_env(scenario, layout)
     units = unit_works(stack, env)
     options = stack_options(scenario, layout)
-    stages, cuts = [], []
+    stages, outputs, cuts = [], [], []
     chains = layout.stage_chains
+    scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
     for stage, count in enumerate(layout.layers_per_chunk):
         # a stage's units start after those of the earlier stages of its chain (chains.py)
         first = sum(layout.layers_per_chunk[chains.first(stage):stage])
         stages.append(build_stack_stage(units[first:first + count], options))
         first += count
+        # what the stage's last unit outputs crosses the cut to the next stage of its chain
+        outputs.append(float(units[first - 1].output_bytes / (layout.tp if scatter else 1)))
         if 0 < first < len(units):
-            cuts.append(units[first - 1].output_bytes)
-    scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
-    # every stage boundary gets the largest activation crossing one (the transfer model has one size)
-    p2p = max(cuts, default=units[-1].output_bytes) / (layout.tp if scatter else 1)
+            cuts.append(outputs[-1])
+    # each cut sends its own activation; p2p_bytes is the largest, for what needs one size
+    p2p = max(cuts, default=units[-1].output_bytes / (layout.tp if scatter else 1))
     vocab = tied_embedding(stack).num_embeddings if stack.tied_embeddings else 0
-    return Workload(tuple(stages), _widest_context(stack, env), vocab, float(p2p))
+    return Workload(tuple(stages), _widest_context(stack, env), vocab, float(p2p), tuple(outputs))
 
 
 def stack_model_flops_per_sample(stack: LayerStackSpec) -> float:

@@ -69,6 +69,13 @@ class Workload:
     context: LayerContext
     vocab_padded: int
     p2p_bytes: float  # activation (or gradient) one rank sends to the next stage, per microbatch
+    # per stage, what crosses the cut after it (its activation forward, the gradient back);
+    # empty when every cut carries p2p_bytes (a transformer's layers all have one output size)
+    cut_bytes: tuple[float, ...] = ()
+
+    def boundary_bytes(self, stage: int | None) -> float:
+        """Bytes of one microbatch sent across the cut after ``stage`` (either way); the largest without one."""
+        return self.cut_bytes[stage] if stage is not None and self.cut_bytes else self.p2p_bytes
 
 
 def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
