@@ -157,7 +157,20 @@ class _Run:
 
         plan = []
         for index, item in enumerate(self.schedule.actions[rank]):
-            actions = (item.forward, item.backward) if isinstance(item, Overlapped) else (item,)
+            if type(item) is Action:  # the common case, without the general loop below
+                stage, kind, microbatch = item
+                source, target = shapes.get((stage, kind)) or shape(stage, kind)
+                inputs = ((source, stage, microbatch),) if source is not None else ()
+                if target is None:
+                    outputs = ()
+                else:
+                    data, after, consumer, link, seconds = target
+                    outputs = (((data, after, microbatch), consumer, link, seconds, item),)
+                completes = (stage,) if last_backward.get((rank, stage)) == index else ()
+                key = (stage, kind)
+                plan.append((item, action_s[key], inputs, outputs, action_buckets.get(key, ()), completes))
+                continue
+            actions = (item.forward, item.backward)
             inputs, outputs, completes = [], [], []
             for action in actions:
                 source, target = shape(action.stage, action.kind)
@@ -168,7 +181,7 @@ class _Run:
                     outputs.append(((data, after, action.microbatch), consumer, link, seconds, action))
                 if last_backward.get((rank, action.stage)) == index:
                     completes.append(action.stage)
-            key = (item.stage, item.kind) if len(actions) == 1 else duration_key(item)
+            key = duration_key(item)
             plan.append((item, action_s[key], inputs, outputs, action_buckets.get(key, ()), completes))
         return plan
 

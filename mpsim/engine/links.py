@@ -14,7 +14,6 @@ a + b: the sum of their bytes over the link bandwidth.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable
 
 import simpy
@@ -23,18 +22,24 @@ import simpy
 class Flow:
     """One transfer in flight."""
 
-    __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "version", "timer")
+    __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "timer", "owner")
 
-    def __init__(self, remaining_s: float, links: tuple, on_done: Callable[[], None], now: float):
+    def __init__(self, remaining_s: float, links: tuple, on_done: Callable[[], None], now: float,
+                 owner: "SharedLinks | None" = None):
         self.remaining_s = remaining_s  # seconds left if it had its links to itself
         self.links = links
         self.on_done = on_done
         self.rate = 0.0
         self.updated_s = now
-        self.version = 0
+        self.owner = owner
         # the timeout that ends the flow at its current rate; a process may yield it to wake
         # when the flow lands (after ``on_done``, whose callback comes first) or is rescheduled
         self.timer: simpy.Event | None = None
+
+    def __call__(self, event: simpy.Event) -> None:
+        """A timer of this flow fired: it has landed unless its rate changed since that timer was set."""
+        if event is self.timer:
+            self.owner._finish(self)
 
 
 class SharedLinks:
@@ -53,7 +58,7 @@ class SharedLinks:
             on_done()
             return None
         env = self.env
-        flow = Flow(busy_s, links, on_done, env.now)
+        flow = Flow(busy_s, links, on_done, env.now, self)
         if not links:  # nothing shared: it just takes its time
             flow.timer = env.timeout(busy_s)
             flow.timer.callbacks.append(lambda _: on_done())
@@ -73,9 +78,8 @@ class SharedLinks:
                 on_link.add(flow)
         if neighbours is None:  # alone on its links (the common case): one timer, rate 1
             flow.rate = 1.0
-            flow.version = 1
             flow.timer = env.timeout(busy_s)
-            flow.timer.callbacks.append(partial(self._timer, flow, 1))
+            flow.timer.callbacks.append(flow)
             return flow
         for other in neighbours:
             self._update(other)
@@ -100,14 +104,9 @@ class SharedLinks:
             if count > sharing:
                 sharing = count
         flow.rate = 1.0 / sharing
-        flow.version += 1
         remaining = flow.remaining_s if flow.remaining_s > 0 else 0.0
         flow.timer = self.env.timeout(remaining * sharing)
-        flow.timer.callbacks.append(partial(self._timer, flow, flow.version))
-
-    def _timer(self, flow: Flow, version: int, _event) -> None:
-        if version == flow.version:  # else its rate changed since this timer was set
-            self._finish(flow)
+        flow.timer.callbacks.append(flow)  # an earlier timer of the flow, now stale, finds itself replaced
 
     def _finish(self, flow: Flow) -> None:
         neighbours = None
