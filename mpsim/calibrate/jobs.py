@@ -146,10 +146,11 @@ def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings)
         entries.append({"name": name, "stage_to_rank": list(schedule.stage_to_rank),
                         "layers_per_chunk": list(layout.layers_per_chunk)})
     layout = resolve_layout(base)
+    shape = model_shape(base)
     job = {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
            "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links", "pipeline"], "ops": ops,
-           "links": {"repeats": settings.link_repeats}, "split": {"shape": model_shape(base), "seed": settings.seed},
-           "pipeline": {"shape": model_shape(base), "microbatches": layout.num_microbatches,
+           "links": {"repeats": settings.link_repeats}, "split": {"shape": shape, "seed": settings.seed},
+           "pipeline": {"shape": shape, "microbatches": layout.num_microbatches,
                         "microbatch_size": layout.microbatch_size, "warmup_steps": settings.warmup_steps,
                         "steps": settings.steps, "seed": settings.seed, "schedules": entries}}
     if plan.tp_split is not None:

@@ -138,50 +138,36 @@ class _Run:
         shapes: dict[tuple[int, str], tuple] = {}
 
         def shape(stage: int, kind: str) -> tuple:
-            found = shapes.get((stage, kind))
-            if found is None:
-                source = target = None
-                if kind != "W":
-                    # the input comes from the previous stage of the chain (F) or the next one
-                    # (B, I); a chain's first and last stages have no neighbour on that side
-                    data = "act" if kind == "F" else "grad"
-                    before = chains.previous(stage) if kind == "F" else chains.next(stage)
-                    after = chains.next(stage) if kind == "F" else chains.previous(stage)
-                    if before is not None and stage_to_rank[before] != rank:
-                        source = data
-                    if after is not None and stage_to_rank[after] != rank:
-                        consumer = stage_to_rank[after]
-                        target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
-                found = shapes[(stage, kind)] = (source, target)
+            source = target = None
+            if kind != "W":
+                # the input comes from the previous stage of the chain (F) or the next one
+                # (B, I); a chain's first and last stages have no neighbour on that side
+                data = "act" if kind == "F" else "grad"
+                before = chains.previous(stage) if kind == "F" else chains.next(stage)
+                after = chains.next(stage) if kind == "F" else chains.previous(stage)
+                if before is not None and stage_to_rank[before] != rank:
+                    source = data
+                if after is not None and stage_to_rank[after] != rank:
+                    consumer = stage_to_rank[after]
+                    target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
+            found = shapes[(stage, kind)] = (source, target)
             return found
 
         plan = []
         for index, item in enumerate(self.schedule.actions[rank]):
-            if type(item) is Action:  # the common case, without the general loop below
-                stage, kind, microbatch = item
+            single = type(item) is Action
+            inputs, outputs, completes = (), (), ()
+            for action in (item,) if single else (item.forward, item.backward):
+                stage, kind, microbatch = action
                 source, target = shapes.get((stage, kind)) or shape(stage, kind)
-                inputs = ((source, stage, microbatch),) if source is not None else ()
-                if target is None:
-                    outputs = ()
-                else:
-                    data, after, consumer, link, seconds = target
-                    outputs = (((data, after, microbatch), consumer, link, seconds, item),)
-                completes = (stage,) if last_backward.get((rank, stage)) == index else ()
-                key = (stage, kind)
-                plan.append((item, action_s[key], inputs, outputs, action_buckets.get(key, ()), completes))
-                continue
-            actions = (item.forward, item.backward)
-            inputs, outputs, completes = [], [], []
-            for action in actions:
-                source, target = shape(action.stage, action.kind)
                 if source is not None:
-                    inputs.append((source, action.stage, action.microbatch))
+                    inputs += ((source, stage, microbatch),)
                 if target is not None:
                     data, after, consumer, link, seconds = target
-                    outputs.append(((data, after, action.microbatch), consumer, link, seconds, action))
-                if last_backward.get((rank, action.stage)) == index:
-                    completes.append(action.stage)
-            key = duration_key(item)
+                    outputs += (((data, after, microbatch), consumer, link, seconds, action),)
+                if last_backward.get((rank, stage)) == index:
+                    completes += (stage,)
+            key = (item.stage, item.kind) if single else duration_key(item)
             plan.append((item, action_s[key], inputs, outputs, action_buckets.get(key, ()), completes))
         return plan
 

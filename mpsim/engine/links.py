@@ -25,7 +25,7 @@ class Flow:
     __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "timer", "owner")
 
     def __init__(self, remaining_s: float, links: tuple, on_done: Callable[[], None], now: float,
-                 owner: "SharedLinks | None" = None):
+                 owner: "SharedLinks"):
         self.remaining_s = remaining_s  # seconds left if it had its links to itself
         self.links = links
         self.on_done = on_done
