@@ -68,6 +68,71 @@ def test_a_flow_over_two_links_moves_at_its_most_shared_link():
     assert ends[3] == pytest.approx(3.0)
 
 
+
+@settings(max_examples=200, deadline=None)
+@given(sizes, sizes, st.floats(0.0, 1.0))
+def test_a_process_waiting_on_a_flows_timer_wakes_when_it_lands(a, b, fraction):
+    """The engine's ranks wait for a transfer by yielding its flow's timer, which is replaced
+    when the rate changes: a flow that speeds up must still wake them when it lands."""
+    env = simpy.Environment()
+    shared = SharedLinks(env)
+    landed, woke = [], []
+    other = shared.transfer(a, ("nic",), lambda: None)
+    flow = shared.transfer(b, ("nic",), lambda: landed.append(env.now))
+
+    def waiter():
+        yield env.timeout(fraction * min(a, b))  # start waiting while both share the link
+        while not landed:
+            yield flow.timer
+        woke.append(env.now)
+
+    env.process(waiter())
+    env.run()
+    assert other is not None and woke == landed == [pytest.approx(b + min(a, b), rel=1e-9)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(sizes, min_size=1, max_size=5), sizes, st.floats(0.0, 20.0))
+def test_a_tracked_flow_passes_its_parts_when_separate_flows_would_end(parts, other_size, other_start):
+    """A flow of several back-to-back parts (the DP stream's buckets) passes each part when
+    the parts sent one after another would have ended, whatever else shares the link."""
+
+    def run(send):
+        env = simpy.Environment()
+        shared = SharedLinks(env)
+
+        def competitor():
+            yield env.timeout(other_start)
+            yield shared.wait(other_size, ("nic",))
+
+        env.process(competitor())
+        result = send(env, shared)
+        env.run()
+        return result
+
+    def one_at_a_time(env, shared):
+        ends = []
+
+        def sender():
+            for part in parts:
+                yield shared.wait(part, ("nic",))
+                ends.append(env.now)
+
+        env.process(sender())
+        return ends
+
+    cumulative = [sum(parts[:i + 1]) for i in range(len(parts))]
+
+    def as_one_flow(env, shared):
+        landed = []
+        flow = shared.transfer(cumulative[-1], ("nic",), lambda: landed.append(env.now), track=True)
+        return flow, landed
+
+    separate = run(one_at_a_time)
+    flow, landed = run(as_one_flow)
+    assert landed == [pytest.approx(separate[-1], rel=1e-9)]
+    assert flow.passed_at(cumulative, landed[0]) == pytest.approx(separate, rel=1e-9)
+
 def step(path, *overrides):
     return simulate(load_scenario(path, list(overrides)).scenario).timeline.step_time_s
 

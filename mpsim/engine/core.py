@@ -99,9 +99,11 @@ class _Run:
         self.dp_queues: list[deque] = [deque() for _ in range(ranks)]
         self.dp_busy = [False] * ranks  # a bucket in flight, or waiting to become ready
         self.dp_closed = [False] * ranks  # the rank has run its last action: no more buckets
+        self.dp_flow: list[Flow | None] = [None] * ranks  # the flow of buckets in flight, per rank
         # contention mode: transfers in flight, by the key of what they carry and by sender
         self.flow_of: dict[tuple[str, int, int], Flow] = {}
         self.sending: list[list[Flow]] = [[] for _ in range(self.schedule.num_ranks)]
+        self.sends_landed = [0.0] * ranks  # when each rank's latest transfer landed
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
         self.grad_done = [0.0] * self.schedule.num_ranks
         # index of the action after which a stage's gradients are final, per rank
@@ -172,20 +174,23 @@ class _Run:
         return plan
 
     def _rank(self, rank: int):
+        """The process of one rank: per action, wait for its inputs and its own sends, compute, send.
+
+        The start of an action is the latest of three times: the previous action's end,
+        its inputs' arrival and (blocking sends) the landing of the rank's own sends. The
+        rank waits for the inputs first: an input usually comes after the sends have
+        landed, and then one wake-up covers both.
+        """
         env, inp = self.env, self.inp
         records = self.timeline.actions[rank]
-        transfers = self.timeline.transfers
+        transfers, send_waits = self.timeline.transfers, self.timeline.send_waits
+        shared, blocking = self.shared, inp.send_blocking
+        sending = self.sending[rank]
+        sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
         dp_free = 0.0
-        sends_done = 0.0
+        end = 0.0
         for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
-            if inp.send_blocking:
-                if self.shared is not None:
-                    yield from self._wait_for_sends(rank)
-                elif sends_done > env.now:
-                    wait_from = env.now
-                    yield env.timeout(sends_done - env.now)
-                    self.timeline.send_waits.append((rank, wait_from, env.now))
-            ready = env.now
+            start = end
             sent = None
             for key in inputs:
                 at = self.arrival.pop(key, None)
@@ -195,24 +200,38 @@ class _Run:
                         event = self.waiting[key] = env.event()
                         yield event
                     else:  # in flight: wake with its timer (again, if its rate changes meanwhile)
-                        while at is None:
+                        while key not in self.arrival:
                             yield flow.timer
-                            at = self.arrival.pop(key, None)
-                elif at > env.now:
-                    yield env.timeout(at - env.now)
+                        del self.arrival[key]
+                    at = env.now
+                if at > start:
+                    start = at
                 sent = self.sent_at[key] if sent is None else max(sent, self.sent_at[key])
-            start = env.now
+            ready = end
+            if blocking:
+                if shared is not None:
+                    while sending:  # the flow's own callback lands it before this rank resumes
+                        yield sending[-1].timer
+                    sends_done = self.sends_landed[rank]
+                if sends_done > end:
+                    ready = sends_done
+                    send_waits.append((rank, end, ready))
+                    if ready > start:
+                        start = ready
+            if start > env.now:
+                yield env.timeout(start - env.now)
+            end = start + duration
             # reductions this action produces become ready while it runs: queue them now
             if buckets:
-                dp_free = self._start_buckets(rank, buckets, start, start + duration, dp_free, f"{item}")
+                dp_free = self._start_buckets(rank, buckets, start, end, dp_free, f"{item}")
             for stage in completes:
-                dp_free = self._sync_buckets(rank, stage, start, start + duration, dp_free)
+                dp_free = self._sync_buckets(rank, stage, start, end, dp_free)
             if duration > 0:
                 yield env.timeout(duration)
             end = env.now
             records.append(ActionRecord(rank, index, item, ready, start, end, sent))
             for out_key, consumer, link, seconds, action in outputs:
-                if self.shared is not None:
+                if shared is not None:
                     self._send_shared(rank, consumer, out_key, action, end)
                     continue
                 tx_start = max(end, self.link_free.get(link, 0.0))
@@ -223,12 +242,15 @@ class _Run:
                 self._deliver(out_key, tx_end)
                 if tx_end > sends_done:
                     sends_done = tx_end
-        if inp.send_blocking and self.shared is not None:
-            yield from self._wait_for_sends(rank)
-        elif inp.send_blocking and sends_done > env.now:
-            wait_from = env.now
-            yield env.timeout(sends_done - env.now)
-            self.timeline.send_waits.append((rank, wait_from, env.now))
+        if blocking:
+            if shared is not None:
+                while sending:
+                    yield sending[-1].timer
+                sends_done = self.sends_landed[rank]
+            if sends_done > end:
+                send_waits.append((rank, end, sends_done))
+                if sends_done > env.now:
+                    yield env.timeout(sends_done - env.now)
         if not inp.overlap_grad_sync:
             last = records[-1].end_s if records else 0.0
             stages = sorted({a.stage for item in self.schedule.actions[rank] for a in parts(item)}, reverse=True)
@@ -261,26 +283,17 @@ class _Run:
         flow = self.flow_of.pop(key, None)
         if flow is not None:
             self.sending[rank].remove(flow)
+        self.sends_landed[rank] = self.env.now
         self._deliver(key, self.env.now)
 
-    def _wait_for_sends(self, rank: int):
-        """Blocking sends: wait until every transfer this rank started has landed.
-
-        The rank yields the timer of a send still in flight; the flow's own callback
-        (which lands it) runs before the rank resumes, so no extra event is needed.
-        """
-        sending = self.sending[rank]
-        if sending:
-            wait_from = self.env.now
-            while sending:
-                yield sending[-1].timer
-            self.timeline.send_waits.append((rank, wait_from, self.env.now))
-
     def _dp_next(self, rank: int) -> None:
-        """Contention mode: start the rank's next DP bucket as a flow once it is ready.
+        """Contention mode: start the rank's next DP buckets as a flow once they are ready.
 
-        The stream is a queue driven by callbacks rather than a process: a bucket costs
-        its flow's timer, plus one timer when it is queued before it is ready.
+        The stream is a queue driven by callbacks rather than a process. Buckets already
+        ready on the same links go out as one flow: the stream sends one bucket at a time,
+        so each would move at the rate the whole flow gets, and the moment each one ends
+        is read back from the flow's progress. A flow costs one timer (plus one per change
+        of rate), and a queue that must wait for its next bucket one more.
         """
         queue, now = self.dp_queues[rank], self.env.now
         while queue:
@@ -290,19 +303,31 @@ class _Run:
                 self.env.timeout(ready - now).callbacks.append(lambda _: self._dp_next(rank))
                 return
             queue.popleft()
-            if bucket.duration_s > 0:
-                self.dp_busy[rank] = True
-                self.shared.transfer(bucket.duration_s, bucket.links,
-                                     partial(self._dp_done, rank, f"{label} {bucket.label}", now))
-                return
+            if bucket.duration_s <= 0:
+                continue
+            batch, done_s = [(bucket, label)], [bucket.duration_s]
+            while queue and queue[0][0] <= now and queue[0][1].links == bucket.links:
+                _, more, more_label = queue.popleft()
+                if more.duration_s > 0:
+                    batch.append((more, more_label))
+                    done_s.append(done_s[-1] + more.duration_s)
+            self.dp_busy[rank] = True
+            self.dp_flow[rank] = self.shared.transfer(done_s[-1], bucket.links, partial(self._dp_done, rank, batch,
+                                                      done_s, now), track=len(batch) > 1)
+            return
         self.dp_busy[rank] = False
         if self.dp_closed[rank]:
             records = self.timeline.actions[rank]
             self.grad_done[rank] = max(now, records[-1].end_s if records else 0.0)
 
-    def _dp_done(self, rank: int, label: str, begin: float) -> None:
-        if self.env.now > begin:
-            self.timeline.syncs.append(SyncRecord(rank, "dp-comm", label, begin, self.env.now))
+    def _dp_done(self, rank: int, batch: list[tuple[GradBucket, str]], done_s: list[float], begin: float) -> None:
+        """A flow of DP buckets landed: record each bucket, then start what is queued."""
+        now = self.env.now
+        ends = self.dp_flow[rank].passed_at(done_s, now) if len(batch) > 1 else [now]
+        for (bucket, label), end in zip(batch, ends):
+            if end > begin:
+                self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, end))
+            begin = end
         self._dp_next(rank)
 
     def _sync_buckets(self, rank: int, stage: int, start: float, end: float, dp_free: float) -> float:

@@ -22,16 +22,19 @@ import simpy
 class Flow:
     """One transfer in flight."""
 
-    __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "timer", "owner")
+    __slots__ = ("remaining_s", "links", "on_done", "rate", "updated_s", "timer", "owner", "progress")
 
     def __init__(self, remaining_s: float, links: tuple, on_done: Callable[[], None], now: float,
-                 owner: "SharedLinks"):
+                 owner: "SharedLinks", track: bool = False):
         self.remaining_s = remaining_s  # seconds left if it had its links to itself
         self.links = links
         self.on_done = on_done
         self.rate = 0.0
         self.updated_s = now
         self.owner = owner
+        # with ``track``: (time, seconds left) at its start and at every change of rate, so
+        # that the moment it had moved any part of its data can be worked out (``passed_at``)
+        self.progress: list[tuple[float, float]] | None = [(now, remaining_s)] if track else None
         # the timeout that ends the flow at its current rate; a process may yield it to wake
         # when the flow lands (after ``on_done``, whose callback comes first) or is rescheduled
         self.timer: simpy.Event | None = None
@@ -41,6 +44,26 @@ class Flow:
         if event is self.timer:
             self.owner._finish(self)
 
+    def passed_at(self, done_s: list[float], end_s: float) -> list[float]:
+        """When a tracked flow that landed at ``end_s`` had moved each amount of ``done_s``.
+
+        Amounts ascend, in seconds the flow would take alone; between two changes of rate
+        its progress is linear, so each moment is an interpolation.
+        """
+        points = self.progress + [(end_s, 0.0)]
+        total = points[0][1]
+        times, segment = [], 0
+        for done in done_s:
+            left = total - done
+            if left <= 0:
+                times.append(end_s)
+                continue
+            while points[segment + 1][1] > left:  # the segment in which the flow got down to ``left``
+                segment += 1
+            (t0, left0), (t1, left1) = points[segment], points[segment + 1]
+            times.append(t0 + (left0 - left) * (t1 - t0) / (left0 - left1))
+        return times
+
 
 class SharedLinks:
     """All shared links of one simulation."""
@@ -49,16 +72,17 @@ class SharedLinks:
         self.env = env
         self.flows_on: dict = {}  # link -> set of active flows
 
-    def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None]) -> Flow | None:
+    def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None], track: bool = False) -> Flow | None:
         """Start a flow now; ``on_done()`` is called (at that simulated time) when it has moved all its data.
 
-        Returns the flow (None when it took no time and is already done).
+        Returns the flow (None when it took no time and is already done). ``track`` keeps
+        its progress for ``Flow.passed_at``.
         """
         if busy_s <= 0:
             on_done()
             return None
         env = self.env
-        flow = Flow(busy_s, links, on_done, env.now, self)
+        flow = Flow(busy_s, links, on_done, env.now, self, track)
         if not links:  # nothing shared: it just takes its time
             flow.timer = env.timeout(busy_s)
             flow.timer.callbacks.append(lambda _: on_done())
@@ -97,6 +121,8 @@ class SharedLinks:
         now = self.env.now
         flow.remaining_s -= (now - flow.updated_s) * flow.rate
         flow.updated_s = now
+        if flow.progress is not None:
+            flow.progress.append((now, flow.remaining_s))
         sharing = 1
         flows_on = self.flows_on
         for link in flow.links:
@@ -105,8 +131,12 @@ class SharedLinks:
                 sharing = count
         flow.rate = 1.0 / sharing
         remaining = flow.remaining_s if flow.remaining_s > 0 else 0.0
-        flow.timer = self.env.timeout(remaining * sharing)
-        flow.timer.callbacks.append(flow)  # an earlier timer of the flow, now stale, finds itself replaced
+        stale, flow.timer = flow.timer, self.env.timeout(remaining * sharing)
+        flow.timer.callbacks.append(flow)  # the stale timer still fires, finds itself replaced, does nothing
+        if stale is not None and len(stale.callbacks) > 1:
+            # processes waiting for the landing move to the new timer: an earlier landing must wake them
+            flow.timer.callbacks += stale.callbacks[1:]
+            del stale.callbacks[1:]
 
     def _finish(self, flow: Flow) -> None:
         neighbours = None
