@@ -115,7 +115,11 @@ class _Run:
                         self.last_backward[(rank, action.stage)] = index
 
     def _deliver(self, key: tuple[str, int, int], at: float) -> None:
-        """Make ``key`` available at time ``at``: wake its waiting consumer, or note the time."""
+        """Make ``key`` available at time ``at``: wake its parked consumer, or note the time.
+
+        With contention a transfer takes its parked consumer over when it starts
+        (``_send_shared``); the consumer then wakes with the flow and finds the time noted.
+        """
         waiting = self.waiting.pop(key, None)
         if waiting is None:
             self.arrival[key] = at
@@ -196,13 +200,12 @@ class _Run:
                 at = self.arrival.pop(key, None)
                 if at is None:
                     flow = self.flow_of.get(key)
-                    if flow is None:  # not sent yet: its transfer wakes this event when it lands
+                    if flow is None:  # not sent yet: park on an event the transfer takes over
                         event = self.waiting[key] = env.event()
                         yield event
-                    else:  # in flight: wake with its timer (again, if its rate changes meanwhile)
-                        while key not in self.arrival:
-                            yield flow.timer
-                        del self.arrival[key]
+                    else:  # in flight: wake with the flow's timer, which lands it first
+                        yield flow.timer
+                    self.arrival.pop(key, None)
                     at = env.now
                 if at > start:
                     start = at
@@ -276,6 +279,10 @@ class _Run:
         if flow is not None:
             self.flow_of[key] = flow
             self.sending[rank].append(flow)
+            parked = self.waiting.pop(key, None)
+            if parked is not None:  # the consumer wakes with the flow's timer, no event of its own
+                flow.timer.callbacks += parked.callbacks
+                parked.callbacks = []
 
     def _landed(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float) -> None:
         """A pipeline transfer arrived: record it and wake its consumer (a blocked sender wakes on its timer)."""
