@@ -102,8 +102,16 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         return GradBucket(ready, seconds, label, links)
 
     copies = block_copy_ranks(schedule)
-    buckets = {stage: tuple(bucket(spec, rank_of[stage]) for spec in final_grad_buckets(work, model, copies[stage]))
-               for stage, work in enumerate(workload.stages)}
+    final_specs: dict[tuple, tuple] = {}  # stages of equal work (one object) have the same reductions
+
+    def final_buckets(stage: int, work) -> tuple[GradBucket, ...]:
+        key = (id(work), copies[stage])
+        specs = final_specs.get(key)
+        if specs is None:
+            specs = final_specs[key] = final_grad_buckets(work, model, copies[stage])
+        return tuple(bucket(spec, rank_of[stage]) for spec in specs)
+
+    buckets = {stage: final_buckets(stage, work) for stage, work in enumerate(workload.stages)}
     # asynchronous reductions some actions start on the DP stream (ZeRO-2 per microbatch,
     # ZeRO-3 per layer); every action of a (stage, kind) runs on the same rank
     action_buckets: dict[tuple, tuple[GradBucket, ...]] = {}

@@ -170,13 +170,16 @@ class CostModel:
 def stage_costs(workload: Workload, model: CostModel) -> dict[tuple[int, str], ActionCost]:
     """(stage, kind) -> ActionCost for every stage and action kind."""
     costs: dict[tuple[int, str], ActionCost] = {}
+    priced: dict[tuple[int, bool], tuple[ActionCost, ...]] = {}  # stages of equal work share one object
     for stage, work in enumerate(workload.stages):
-        costs[(stage, "F")] = model.price(work.forward)
-        costs[(stage, "B")] = model.price(work.backward)
-        costs[(stage, "I")] = model.price(work.backward_input)
-        # the first stage has no input gradient to produce, so nothing is split there: its W
-        # is the whole backward (torch.distributed.pipelining runs it that way)
-        costs[(stage, "W")] = model.price(work.backward_weight, model.weight_pass_slowdown if stage > 0 else 1.0)
+        found = priced.get((id(work), stage > 0))
+        if found is None:
+            # the first stage has no input gradient to produce, so nothing is split there: its W
+            # is the whole backward (torch.distributed.pipelining runs it that way)
+            found = priced[(id(work), stage > 0)] = (
+                model.price(work.forward), model.price(work.backward), model.price(work.backward_input),
+                model.price(work.backward_weight, model.weight_pass_slowdown if stage > 0 else 1.0))
+        costs[(stage, "F")], costs[(stage, "B")], costs[(stage, "I")], costs[(stage, "W")] = found
     return costs
 
 

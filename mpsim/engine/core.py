@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import simpy
 
@@ -30,8 +30,7 @@ from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRe
 from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, parts
 
 
-@dataclass(frozen=True)
-class GradBucket:
+class GradBucket(NamedTuple):
     """A DP gradient bucket: ready after ``ready_fraction`` of the stage's last backward.
 
     ``links`` names the links its traffic shares with other transfers (empty: none).
@@ -106,13 +105,6 @@ class _Run:
         self.sends_landed = [0.0] * ranks  # when each rank's latest transfer landed
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
         self.grad_done = [0.0] * self.schedule.num_ranks
-        # index of the action after which a stage's gradients are final, per rank
-        self.last_backward: dict[tuple[int, int], int] = {}
-        for rank, actions in enumerate(self.schedule.actions):
-            for index, item in enumerate(actions):
-                for action in parts(item):
-                    if action.kind in ("B", "W"):
-                        self.last_backward[(rank, action.stage)] = index
 
     def _deliver(self, key: tuple[str, int, int], at: float) -> None:
         """Make ``key`` available at time ``at``: wake its parked consumer, or note the time.
@@ -129,6 +121,24 @@ class _Run:
             waiting._value = None
             self.env.schedule(waiting, delay=at - self.env.now)
 
+    def _completing(self, rank: int) -> dict[int, tuple[int, ...]]:
+        """Index of each action after which a stage's gradients are final -> those stages.
+
+        That is the stage's last backward (or weight-gradient) action on the rank; a scan
+        from the end finds them all after a few actions.
+        """
+        actions = self.schedule.actions[rank]
+        left = {stage for stage, holder in enumerate(self.schedule.stage_to_rank) if holder == rank}
+        found: dict[int, tuple[int, ...]] = {}
+        for index in range(len(actions) - 1, -1, -1):
+            if not left:
+                break
+            for action in parts(actions[index]):
+                if action.kind in ("B", "W") and action.stage in left:
+                    left.discard(action.stage)
+                    found[index] = found.get(index, ()) + (action.stage,)
+        return found
+
     def _plan(self, rank: int) -> list[tuple]:
         """Everything about each item of a rank that does not depend on time, computed once.
 
@@ -139,8 +149,8 @@ class _Run:
         inp, chains = self.inp, self.schedule.topology
         stage_to_rank = self.schedule.stage_to_rank
         transfer_s, action_s, action_buckets = inp.transfer_s, inp.action_s, inp.action_buckets
-        last_backward = self.last_backward if inp.overlap_grad_sync else {}
-        # what an action of a (stage, kind) receives and sends, whatever its microbatch
+        completing = self._completing(rank) if inp.overlap_grad_sync else {}
+        # what an action of a (stage, kind) takes, receives and sends, whatever its microbatch
         shapes: dict[tuple[int, str], tuple] = {}
 
         def shape(stage: int, kind: str) -> tuple:
@@ -156,25 +166,27 @@ class _Run:
                 if after is not None and stage_to_rank[after] != rank:
                     consumer = stage_to_rank[after]
                     target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
-            found = shapes[(stage, kind)] = (source, target)
+            key = (stage, kind)
+            found = shapes[key] = (source, target, action_s.get(key), action_buckets.get(key, ()))
             return found
 
         plan = []
         for index, item in enumerate(self.schedule.actions[rank]):
-            single = type(item) is Action
-            inputs, outputs, completes = (), (), ()
-            for action in (item,) if single else (item.forward, item.backward):
+            inputs, outputs = (), ()
+            for action in (item,) if type(item) is Action else (item.forward, item.backward):
                 stage, kind, microbatch = action
-                source, target = shapes.get((stage, kind)) or shape(stage, kind)
+                source, target, duration, buckets = shapes.get((stage, kind)) or shape(stage, kind)
                 if source is not None:
                     inputs += ((source, stage, microbatch),)
                 if target is not None:
                     data, after, consumer, link, seconds = target
                     outputs += (((data, after, microbatch), consumer, link, seconds, action),)
-                if last_backward.get((rank, stage)) == index:
-                    completes += (stage,)
-            key = (item.stage, item.kind) if single else duration_key(item)
-            plan.append((item, action_s[key], inputs, outputs, action_buckets.get(key, ()), completes))
+            if type(item) is not Action:  # a pair has a duration and reductions of its own
+                key = duration_key(item)
+                duration, buckets = action_s[key], action_buckets.get(key, ())
+            elif duration is None:
+                raise KeyError(f"no duration for action {item} in the engine input")
+            plan.append((item, duration, inputs, outputs, buckets, completing.get(index, ())))
         return plan
 
     def _rank(self, rank: int):
