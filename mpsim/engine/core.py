@@ -143,12 +143,14 @@ class _Run:
         """Everything about each item of a rank that does not depend on time, computed once.
 
         Per item: the item, its duration, the remote inputs it waits for, the outputs it
-        sends (key, consumer rank, link, transfer seconds, producing action), the
+        sends (key, consumer rank, its route: the rank pair's link, or with contention the
+        shared links, transfer seconds, producing action), the
         reductions it starts on the DP stream, and the stages whose gradients it completes.
         """
         inp, chains = self.inp, self.schedule.topology
         stage_to_rank = self.schedule.stage_to_rank
         transfer_s, action_s, action_buckets = inp.transfer_s, inp.action_s, inp.action_buckets
+        transfer_links = inp.transfer_links
         completing = self._completing(rank) if inp.overlap_grad_sync else {}
         # what an action of a (stage, kind) takes, receives and sends, whatever its microbatch
         shapes: dict[tuple[int, str], tuple] = {}
@@ -165,7 +167,11 @@ class _Run:
                     source = data
                 if after is not None and stage_to_rank[after] != rank:
                     consumer = stage_to_rank[after]
-                    target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
+                    if transfer_links is None:  # a link of its own per rank pair
+                        target = (data, after, consumer, (rank, consumer), transfer_s.get((stage, after), 0.0))
+                    else:  # a flow on shared links that carries the message's latency too
+                        spec = transfer_links[(stage, after)]
+                        target = (data, after, consumer, spec.links, spec.latency_s + spec.busy_s)
             key = (stage, kind)
             found = shapes[key] = (source, target, action_s.get(key), action_buckets.get(key, ()))
             return found
@@ -202,6 +208,7 @@ class _Run:
         transfers, send_waits = self.timeline.transfers, self.timeline.send_waits
         shared, blocking = self.shared, inp.send_blocking
         sending = self.sending[rank]
+        arrival, waiting, flow_of, sent_at = self.arrival, self.waiting, self.flow_of, self.sent_at
         sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
         dp_free = 0.0
         end = 0.0
@@ -209,19 +216,19 @@ class _Run:
             start = end
             sent = None
             for key in inputs:
-                at = self.arrival.pop(key, None)
+                at = arrival.pop(key, None)
                 if at is None:
-                    flow = self.flow_of.get(key)
+                    flow = flow_of.get(key)
                     if flow is None:  # not sent yet: park on an event the transfer takes over
-                        event = self.waiting[key] = env.event()
+                        event = waiting[key] = env.event()
                         yield event
                     else:  # in flight: wake with the flow's timer, which lands it first
                         yield flow.timer
-                    self.arrival.pop(key, None)
+                    arrival.pop(key, None)
                     at = env.now
                 if at > start:
                     start = at
-                sent = self.sent_at[key] if sent is None else max(sent, self.sent_at[key])
+                sent = sent_at[key] if sent is None else max(sent, sent_at[key])
             ready = end
             if blocking:
                 if shared is not None:
@@ -245,14 +252,14 @@ class _Run:
                 yield env.timeout(duration)
             end = env.now
             records.append(ActionRecord(rank, index, item, ready, start, end, sent))
-            for out_key, consumer, link, seconds, action in outputs:
+            for out_key, consumer, route, seconds, action in outputs:
+                sent_at[out_key] = end
                 if shared is not None:
-                    self._send_shared(rank, consumer, out_key, action, end)
+                    self._send_shared(rank, consumer, out_key, action, end, route, seconds)
                     continue
-                tx_start = max(end, self.link_free.get(link, 0.0))
+                tx_start = max(end, self.link_free.get(route, 0.0))
                 tx_end = tx_start + seconds
-                self.link_free[link] = tx_end
-                self.sent_at[out_key] = end
+                self.link_free[route] = tx_end
                 transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
                 self._deliver(out_key, tx_end)
                 if tx_end > sends_done:
@@ -278,16 +285,10 @@ class _Run:
         else:
             self.grad_done[rank] = max(dp_free, records[-1].end_s if records else 0.0)
 
-    def _send_shared(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float) -> None:
-        """Start a pipeline transfer as a flow on shared links; deliver it when it lands.
-
-        The flow carries the message's latency too: alone it takes exactly the priced
-        time, and one timer per transfer keeps the engine fast.
-        """
-        spec = self.inp.transfer_links[(action.stage, key[1])]
-        self.sent_at[key] = end
-        flow = self.shared.transfer(spec.latency_s + spec.busy_s, spec.links,
-                                    partial(self._landed, rank, consumer, key, action, end))
+    def _send_shared(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float,
+                     links: tuple, seconds: float) -> None:
+        """Start a pipeline transfer as a flow on shared links; deliver it when it lands."""
+        flow = self.shared.transfer(seconds, links, partial(self._landed, rank, consumer, key, action, end))
         if flow is not None:
             self.flow_of[key] = flow
             self.sending[rank].append(flow)
@@ -298,12 +299,13 @@ class _Run:
 
     def _landed(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float) -> None:
         """A pipeline transfer arrived: record it and wake its consumer (a blocked sender wakes on its timer)."""
-        self.timeline.transfers.append(TransferRecord(rank, consumer, action, end, self.env.now))
+        now = self.env.now
+        self.timeline.transfers.append(TransferRecord(rank, consumer, action, end, now))
         flow = self.flow_of.pop(key, None)
         if flow is not None:
             self.sending[rank].remove(flow)
-        self.sends_landed[rank] = self.env.now
-        self._deliver(key, self.env.now)
+        self.sends_landed[rank] = now
+        self._deliver(key, now)
 
     def _dp_next(self, rank: int) -> None:
         """Contention mode: start the rank's next DP buckets as a flow once they are ready.

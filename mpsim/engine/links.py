@@ -29,7 +29,7 @@ class Flow:
         self.remaining_s = remaining_s  # seconds left if it had its links to itself
         self.links = links
         self.on_done = on_done
-        self.rate = 0.0
+        self.rate = 1.0  # the share of its most shared link
         self.updated_s = now
         self.owner = owner
         # with ``track``: (time, seconds left) at its start and at every change of rate, so
@@ -101,9 +101,8 @@ class SharedLinks:
                         neighbours.update(on_link)
                 on_link.add(flow)
         if neighbours is None:  # alone on its links (the common case): one timer, rate 1
-            flow.rate = 1.0
-            flow.timer = env.timeout(busy_s)
-            flow.timer.callbacks.append(flow)
+            timer = flow.timer = env.timeout(busy_s)
+            timer.callbacks.append(flow)
             return flow
         for other in neighbours:
             self._update(other)
