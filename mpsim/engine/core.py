@@ -19,29 +19,17 @@ are already priced into the durations it is given.
 from __future__ import annotations
 
 import gc
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Mapping, NamedTuple
+from typing import Mapping
 
 import simpy
 
+from mpsim.engine.dpstream import DPStreams, GradBucket
 from mpsim.engine.links import Flow, SharedLinks
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
 from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, parts
-
-
-class GradBucket(NamedTuple):
-    """A DP gradient bucket: ready after ``ready_fraction`` of the stage's last backward.
-
-    ``links`` names the links its traffic shares with other transfers (empty: none).
-    """
-
-    ready_fraction: float
-    duration_s: float
-    label: str = "grad bucket"
-    links: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -116,16 +104,12 @@ class _Run:
         # rank's DP stream works through a queue of buckets: one at a time, in order
         self.shared = SharedLinks(self.env) if inp.transfer_links is not None else None
         ranks = self.schedule.num_ranks
-        self.dp_queues: list[deque] = [deque() for _ in range(ranks)]
-        self.dp_busy = [False] * ranks  # a bucket in flight, or waiting to become ready
-        self.dp_closed = [False] * ranks  # the rank has run its last action: no more buckets
-        self.dp_flow: list[Flow | None] = [None] * ranks  # the flow of buckets in flight, per rank
         # contention mode: transfers in flight, by the key of what they carry and by sender
         self.flow_of: dict[tuple[str, int, int], Flow] = {}
         self.sending: list[list[Flow]] = [[] for _ in range(self.schedule.num_ranks)]
         self.sends_landed = [0.0] * ranks  # when each rank's latest transfer landed
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
-        self.grad_done = [0.0] * self.schedule.num_ranks
+        self.dp = DPStreams(self.timeline, ranks, self.shared)
 
     def _deliver(self, key: tuple[str, int, int], at: float) -> None:
         """Make ``key`` available at time ``at``: wake its parked consumer, or note the time.
@@ -231,7 +215,7 @@ class _Run:
         sending = self.sending[rank]
         arrival, waiting, flow_of, sent_at = self.arrival, self.waiting, self.flow_of, self.sent_at
         sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
-        dp_free = 0.0
+        dp, grad_buckets = self.dp, inp.grad_buckets
         end = 0.0
         for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
             start = end
@@ -266,9 +250,9 @@ class _Run:
             end = start + duration
             # reductions this action produces become ready while it runs: queue them now
             if buckets:
-                dp_free = self._start_buckets(rank, buckets, start, end, dp_free, f"{item}")
+                dp.add(rank, buckets, start, end, f"{item}")
             for stage in completes:
-                dp_free = self._sync_buckets(rank, stage, start, end, dp_free)
+                dp.add(rank, grad_buckets.get(stage, ()), start, end, f"stage {stage}")
             if duration > 0:
                 yield env.timeout(duration)
             end = env.now
@@ -298,13 +282,8 @@ class _Run:
             last = records[-1].end_s if records else 0.0
             stages = sorted({a.stage for item in self.schedule.actions[rank] for a in parts(item)}, reverse=True)
             for stage in stages:
-                dp_free = self._sync_buckets(rank, stage, last, last, dp_free)
-        if self.shared is not None:
-            self.dp_closed[rank] = True  # the DP stream finishes its queue and sets grad_done
-            if not self.dp_busy[rank]:
-                self._dp_next(rank)
-        else:
-            self.grad_done[rank] = max(dp_free, records[-1].end_s if records else 0.0)
+                dp.add(rank, grad_buckets.get(stage, ()), last, last, f"stage {stage}")
+        dp.close(rank)
 
     def _send_shared(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float,
                      links: tuple, seconds: float) -> None:
@@ -328,71 +307,6 @@ class _Run:
         self.sends_landed[rank] = now
         self._deliver(key, now)
 
-    def _dp_next(self, rank: int) -> None:
-        """Contention mode: start the rank's next DP buckets as a flow once they are ready.
-
-        The stream is a queue driven by callbacks rather than a process. Buckets already
-        ready on the same links go out as one flow: the stream sends one bucket at a time,
-        so each would move at the rate the whole flow gets, and the moment each one ends
-        is read back from the flow's progress. A flow costs one timer (plus one per change
-        of rate), and a queue that must wait for its next bucket one more.
-        """
-        queue, now = self.dp_queues[rank], self.env.now
-        while queue:
-            ready, bucket, label = queue[0]
-            if ready > now:
-                self.dp_busy[rank] = True
-                self.env.timeout(ready - now).callbacks.append(lambda _: self._dp_next(rank))
-                return
-            queue.popleft()
-            if bucket.duration_s <= 0:
-                continue
-            batch, done_s = [(bucket, label)], [bucket.duration_s]
-            while queue and queue[0][0] <= now and queue[0][1].links == bucket.links:
-                _, more, more_label = queue.popleft()
-                if more.duration_s > 0:
-                    batch.append((more, more_label))
-                    done_s.append(done_s[-1] + more.duration_s)
-            self.dp_busy[rank] = True
-            self.dp_flow[rank] = self.shared.transfer(done_s[-1], bucket.links, partial(self._dp_done, rank, batch,
-                                                      done_s, now), track=len(batch) > 1)
-            return
-        self.dp_busy[rank] = False
-        if self.dp_closed[rank]:
-            records = self.timeline.actions[rank]
-            self.grad_done[rank] = max(now, records[-1].end_s if records else 0.0)
-
-    def _dp_done(self, rank: int, batch: list[tuple[GradBucket, str]], done_s: list[float], begin: float) -> None:
-        """A flow of DP buckets landed: record each bucket, then start what is queued."""
-        now = self.env.now
-        ends = self.dp_flow[rank].passed_at(done_s, now) if len(batch) > 1 else [now]
-        for (bucket, label), end in zip(batch, ends):
-            if end > begin:
-                self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, end))
-            begin = end
-        self._dp_next(rank)
-
-    def _sync_buckets(self, rank: int, stage: int, start: float, end: float, dp_free: float) -> float:
-        return self._start_buckets(rank, self.inp.grad_buckets.get(stage, ()), start, end, dp_free, f"stage {stage}")
-
-    def _start_buckets(self, rank: int, buckets: tuple[GradBucket, ...], start: float, end: float, dp_free: float,
-                       label: str) -> float:
-        """Queue reductions on the rank's DP stream as an action running start..end produces them."""
-        if self.shared is not None:
-            if buckets:
-                queue = self.dp_queues[rank]
-                queue.extend((start + bucket.ready_fraction * (end - start), bucket, label) for bucket in buckets)
-                if not self.dp_busy[rank]:
-                    self._dp_next(rank)
-            return dp_free
-        for bucket in buckets:
-            ready = start + bucket.ready_fraction * (end - start)
-            begin = max(ready, dp_free)
-            dp_free = begin + bucket.duration_s
-            if bucket.duration_s > 0:
-                self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, dp_free))
-        return dp_free
-
     def execute(self) -> Timeline:
         for rank in range(self.schedule.num_ranks):
             self.env.process(self._rank(rank))
@@ -404,25 +318,27 @@ class _Run:
             rank = unfinished[0]
             stuck = self.schedule.actions[rank][len(self.timeline.actions[rank])]
             raise RuntimeError(f"simulation stalled: rank {rank} never ran {stuck}")
-        self._finalize()
+        finish_step(self.inp, self.timeline, self.dp.grad_done)
         return self.timeline
 
-    def _finalize(self) -> None:
-        """Cross-rank syncs after gradient reduction (tied embeddings), then the optimizer."""
-        done = list(self.grad_done)
-        for a, b, seconds, label in self.inp.pair_syncs:
-            begin = max(done[a], done[b])
-            for rank in (a, b):
-                if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
-                    self.timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
-                done[rank] = begin + seconds
-        ends = []
-        for rank, ready in enumerate(done):
-            seconds = self.inp.finalize_s[rank] if self.inp.finalize_s else 0.0
-            if seconds > 0:
-                self.timeline.syncs.append(SyncRecord(rank, "optimizer", "optimizer step", ready, ready + seconds))
-            ends.append(ready + seconds)
-        self.timeline.rank_end_s = ends
+
+
+def finish_step(inp: EngineInput, timeline: Timeline, grad_done: list[float]) -> None:
+    """After each rank's gradients are reduced (``grad_done``): pair syncs (tied embeddings), then the optimizer."""
+    done = list(grad_done)
+    for a, b, seconds, label in inp.pair_syncs:
+        begin = max(done[a], done[b])
+        for rank in (a, b):
+            if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
+                timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
+            done[rank] = begin + seconds
+    ends = []
+    for rank, ready in enumerate(done):
+        seconds = inp.finalize_s[rank] if inp.finalize_s else 0.0
+        if seconds > 0:
+            timeline.syncs.append(SyncRecord(rank, "optimizer", "optimizer step", ready, ready + seconds))
+        ends.append(ready + seconds)
+    timeline.rank_end_s = ends
 
 
 def simulate(inp: EngineInput) -> Timeline:

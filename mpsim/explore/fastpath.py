@@ -37,8 +37,9 @@ from __future__ import annotations
 import dataclasses
 
 from mpsim.engine import EngineInput, Timeline
-from mpsim.engine.core import duration_key
-from mpsim.engine.timeline import ActionRecord, SyncRecord, TransferRecord
+from mpsim.engine.core import duration_key, finish_step
+from mpsim.engine.dpstream import DPStreams
+from mpsim.engine.timeline import ActionRecord, TransferRecord
 from mpsim.schedules.actions import Action, Overlapped, Schedule, flat, parts
 
 # EngineInput fields whose meaning this module reproduces; a field added later is unknown
@@ -136,27 +137,15 @@ def simulate_fast(inp: EngineInput) -> Timeline:
     arrival_s = [-1.0] * slots  # -1: not produced yet
     sent_s = [0.0] * slots
     timeline = Timeline(num_ranks, actions=[[] for _ in range(num_ranks)])
-    transfers, syncs, send_waits = timeline.transfers, timeline.syncs, timeline.send_waits
+    transfers, send_waits = timeline.transfers, timeline.send_waits
     action_s, transfer_s = inp.action_s, inp.transfer_s
     buckets, action_buckets = inp.grad_buckets, inp.action_buckets
     blocking, overlap = inp.send_blocking, inp.overlap_grad_sync
     position = [0] * num_ranks
     clock_s = [0.0] * num_ranks  # end of the rank's previous item
     sends_done_s = [0.0] * num_ranks
-    dp_free_s = [0.0] * num_ranks
+    dp = DPStreams(timeline, num_ranks)  # reductions in order, one at a time (no contention here)
     link_free_s: dict[tuple[int, int], float] = {}
-
-    def start_buckets(rank: int, queued: tuple, start: float, end: float, free: float, label: str) -> float:
-        """Reductions on the rank's DP stream, each ready a fraction into its action, one at a time."""
-        for bucket in queued:
-            begin = max(start + bucket.ready_fraction * (end - start), free)
-            free = begin + bucket.duration_s
-            if bucket.duration_s > 0:
-                syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, free))
-        return free
-
-    def sync_buckets(rank: int, stage: int, start: float, end: float, free: float) -> float:
-        return start_buckets(rank, buckets.get(stage, ()), start, end, free, f"stage {stage}")
 
     # ranks ready to advance; a rank that needs an input not yet produced parks on its slot
     # and is woken by the rank that produces it, so each item is visited about once
@@ -189,7 +178,7 @@ def simulate_fast(inp: EngineInput) -> Timeline:
             if action_buckets:  # reductions the action itself starts (ZeRO-2/3), before its stage's final ones
                 queued = action_buckets.get(key)
                 if queued:
-                    dp_free_s[rank] = start_buckets(rank, queued, start, now, dp_free_s[rank], f"{item}")
+                    dp.add(rank, queued, start, now, f"{item}")
             for gives, consumer, consumer_stage, stage, action, last_backward in outputs:
                 if gives >= 0:
                     link = (rank, consumer)
@@ -204,7 +193,7 @@ def simulate_fast(inp: EngineInput) -> Timeline:
                     if gives in parked:
                         runnable.append(parked.pop(gives))
                 if overlap and last_backward:
-                    dp_free_s[rank] = sync_buckets(rank, stage, start, now, dp_free_s[rank])
+                    dp.add(rank, buckets.get(stage, ()), start, now, f"stage {stage}")
             index += 1
         position[rank], clock_s[rank], sends_done_s[rank] = index, now, sends_done
     stuck = [r for r in range(num_ranks) if position[r] < len(plan[r])]
@@ -212,7 +201,6 @@ def simulate_fast(inp: EngineInput) -> Timeline:
         rank = stuck[0]
         raise RuntimeError(f"simulation stalled: rank {rank} never ran {schedule.actions[rank][position[rank]]}")
 
-    grad_done = []
     for rank in range(num_ranks):
         records = timeline.actions[rank]
         last_end = records[-1].end_s if records else 0.0
@@ -220,27 +208,10 @@ def simulate_fast(inp: EngineInput) -> Timeline:
             send_waits.append((rank, clock_s[rank], sends_done_s[rank]))
         if not overlap:
             for stage in sorted({a.stage for a in flat(schedule.actions[rank])}, reverse=True):
-                dp_free_s[rank] = sync_buckets(rank, stage, last_end, last_end, dp_free_s[rank])
-        grad_done.append(max(dp_free_s[rank], last_end))
-    _finalize(inp, timeline, grad_done)
+                dp.add(rank, buckets.get(stage, ()), last_end, last_end, f"stage {stage}")
+        dp.close(rank)
+    finish_step(inp, timeline, dp.grad_done)
     return timeline
-
-
-def _finalize(inp: EngineInput, timeline: Timeline, done: list[float]) -> None:
-    """Pair syncs (tied embeddings) once both ranks' gradients are reduced, then the optimizer."""
-    for a, b, seconds, label in inp.pair_syncs:
-        begin = max(done[a], done[b])
-        for rank in (a, b):
-            if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
-                timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
-            done[rank] = begin + seconds
-    ends = []
-    for rank, ready in enumerate(done):
-        seconds = inp.finalize_s[rank] if inp.finalize_s else 0.0
-        if seconds > 0:
-            timeline.syncs.append(SyncRecord(rank, "optimizer", "optimizer step", ready, ready + seconds))
-        ends.append(ready + seconds)
-    timeline.rank_end_s = ends
 
 
 def step_time_fast(inp: EngineInput) -> float:
