@@ -61,7 +61,8 @@ class Flow:
             while points[segment + 1][1] > left:  # the segment in which the flow got down to ``left``
                 segment += 1
             (t0, left0), (t1, left1) = points[segment], points[segment + 1]
-            times.append(t0 + (left0 - left) * (t1 - t0) / (left0 - left1))
+            # a part too small to change the float total is passed where the segment starts
+            times.append(t0 if left >= left0 else t0 + (left0 - left) * (t1 - t0) / (left0 - left1))
         return times
 
 

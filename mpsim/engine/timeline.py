@@ -60,6 +60,31 @@ class Timeline:
     syncs: list[SyncRecord] = field(default_factory=list)
     send_waits: list[tuple[int, float, float]] = field(default_factory=list)  # (rank, start, end) blocked on sends
     rank_end_s: list[float] = field(default_factory=list)
+    # per-rank views of ``syncs`` and ``send_waits``, built when first asked for (see ``_by_rank``)
+    _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def syncs_of(self, rank: int) -> list[SyncRecord]:
+        """The syncs of ``rank``, in the order they were recorded."""
+        return self._by_rank("syncs", self.syncs, lambda sync: sync.rank).get(rank, [])
+
+    def send_waits_of(self, rank: int) -> list[tuple[float, float]]:
+        """(start, end) of each wait of ``rank`` for its own sends, in time order."""
+        return self._by_rank("send_waits", self.send_waits, lambda wait: wait[0], lambda wait: wait[1:],
+                             sort=True).get(rank, [])
+
+    def _by_rank(self, name: str, items: list, rank_of, value=lambda item: item, sort: bool = False) -> dict:
+        """``items`` grouped by rank in one pass, so that asking for every rank is linear, not
+        quadratic; rebuilt if the list has grown since (a timeline is final once simulated)."""
+        view = self._views.get(name)
+        if view is None or view[0] != len(items):
+            groups: dict[int, list] = {}
+            for item in items:
+                groups.setdefault(rank_of(item), []).append(value(item))
+            if sort:
+                for group in groups.values():
+                    group.sort()
+            view = self._views[name] = (len(items), groups)
+        return view[1]
 
     @property
     def step_time_s(self) -> float:

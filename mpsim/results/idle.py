@@ -51,7 +51,7 @@ def idle_intervals(timeline: Timeline, rank: int, pipeline_end_s: float,
     waits, drain = reference if reference is not None else (None, None)
     if not records:
         return [Idle(0.0, pipeline_end_s, "schedule")] if pipeline_end_s > 0 else []
-    sends = sorted((start, end) for r, start, end in timeline.send_waits if r == rank)
+    sends = timeline.send_waits_of(rank)
     gaps = _split(0.0, records[0].start_s, waits[0] if waits else None, "schedule")
     send_index = 0
     for index in range(1, len(records)):

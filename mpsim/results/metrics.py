@@ -118,7 +118,7 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
     idle = idle_by_kind(idle_intervals(timeline, rank, pipeline_end, waits))
     compute_end = records[-1].end_s if records else 0.0
-    syncs = [s for s in timeline.syncs if s.rank == rank]
+    syncs = timeline.syncs_of(rank)
     dp_end = max((s.end_s for s in syncs if s.kind == "dp-comm"), default=compute_end)
     embedding = sum(s.end_s - s.start_s for s in syncs if s.kind == "embedding-sync")
     optimizer = sum(s.end_s - s.start_s for s in syncs if s.kind == "optimizer")
