@@ -109,7 +109,7 @@ class _Run:
         self.sending: list[list[Flow]] = [[] for _ in range(self.schedule.num_ranks)]
         self.sends_landed = [0.0] * ranks  # when each rank's latest transfer landed
         self.timeline = Timeline(self.schedule.num_ranks, actions=[[] for _ in range(self.schedule.num_ranks)])
-        self.dp = DPStreams(self.timeline, ranks, self.shared)
+        self.dp = DPStreams(self.timeline, ranks, inp.grad_buckets, self.shared)
 
     def _deliver(self, key: tuple[str, int, int], at: float) -> None:
         """Make ``key`` available at time ``at``: wake its parked consumer, or note the time.
@@ -215,7 +215,7 @@ class _Run:
         sending = self.sending[rank]
         arrival, waiting, flow_of, sent_at = self.arrival, self.waiting, self.flow_of, self.sent_at
         sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
-        dp, grad_buckets = self.dp, inp.grad_buckets
+        dp = self.dp
         end = 0.0
         for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
             start = end
@@ -252,7 +252,7 @@ class _Run:
             if buckets:
                 dp.add(rank, buckets, start, end, f"{item}")
             for stage in completes:
-                dp.add(rank, grad_buckets.get(stage, ()), start, end, f"stage {stage}")
+                dp.add_stage(rank, stage, start, end)
             if duration > 0:
                 yield env.timeout(duration)
             end = env.now
@@ -282,7 +282,7 @@ class _Run:
             last = records[-1].end_s if records else 0.0
             stages = sorted({a.stage for item in self.schedule.actions[rank] for a in parts(item)}, reverse=True)
             for stage in stages:
-                dp.add(rank, grad_buckets.get(stage, ()), last, last, f"stage {stage}")
+                dp.add_stage(rank, stage, last, last)
         dp.close(rank)
 
     def _send_shared(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float,
@@ -320,7 +320,6 @@ class _Run:
             raise RuntimeError(f"simulation stalled: rank {rank} never ran {stuck}")
         finish_step(self.inp, self.timeline, self.dp.grad_done)
         return self.timeline
-
 
 
 def finish_step(inp: EngineInput, timeline: Timeline, grad_done: list[float]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from functools import partial
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from mpsim.engine.links import Flow, SharedLinks
 from mpsim.engine.timeline import SyncRecord, Timeline
@@ -38,8 +38,9 @@ class GradBucket(NamedTuple):
 class DPStreams:
     """The DP streams of all ranks of one simulation."""
 
-    def __init__(self, timeline: Timeline, num_ranks: int, shared: SharedLinks | None = None):
-        self.timeline, self.shared = timeline, shared
+    def __init__(self, timeline: Timeline, num_ranks: int, stage_buckets: Mapping[int, tuple[GradBucket, ...]],
+                 shared: SharedLinks | None = None):
+        self.timeline, self.stage_buckets, self.shared = timeline, stage_buckets, shared
         self.env = shared.env if shared is not None else None
         self.grad_done = [0.0] * num_ranks  # when each rank's gradients are synchronized
         self.free_s = [0.0] * num_ranks  # without contention: when each stream is next free
@@ -68,12 +69,14 @@ class DPStreams:
                 self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, free))
         self.free_s[rank] = free
 
+    def add_stage(self, rank: int, stage: int, start: float, end: float) -> None:
+        """A stage's gradients are final after the action running ``start``..``end``: queue its reductions."""
+        self.add(rank, self.stage_buckets.get(stage, ()), start, end, f"stage {stage}")
+
     def close(self, rank: int) -> None:
         """The rank has run its last action: its gradients are done when its stream drains."""
-        records = self.timeline.actions[rank]
-        compute_end = records[-1].end_s if records else 0.0
         if self.shared is None:
-            self.grad_done[rank] = max(self.free_s[rank], compute_end)
+            self.grad_done[rank] = max(self.free_s[rank], self._compute_end(rank))
             return
         self.closed[rank] = True
         if not self.busy[rank]:
@@ -110,8 +113,11 @@ class DPStreams:
             return
         self.busy[rank] = False
         if self.closed[rank]:
-            records = self.timeline.actions[rank]
-            self.grad_done[rank] = max(now, records[-1].end_s if records else 0.0)
+            self.grad_done[rank] = max(now, self._compute_end(rank))
+
+    def _compute_end(self, rank: int) -> float:
+        records = self.timeline.actions[rank]
+        return records[-1].end_s if records else 0.0
 
     def _landed(self, rank: int, batch: list[tuple[GradBucket, str]], done_s: list[float], begin: float) -> None:
         """A flow of buckets landed: record when each one ended, then start what is queued."""

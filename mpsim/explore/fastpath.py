@@ -139,12 +139,12 @@ def simulate_fast(inp: EngineInput) -> Timeline:
     timeline = Timeline(num_ranks, actions=[[] for _ in range(num_ranks)])
     transfers, send_waits = timeline.transfers, timeline.send_waits
     action_s, transfer_s = inp.action_s, inp.transfer_s
-    buckets, action_buckets = inp.grad_buckets, inp.action_buckets
+    action_buckets = inp.action_buckets
     blocking, overlap = inp.send_blocking, inp.overlap_grad_sync
     position = [0] * num_ranks
     clock_s = [0.0] * num_ranks  # end of the rank's previous item
     sends_done_s = [0.0] * num_ranks
-    dp = DPStreams(timeline, num_ranks)  # reductions in order, one at a time (no contention here)
+    dp = DPStreams(timeline, num_ranks, inp.grad_buckets)  # reductions in order, one at a time (no contention here)
     link_free_s: dict[tuple[int, int], float] = {}
 
     # ranks ready to advance; a rank that needs an input not yet produced parks on its slot
@@ -193,7 +193,7 @@ def simulate_fast(inp: EngineInput) -> Timeline:
                     if gives in parked:
                         runnable.append(parked.pop(gives))
                 if overlap and last_backward:
-                    dp.add(rank, buckets.get(stage, ()), start, now, f"stage {stage}")
+                    dp.add_stage(rank, stage, start, now)
             index += 1
         position[rank], clock_s[rank], sends_done_s[rank] = index, now, sends_done
     stuck = [r for r in range(num_ranks) if position[r] < len(plan[r])]
@@ -208,7 +208,7 @@ def simulate_fast(inp: EngineInput) -> Timeline:
             send_waits.append((rank, clock_s[rank], sends_done_s[rank]))
         if not overlap:
             for stage in sorted({a.stage for a in flat(schedule.actions[rank])}, reverse=True):
-                dp.add(rank, buckets.get(stage, ()), last_end, last_end, f"stage {stage}")
+                dp.add_stage(rank, stage, last_end, last_end)
         dp.close(rank)
     finish_step(inp, timeline, dp.grad_done)
     return timeline
