@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.calibrate.compare import step_errors
-from mpsim.calibrate.jobs import DEFAULT_SCHEDULES, MeasureSettings
-from mpsim.calibrate.launch import JobError
-from mpsim.calibrate.plot import plot_validation
-from mpsim.calibrate.profile import write_profile
-from mpsim.calibrate.report import format_validation
+from mpsim.calibrate.check.compare import step_errors
+from mpsim.calibrate.measure.jobs import DEFAULT_SCHEDULES, MeasureSettings
+from mpsim.calibrate.measure.launch import JobError
+from mpsim.calibrate.check.plot import plot_validation
+from mpsim.specs.calibration import write_profile
+from mpsim.calibrate.check.report import format_validation
 from mpsim.calibrate.runner import validate
 from mpsim.errors import InputError
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from mpsim.engine import EngineInput, simulate
+from mpsim.engine import EngineInput, rank_spans, simulate
 from mpsim.schedules import Schedule, build_schedule
 from mpsim.schedules.zb_search import StageTimes, zb_1p, zb_2p
 
@@ -55,7 +55,7 @@ def bubble_rate(schedule: Schedule, v: int, tf: float, tb: float, tw: float, tco
 
 def searched_rate(name: str, p: int, m: int, tf: float, tb: float, tw: float, tcomm: float) -> float:
     """The bubble rate of mpsim's search for the paper's ZB-1p or ZB-2p setup."""
-    schedule = SEARCHES[name](StageTimes.uniform(p, tf, tb, tw, tcomm), m, objective="span")
+    schedule = SEARCHES[name](StageTimes.uniform(p, tf, tb, tw, tcomm), m, rank_spans, objective="span")
     return bubble_rate(schedule, 1, tf, tb, tw, tcomm)
 
 

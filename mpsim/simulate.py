@@ -13,15 +13,16 @@ from pathlib import Path
 from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost, stage_costs
 from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
                              pipeline_transfer_s, pipeline_transfer_spec, tied_embedding_sync_s)
-from mpsim.engine import EngineInput, GradBucket, Timeline, simulate as run_engine
+from mpsim.engine import EngineInput, GradBucket, Timeline, rank_spans, simulate as run_engine
 from mpsim.engine.core import TransferSpec, duration_key
+from mpsim.resolve import resolve
 from mpsim.schedules.actions import Overlapped
 from mpsim.errors import InputError
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
 from mpsim.schedules.zb_search import SEARCHED, StageTimes
-from mpsim.specs.layout import Layout, resolve_layout
+from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
-from mpsim.workload.stages import Workload, build_workload
+from mpsim.workload import Workload, build_workload
 
 
 @dataclass
@@ -44,7 +45,8 @@ class SimulationResult:
 def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = None) -> Schedule:
     """The validated schedule of the plan; problems are reported against parallel.schedule."""
     try:
-        return build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches, base_dir)
+        return build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches, base_dir,
+                              timer=rank_spans)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
 
@@ -63,7 +65,7 @@ def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) 
     times = StageTimes(tuple(costs[(s, "F")].duration_s for s in stages),
                        tuple(costs[(s, "I")].duration_s for s in stages),
                        tuple(costs[(s, "W")].duration_s for s in stages), transfer_s)
-    return SEARCHED[schedule.name](times, schedule.num_microbatches)
+    return SEARCHED[schedule.name](times, schedule.num_microbatches, rank_spans)
 
 
 def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedule: Schedule, model: CostModel,
@@ -181,11 +183,11 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     ``engine`` runs the step (the SimPy engine; a sweep may pass a faster evaluator of the
     same input); a caller that already resolved the layout or built the schedule passes them.
     """
-    layout = layout or resolve_layout(scenario)
+    layout = layout or resolve(scenario)
     schedule = schedule or plan_schedule(scenario, layout, base_dir)
     if schedule.chains != layout.chains:
         # a schedule file that names several pipelines: the layers split into blocks per chain
-        layout = resolve_layout(scenario, chains=schedule.chains)
+        layout = resolve(scenario, chains=schedule.chains)
     workload = build_workload(scenario, layout)
     model = CostModel(scenario, layout)
     if schedule.name in SEARCHED:

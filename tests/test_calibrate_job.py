@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from mpsim.calibrate.jobs import DEFAULT_SCHEDULES, FIT_SCHEDULE, MeasureSettings
-from mpsim.calibrate.compare import fit_in_range
+from mpsim.calibrate.measure.jobs import DEFAULT_SCHEDULES, FIT_SCHEDULE, MeasureSettings
+from mpsim.calibrate.check.compare import fit_in_range
 from mpsim.errors import InputError
 from mpsim.simulate import simulate
 
@@ -79,7 +79,7 @@ def test_tp_speedup_is_predicted_within_15_percent(outcome):
 
 
 def test_measured_profile_round_trips_with_the_same_predictions(outcome, tmp_path):
-    from mpsim.calibrate.profile import read_profile, write_profile
+    from mpsim.specs.calibration import read_profile, write_profile
 
     write_profile(outcome.profile, tmp_path / "measured.yaml")
     again = read_profile(tmp_path / "measured.yaml")
@@ -100,8 +100,8 @@ def test_the_profile_moves_the_prediction_towards_the_measurement(outcome):
 
 
 def test_report_ends_with_the_summary_line_and_the_plot_is_written(outcome, tmp_path):
-    from mpsim.calibrate.plot import plot_validation
-    from mpsim.calibrate.report import format_validation
+    from mpsim.calibrate.check.plot import plot_validation
+    from mpsim.calibrate.check.report import format_validation
 
     report = format_validation(outcome)
     last = report.splitlines()[-1]

@@ -13,24 +13,25 @@ import math
 import pytest
 import yaml
 
-from mpsim.calibrate import fitting
-from mpsim.calibrate.build import compute_profile, links_profile, split_backward
-from mpsim.calibrate.compare import fit_in_range
-from mpsim.calibrate.costs import CalibratedCosts, calibrated_costs, gemm_layout
-from mpsim.calibrate.jobs import (MeasureSettings, calibration_job, measured_ops, validation_job,
+from mpsim.calibrate.fit import fitting
+from mpsim.calibrate.fit.build import compute_profile, links_profile, split_backward
+from mpsim.calibrate.check.compare import fit_in_range
+from mpsim.calibrate.fit.fitting import weight_slowdown
+from mpsim.calibrate.measure.jobs import (MeasureSettings, calibration_job, measured_ops, validation_job,
                                   validation_plan)
-from mpsim.calibrate.machine import CpuSample, foreign_share, worker_environment
-from mpsim.calibrate.measured import framework_gaps, order_mismatch, parse_steps
-from mpsim.calibrate.profile import (ActionFit, CalibrationProfile, DeviceInfo, SplitBackward, read_profile,
-                                     weight_slowdown, write_profile)
+from mpsim.calibrate.measure.machine import CpuSample, foreign_share, worker_environment
+from mpsim.calibrate.check.measured import framework_gaps, order_mismatch, parse_steps
 from mpsim.cli import main
 from mpsim.cost.actions import CostModel
+from mpsim.cost.calibrated import CalibratedCosts, calibrated_costs, gemm_layout
 from mpsim.cost.collectives import p2p_time
 from mpsim.cost.compute import ComputeModel
 from mpsim.errors import InputError
 from mpsim.schedules import build_schedule
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario, resolve_layout
+from mpsim.specs.calibration import (ActionFit, CalibrationProfile, DeviceInfo, SplitBackward, read_profile,
+                                     write_profile)
 from mpsim.workload.ops import Op
 from tests.conftest import SCENARIOS
 

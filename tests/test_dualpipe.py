@@ -241,7 +241,7 @@ def test_a_file_of_unequal_pipelines_is_refused(tmp_path, capsys):
 
 
 def test_sweep_fast_path_gives_the_engine_step_time():
-    from mpsim.explore.fastpath import simulate_fast, supports
+    from mpsim.engine.longest_path import simulate_fast, supports
 
     result = _simulated("dualpipe", "parallel.pp=4", "parallel.dp=2", "parallel.global_batch_size=16",
                         "training.network_contention=false", path=LLAMA_DP)

@@ -16,7 +16,7 @@ from mpsim.specs.stack import stack_units
 from mpsim.specs.stack_from_transformer import stack_layers_per_stage, transformer_as_stack
 from mpsim.specs.stack_tp import plan_tensor_parallel
 from mpsim.workload.flops import model_flops_per_sequence
-from mpsim.workload.stages import build_workload
+from mpsim.workload import build_workload
 from tests.conftest import ROOT, SCENARIOS
 
 

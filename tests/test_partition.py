@@ -13,6 +13,7 @@ from mpsim.balance.auto import partition_problem
 from mpsim.balance.partition import fits
 from mpsim.results import format_summary, summarize, summary_json
 from mpsim.simulate import simulate
+from mpsim.resolve import resolve
 from mpsim.specs import load_scenario, resolve_layout
 from tests.conftest import SCENARIOS
 
@@ -91,7 +92,7 @@ def even_split(units: int, parts: int) -> list[int]:
 def test_auto_beats_the_even_split_on_wav2vec2():
     path = SCENARIOS / "wav2vec2_large_16xa100.yaml"
     auto = load_scenario(path).scenario
-    layout = resolve_layout(auto)
+    layout = resolve(auto)
     units = auto.model.num_layers
     even = load_scenario(path, [f"parallel.layers_per_stage={even_split(units, layout.num_stages)}"]).scenario
     problem = partition_problem(auto, layout)
@@ -108,7 +109,7 @@ def test_auto_beats_the_even_split_on_wav2vec2():
 
 def test_auto_on_a_transformer_matches_the_even_split_when_layers_are_equal():
     path = SCENARIOS / "gpt3_175b_64xa100.yaml"
-    auto = resolve_layout(load_scenario(path, ["parallel.layers_per_stage=auto"]).scenario)
+    auto = resolve(load_scenario(path, ["parallel.layers_per_stage=auto"]).scenario)
     assert auto.layers_per_chunk == resolve_layout(load_scenario(path).scenario).layers_per_chunk
 
 
@@ -117,7 +118,7 @@ def test_auto_on_a_transformer_with_a_large_vocabulary_unloads_the_last_stage():
     path = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
     scenario = load_scenario(path, ["parallel.layers_per_stage=auto", "parallel.pp=8", "parallel.dp=1",
                                     "parallel.global_batch_size=64"]).scenario
-    layout = resolve_layout(scenario)
+    layout = resolve(scenario)
     assert sum(layout.layers_per_chunk) == scenario.model.num_layers
     problem = partition_problem(scenario, layout)
     even = (scenario.model.num_layers // layout.num_stages,) * layout.num_stages

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mpsim.calibrate.splitbench import SplitBackward  # noqa: E402
-from mpsim.calibrate.torch_model import ModelShape  # noqa: E402
+from mpsim.calibrate.measure.splitbench import SplitBackward  # noqa: E402
+from mpsim.calibrate.measure.torch_model import ModelShape  # noqa: E402
 
 TINY = ModelShape(layers=3, hidden=64, heads=4, ffn_hidden=256, vocab=128, seq_length=16)
 

@@ -7,7 +7,8 @@ import pytest
 from mpsim.specs import load_scenario, resolve_layout
 from mpsim.workload.flops import model_flops_per_sequence
 from mpsim.workload.memory import layer_activation_bytes, layer_weight_grad_buffer_bytes
-from mpsim.workload.stages import build_workload, layer_context
+from mpsim.workload import build_workload
+from mpsim.workload.stages import layer_context
 from mpsim.workload.transformer import layer_work
 from mpsim.workload.ops import pass_flops
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from mpsim.engine import EngineInput, simulate as run_engine
+from mpsim.engine import EngineInput, rank_spans, simulate as run_engine
 from mpsim.schedules.registry import canonical_name
 from mpsim.schedules.validate import validate
 from mpsim.schedules.actions import Schedule
@@ -48,11 +48,11 @@ def engine_timing(schedule, times: StageTimes) -> float:
 def test_searched_schedules_are_valid_within_limit_and_no_worse_than_zb_h(seed):
     times, m = random_times(seed)
     for searched, limit, handmade in ((zb_1p, times.pp, zb_h1), (zb_2p, 2 * times.pp, zb_h2)):
-        schedule = searched(times, m)
+        schedule = searched(times, m, rank_spans)
         validate(schedule)  # every F, I and W once, on its rank, and no deadlock
-        timing = execute([list(rank) for rank in schedule.actions], times)
+        timing = execute([list(rank) for rank in schedule.actions], times, rank_spans)
         assert max(timing.peak_pending) <= limit
-        reference = execute([list(rank) for rank in handmade(times.pp, 1, m).actions], times)
+        reference = execute([list(rank) for rank in handmade(times.pp, 1, m).actions], times, rank_spans)
         if max(reference.peak_pending) <= limit:
             assert timing.end_s <= reference.end_s + 1e-9
 
@@ -64,14 +64,15 @@ def test_the_search_times_a_schedule_exactly_as_the_engine_does(seed):
         lists, timing = list_schedule(times, m, knobs)
         schedule = Schedule("zb-2p", m, tuple(range(times.pp)), tuple(tuple(rank) for rank in lists))
         assert engine_timing(schedule, times) == pytest.approx(timing.end_s, rel=1e-12)
-        replayed = execute(lists, times)  # the engine's longest-path evaluator
+        replayed = execute(lists, times, rank_spans)  # the engine's longest-path evaluator
         assert replayed.longest_span_s == pytest.approx(timing.longest_span_s, rel=1e-12)
         assert (replayed.peak_pending, replayed.peak_held) == (timing.peak_pending, timing.peak_held)
 
 
 def test_uniform_times_without_transfers_reach_zb_h2s_zero_bubble():
     times = StageTimes.uniform(4, 1.0, 1.0, 1.0)
-    timing = execute([list(rank) for rank in zb_2p(times, 12, objective="span").actions], times)
+    schedule = zb_2p(times, 12, rank_spans, objective="span")
+    timing = execute([list(rank) for rank in schedule.actions], times, rank_spans)
     assert timing.longest_span_s == pytest.approx(12 * 3.0)
 
 
@@ -86,7 +87,8 @@ PAPER_ZB2P = [((8, 24, 18.522, 18.086, 9.337, 0.601), 0.0433),
 def test_zb_2p_is_at_least_as_good_as_the_papers_search(setup, paper):
     pp, m, tf, tb, tw, tcomm = setup
     times = StageTimes.uniform(pp, tf, tb, tw, tcomm)
-    timing = execute([list(rank) for rank in zb_2p(times, m, objective="span").actions], times)
+    schedule = zb_2p(times, m, rank_spans, objective="span")
+    timing = execute([list(rank) for rank in schedule.actions], times, rank_spans)
     busy = m * (tf + tb + tw)
     rate = (timing.longest_span_s - busy) / timing.longest_span_s
     assert rate <= paper + 5e-5  # the paper prints four decimals
@@ -120,4 +122,4 @@ def test_a_scenario_searches_with_its_own_stage_times():
 
 def test_a_limit_below_one_is_refused():
     with pytest.raises(ValueError, match="at least one"):
-        search(StageTimes.uniform(2, 1, 1, 1), 4, 0)
+        search(StageTimes.uniform(2, 1, 1, 1), 4, 0, rank_spans)

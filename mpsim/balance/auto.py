@@ -18,18 +18,20 @@ from mpsim.balance.partition import PartitionProblem, balance
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import p2p_time
 from mpsim.cost.topology import pipeline_neighbours_share_node
+from mpsim.engine import rank_spans
 from mpsim.schedules import build_schedule, flat
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
 from mpsim.workload.memory import model_state_bytes
-from mpsim.workload.stages import StageWork
+from mpsim.workload.stage_work import StageWork
 
 
 def in_flight_per_stage(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
     """Peak microbatches each stage holds between its forward and its backward, from the schedule."""
     try:
-        schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches)
+        schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
+                                  timer=rank_spans)
     except Exception:  # a schedule file the layout check reports later: assume 1F1B's warm-up
         return tuple(min(layout.num_microbatches, layout.pp - s % layout.pp) for s in range(layout.num_stages))
     peak = [0] * layout.num_stages

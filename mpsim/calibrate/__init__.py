@@ -6,11 +6,12 @@ torch.distributed transfers) and writes a calibration profile a scenario can nam
 fits two parameters on one schedule and reports how well mpsim predicts the others.
 See ``docs/calibration.md``.
 
-Modules that need torch (``torch_model``, ``timing``, ``opbench``, ``commbench``,
-``pipeline``, ``tp_check``, ``worker``) run only inside the measurement workers; the
-profile, the fits, the job launcher and the reports are plain Python, so a profile can
-be read and used without torch. This package's ``__init__`` imports nothing, because the
-scenario model imports the profile format from here.
+The package has three parts, one subpackage each: ``measure`` (what runs under torch
+on the device, and how a job is planned and started), ``fit`` (from raw measurements to a
+profile) and ``check`` (prediction against measurement). ``runner`` drives them from
+end to end. The profile's schema is ``mpsim/specs/calibration.py`` and the cost model
+applies a profile (``mpsim/cost/calibrated.py``), so reading and using a profile never
+needs torch or this package.
 """
 
 from __future__ import annotations

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpsim.calibrate import require_torch
-from mpsim.calibrate.build import build_profile
-from mpsim.calibrate.compare import ScheduleCheck, check_schedule, fit_in_range, fit_profile
-from mpsim.calibrate.jobs import (FIT_SCHEDULE, MeasureSettings, ValidationPlan, calibration_job, validation_job,
+from mpsim.calibrate.fit.build import build_profile
+from mpsim.calibrate.check.compare import ScheduleCheck, check_schedule, fit_in_range, fit_profile
+from mpsim.calibrate.measure.jobs import (FIT_SCHEDULE, MeasureSettings, ValidationPlan, calibration_job, validation_job,
                                   validation_plan)
-from mpsim.calibrate.launch import run_job, wait_until_quiet
-from mpsim.calibrate.machine import cpu_count, worker_environment
-from mpsim.calibrate.measured import parse_steps
-from mpsim.calibrate.profile import ActionFit, CalibrationProfile
-from mpsim.calibrate.tp_predict import TpCheck, tp_check
+from mpsim.calibrate.measure.launch import run_job, wait_until_quiet
+from mpsim.calibrate.measure.machine import cpu_count, worker_environment
+from mpsim.calibrate.check.measured import parse_steps
+from mpsim.specs.calibration import ActionFit, CalibrationProfile
+from mpsim.calibrate.check.tp_predict import TpCheck, tp_check
 from mpsim.errors import InputError
 from mpsim.specs import load_scenario
 from mpsim.specs.loader import find_reference

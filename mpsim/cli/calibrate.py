@@ -26,10 +26,10 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from mpsim.calibrate import require_torch
-    from mpsim.calibrate.jobs import MeasureSettings
-    from mpsim.calibrate.launch import JobError
-    from mpsim.calibrate.profile import write_profile
-    from mpsim.calibrate.report import format_calibration
+    from mpsim.calibrate.measure.jobs import MeasureSettings
+    from mpsim.calibrate.measure.launch import JobError
+    from mpsim.specs.calibration import write_profile
+    from mpsim.calibrate.check.report import format_calibration
     from mpsim.calibrate.runner import calibrate
 
     require_torch()

@@ -9,6 +9,7 @@ from mpsim.errors import InputError
 
 
 def _schedule(args: argparse.Namespace) -> int:
+    from mpsim.engine import rank_spans
     from mpsim.schedules import ScheduleError, build_schedule, flat
     from mpsim.schedules.actions import ScheduleTextError, load_schedule_file
     from mpsim.schedules.validate import validate
@@ -30,7 +31,7 @@ def _schedule(args: argparse.Namespace) -> int:
     if args.pp is None or args.microbatches is None:
         raise InputError("give --pp and --microbatches to generate a schedule", args.name)
     try:
-        schedule = build_schedule(args.name, args.pp, args.vpp, args.microbatches, check=True)
+        schedule = build_schedule(args.name, args.pp, args.vpp, args.microbatches, check=True, timer=rank_spans)
     except ScheduleError as exc:
         raise InputError(str(exc), args.name) from None
     text = schedule.to_text()

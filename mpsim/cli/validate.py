@@ -11,10 +11,10 @@ from mpsim.errors import InputError
 
 def _validate(args: argparse.Namespace) -> int:
     from mpsim.calibrate import require_torch
-    from mpsim.calibrate.jobs import MeasureSettings
-    from mpsim.calibrate.launch import JobError
-    from mpsim.calibrate.profile import write_profile
-    from mpsim.calibrate.report import format_validation
+    from mpsim.calibrate.measure.jobs import MeasureSettings
+    from mpsim.calibrate.measure.launch import JobError
+    from mpsim.specs.calibration import write_profile
+    from mpsim.calibrate.check.report import format_validation
     from mpsim.calibrate.runner import validate
 
     require_torch()
@@ -36,7 +36,7 @@ def _validate(args: argparse.Namespace) -> int:
         write_profile(outcome.profile, args.out)
         print(f"profile (with the fit) written to {args.out}", file=sys.stderr)
     if args.plot:
-        from mpsim.calibrate.plot import plot_validation
+        from mpsim.calibrate.check.plot import plot_validation
 
         plot_validation(outcome.checks, args.plot)
         print(f"measured and simulated timelines written to {args.plot}", file=sys.stderr)
@@ -46,7 +46,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``validate`` to the command parser."""
-    from mpsim.calibrate.jobs import DEFAULT_SCHEDULES
+    from mpsim.calibrate.measure.jobs import DEFAULT_SCHEDULES
 
     parser = commands.add_parser(
         "validate", help="train a small model with PyTorch's pipeline schedules and compare mpsim's predictions")

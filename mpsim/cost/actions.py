@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.calibrate.costs import calibrated_costs
+from mpsim.cost.calibrated import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.compute import ComputeModel
 from mpsim.cost.groups import group_placements
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
-from mpsim.workload.stages import Workload
+from mpsim.workload.stage_work import Workload
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ class ComputeModel:
         self.gemm_flops = self.peak_flops * eff.gemm
         self.memory_bandwidth = accelerator.memory.bandwidth * eff.memory
         self.overhead_s = eff.kernel_overhead
-        # measured seconds per op (mpsim/calibrate/costs.py CalibratedCosts) replace the roofline
+        # measured seconds per op (mpsim/cost/calibrated.py CalibratedCosts) replace the roofline
         # below; its streaming bandwidth prices what uses memory_bandwidth (the optimizer step)
         self.calibration = calibration
         if calibration is not None:

@@ -28,7 +28,7 @@ import math
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.topology import GroupPlacement, pipeline_neighbours_share_node, place_ranks
-from mpsim.workload.stages import StageWork, Workload
+from mpsim.workload.stage_work import StageWork, Workload
 
 # Optimizer step per parameter. Adam (Megatron mixed precision): read the fp32 grad for the
 # global norm used by clipping (4 B); read fp32 grad, master weight, m, v (16 B) and write

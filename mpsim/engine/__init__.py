@@ -1,6 +1,14 @@
-"""SimPy engine: runs per-rank action lists with given durations and records a timeline."""
+"""The engine: runs per-rank action lists with given durations and records a timeline.
+
+Two evaluators of the same :class:`EngineInput` give the same :class:`Timeline`: the SimPy
+engine (``core.py``, the reference, with links shared between concurrent transfers) and
+the longest-path evaluator (``longest_path.py``, faster, for inputs whose every resource
+has one writer; ``supports`` tells which).
+"""
 
 from mpsim.engine.core import EngineInput, GradBucket, simulate
+from mpsim.engine.longest_path import rank_spans, simulate_fast, supports
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
 
-__all__ = ["ActionRecord", "EngineInput", "GradBucket", "SyncRecord", "Timeline", "TransferRecord", "simulate"]
+__all__ = ["ActionRecord", "EngineInput", "GradBucket", "SyncRecord", "Timeline", "TransferRecord", "rank_spans",
+           "simulate", "simulate_fast", "supports"]

@@ -6,17 +6,17 @@
   cluster, checked for memory, bounded, simulated, ranked and explained;
 * ``runner.py``, ``progress.py``, ``store.py``: the one loop that runs points here, on
   all local cores or on Ray, with a progress bar and a resumable JSON-lines file;
-* ``fastpath.py``, ``bounds.py``, ``memwalk.py``: the engine's step as a longest path,
-  a lower bound on it, and a short schedule with the same activation peak;
+* ``bounds.py``, ``memwalk.py``: a lower bound on the step (the engine's longest-path
+  evaluator, ``mpsim/engine/longest_path.py``, gives the step itself), and a short schedule
+  with the same activation peak;
 * ``evaluate.py``: one point in, one record out; ``tables.py``, ``plots.py``: output.
 
 See docs/explore.md for the commands and the results-file format.
 """
 
-from mpsim.explore.fastpath import simulate_fast
 from mpsim.explore.planbase import base_scenario
 from mpsim.explore.planner import plan
 from mpsim.explore.runner import Session, run_points
 from mpsim.explore.sweep import run_sweep
 
-__all__ = ["Session", "base_scenario", "plan", "run_points", "run_sweep", "simulate_fast"]
+__all__ = ["Session", "base_scenario", "plan", "run_points", "run_sweep"]

@@ -19,14 +19,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mpsim.engine import EngineInput, Timeline, simulate as engine_simulate
+from mpsim.engine import EngineInput, Timeline, rank_spans, simulate as engine_simulate, simulate_fast, supports
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
-from mpsim.explore.fastpath import simulate_fast, supports
+from mpsim.resolve import resolve
 from mpsim.results.memory import rank_memory
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
 from mpsim.simulate import SimulationResult, plan_schedule, simulate
-from mpsim.specs.layout import Layout, resolve_layout
+from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 
 ENGINES = ("fast", "simpy")
@@ -35,7 +35,7 @@ ENGINES = ("fast", "simpy")
 @lru_cache(maxsize=128)
 def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int) -> Schedule:
     """A generated schedule, cached: layouts that differ only in recompute or SP share it."""
-    return build_schedule(name, pp, vpp, num_microbatches)
+    return build_schedule(name, pp, vpp, num_microbatches, timer=rank_spans)
 
 
 def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None) -> Schedule:
@@ -62,10 +62,10 @@ def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: 
                       layout: Layout | None = None, schedule: Schedule | None = None) -> SimulationResult:
     """``mpsim.simulate.simulate`` with a choice of engine (and reuse of a layout/schedule already built).
 
-    ``fast`` evaluates the longest path (``fastpath.py``) and falls back to the SimPy
+    ``fast`` evaluates the longest path (``mpsim/engine/longest_path.py``) and falls back to the SimPy
     engine for an input it does not model; ``simpy`` always runs the engine.
     """
-    layout = layout or resolve_layout(scenario)
+    layout = layout or resolve(scenario)
 
     def run(inp: EngineInput) -> Timeline:
         return simulate_fast(inp) if engine == "fast" and supports(inp) else engine_simulate(inp)

@@ -24,7 +24,8 @@ from functools import lru_cache
 from typing import Any, Callable, Iterable, Iterator
 
 from mpsim.errors import InputError
-from mpsim.schedules import GENERATORS as SCHEDULES, ScheduleError, build_schedule
+from mpsim.engine import rank_spans
+from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.zb_search import SEARCHED
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack_tp import plan_tensor_parallel
@@ -151,7 +152,7 @@ def schedule_vpp_range(name: str, ceiling: int) -> tuple[int, int]:
     works = []
     for vpp in range(1, ceiling + 1):
         try:
-            build_schedule(name, 2, vpp, 4 * vpp)
+            build_schedule(name, 2, vpp, 4 * vpp, timer=rank_spans)
         except ScheduleError:
             continue
         works.append(vpp)

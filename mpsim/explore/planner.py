@@ -7,7 +7,7 @@ and the resumable results file like any sweep.
 
 **Check pass**, every layout, cheap:
 
-1. rules: the scenario model and ``resolve_layout`` reject what a framework would
+1. rules: the scenario model and ``resolve`` (``mpsim/resolve.py``) reject what a framework would
    (status ``invalid``);
 2. memory: the model state per rank, then with the schedule's in-flight activations
    (``results.memory.rank_memory``, as the report computes it, over the shortened walk of
@@ -42,18 +42,19 @@ from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.bounds import step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
-from mpsim.explore.fastpath import simulate_fast, supports
+from mpsim.engine import simulate_fast, supports
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
 from mpsim.explore.memwalk import distinct_items, memory_schedule
 from mpsim.explore.planbase import apply_fields
 from mpsim.explore.progress import Progress
 from mpsim.explore.runner import RunReport, Session, run_points
 from mpsim.explore.store import canonical_json
+from mpsim.resolve import resolve
 from mpsim.simulate import SimulationResult, engine_input, schedule_costs
-from mpsim.specs.layout import Layout, resolve_layout
+from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_bytes
-from mpsim.workload.stages import Workload, build_workload
+from mpsim.workload import Workload, build_workload
 
 RECOMPUTE_FIELD = "parallel.recompute"
 SCHEDULE_FIELD = "parallel.schedule"
@@ -95,7 +96,7 @@ class PlanEvaluator:
         prepared = _PREPARED.get(group)
         if prepared is None:
             scenario = apply_fields(self.scenario, fields)
-            layout = resolve_layout(scenario)
+            layout = resolve(scenario)
             # the cost model prices passes once per model object; sharing it shares that work
             prepared = _remember(_PREPARED, group, _Prepared(scenario, layout, build_workload(scenario, layout),
                                                              CostModel(scenario, layout)))

@@ -20,7 +20,7 @@ from mpsim.schedules.actions import Schedule, flat, parts
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.memory import model_state_bytes
-from mpsim.workload.stages import Workload
+from mpsim.workload.stage_work import Workload
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,8 @@ from mpsim.schedules.actions import (Action, Item, Overlapped, Schedule, Schedul
                                     load_schedule_file, parts, schedule_from_text)
 from mpsim.schedules.registry import SCHEDULES, canonical_name, generate
 from mpsim.schedules.validate import ScheduleError, validate
+from mpsim.schedules.zb_search import Timer
 
-
-GENERATORS = SCHEDULES  # older name of the registry
 
 
 def schedule_names() -> list[str]:
@@ -23,10 +22,12 @@ def schedule_names() -> list[str]:
 
 
 def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir: Path | None = None,
-                   check: bool = False) -> Schedule:
+                   check: bool = False, timer: Timer | None = None) -> Schedule:
     """A valid schedule; raises ScheduleError with a one-line reason.
 
     Schedules read from a file are always validated; generated ones only with ``check``.
+    Searched schedules (zb-1p, zb-2p) need ``timer``, the engine's timing of a fixed
+    schedule (``mpsim.engine.rank_spans``): schedules are data and do not run the engine.
     """
     if name.startswith("file:"):
         path = Path(name[5:])
@@ -48,7 +49,7 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
         if key not in SCHEDULES:
             raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(schedule_names())}, or file:PATH")
         try:
-            schedule = generate(key, pp, vpp, num_microbatches)
+            schedule = generate(key, pp, vpp, num_microbatches, timer)
         except ValueError as exc:
             raise ScheduleError(str(exc)) from None
         if not check:

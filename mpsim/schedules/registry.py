@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from mpsim.schedules.actions import Schedule
 from mpsim.schedules.dualpipe import dualpipe, dualpipev
 from mpsim.schedules.generators import Generator, gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
-from mpsim.schedules.zb_search import zb_1p_unit, zb_2p_unit
+from mpsim.schedules.zb_search import Timer, zb_1p_unit, zb_2p_unit
 from mpsim.schedules.zero_bubble import interleaved_zero_bubble, zb_h1, zb_h2, zbv
 
 
@@ -20,6 +20,7 @@ class ScheduleKind:
     max_vpp: int | None  # None: no upper limit
     description: str
     chains: int = 1  # pipelines the stages form (chains.py); each carries its share of the layer blocks
+    searched: bool = False  # built by a search that times candidates: the generator takes a Timer too
 
     def check_vpp(self, name: str, vpp: int) -> str | None:
         """Why ``vpp`` does not fit, or None."""
@@ -39,8 +40,10 @@ SCHEDULES: dict[str, ScheduleKind] = {
     "looped-bfs": ScheduleKind(looped_bfs, 1, None, "breadth-first over chunks (Lamy-Poirier 2023)"),
     "zb-h1": ScheduleKind(zb_h1, 1, 1, "zero bubble, 1F1B memory (Qi et al. 2024)"),
     "zb-h2": ScheduleKind(zb_h2, 1, 1, "zero bubble, 2p-1 microbatches of memory (Qi et al. 2024)"),
-    "zb-1p": ScheduleKind(zb_1p_unit, 1, 1, "zero bubble searched for the stage times, p pending (Qi et al. 2024)"),
-    "zb-2p": ScheduleKind(zb_2p_unit, 1, 1, "zero bubble searched for the stage times, 2p pending (Qi et al. 2024)"),
+    "zb-1p": ScheduleKind(zb_1p_unit, 1, 1, "zero bubble searched for the stage times, p pending (Qi et al. 2024)",
+                          searched=True),
+    "zb-2p": ScheduleKind(zb_2p_unit, 1, 1, "zero bubble searched for the stage times, 2p pending (Qi et al. 2024)",
+                          searched=True),
     "interleaved-zb": ScheduleKind(interleaved_zero_bubble, 1, None, "interleaved 1F1B with split backward (torch ZB1P)"),
     "zbv": ScheduleKind(zbv, 2, 2, "zero bubble in a V of two chunks per rank (Qi et al. 2024)"),
     "dualpipev": ScheduleKind(dualpipev, 2, 2, "DualPipe in a V, overlapped forward+backward (DeepSeek-V3)"),
@@ -74,10 +77,18 @@ def stage_chains(name: str, pp: int, vpp: int) -> tuple[int, ...]:
     return (pp * vpp // kind.chains,) * kind.chains
 
 
-def generate(name: str, pp: int, vpp: int, num_microbatches: int) -> Schedule:
-    """Run a registered generator (ValueError with the reason when the layout does not fit)."""
+def generate(name: str, pp: int, vpp: int, num_microbatches: int, timer: Timer | None = None) -> Schedule:
+    """Run a registered generator (ValueError with the reason when the layout does not fit).
+
+    A searched schedule needs ``timer``, the timing of fixed schedules it compares
+    candidates with (``mpsim.engine.rank_spans``).
+    """
     kind = SCHEDULES[name]
     problem = kind.check_vpp(name, vpp)
     if problem:
         raise ValueError(problem)
+    if kind.searched:
+        if timer is None:
+            raise TypeError(f"{name} is searched: pass the engine's timing function (mpsim.engine.rank_spans)")
+        return kind.generator(pp, vpp, num_microbatches, timer)
     return kind.generator(pp, vpp, num_microbatches)

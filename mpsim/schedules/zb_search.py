@@ -25,20 +25,27 @@ have arrived (stages advance earliest-first, so nothing can still arrive in the 
 close an input gradient must be to hold a warm-up forward back, and how many forwards
 may run ahead of their input gradients. It adds ZB-H1 and ZB-H2 as candidates. Each
 candidate is timed with the engine's rules: the heuristic places every action when the
-engine would start it, and ZB-H1 and ZB-H2 go through the engine's longest-path
-evaluator (:func:`execute`). The search keeps the one within the limit that ends first (the step time; or, to compare with the paper,
-whose longest stage span, the paper's cost, is shortest). The paper refines its
-heuristic with an ILP; this search does not.
+engine would start it, and ZB-H1 and ZB-H2 are timed by a function the caller passes
+(:data:`Timer`; the main path and the planner pass the engine's longest-path evaluator,
+``mpsim.engine.rank_spans``), since schedules are data and know nothing of the engine.
+The search keeps the one within the limit that ends first (the step time; or, to compare
+with the paper, whose longest stage span, the paper's cost, is shortest). The paper
+refines its heuristic with an ILP; this search does not.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mpsim.schedules.actions import Action, Schedule
 from mpsim.schedules.generators import loop_placement
 from mpsim.schedules.zero_bubble import zb_h1, zb_h2
+
+# Per rank, (start of its first action, end of its last) when action (stage, kind) takes
+# action_s[(stage, kind)] seconds and a transfer from stage a to stage b transfer_s[(a, b)].
+Timer = Callable[[Schedule, dict[tuple[int, str], float], dict[tuple[int, int], float]], list[tuple[float, float]]]
 
 
 @dataclass(frozen=True)
@@ -197,21 +204,17 @@ def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> tup
     return lists, timing
 
 
-def execute(lists: list[list[Action]], times: StageTimes) -> Timing:
-    """Run per-stage lists in order with fixed durations, by the engine's rules.
+def execute(lists: list[list[Action]], times: StageTimes, timer: Timer) -> Timing:
+    """Run per-stage lists in order with fixed durations, timed by ``timer``.
 
-    The timing is the engine's own longest-path evaluator (``mpsim/explore/fastpath.py``);
-    the peaks only need the order of each list.
+    The peaks only need the order of each list.
     """
-    from mpsim.engine import EngineInput  # here, not at the top: the engine imports the schedules
-    from mpsim.explore.fastpath import simulate_fast
-
     pp = times.pp
     m = max((a.microbatch for actions in lists for a in actions), default=-1) + 1
     schedule = Schedule("candidate", m, loop_placement(pp, 1), tuple(tuple(actions) for actions in lists))
     action_s = {(stage, kind): times.duration(stage, kind) for stage in range(pp) for kind in "FIW"}
     transfer_s = {pair: times.transfer_s for stage in range(pp - 1) for pair in ((stage, stage + 1), (stage + 1, stage))}
-    records = simulate_fast(EngineInput(schedule, action_s, transfer_s)).actions
+    spans = timer(schedule, action_s, transfer_s)
     pending, held = [], []
     for actions in lists:
         count = {"F": 0, "I": 0, "W": 0}
@@ -222,7 +225,7 @@ def execute(lists: list[list[Action]], times: StageTimes) -> Timing:
             most_held = max(most_held, count["F"] - count["W"])
         pending.append(most_pending)
         held.append(most_held)
-    return Timing(max(r[-1].end_s for r in records), max(r[-1].end_s - r[0].start_s for r in records),
+    return Timing(max(end for _, end in spans), max(end - start for start, end in spans),
                   tuple(pending), tuple(held))
 
 
@@ -232,7 +235,7 @@ def knob_grid(memory_limit: int) -> list[Knobs]:
             for ahead in (None, 0, 1, 2)]
 
 
-def search(times: StageTimes, num_microbatches: int, memory_limit: int, name: str = "zb-auto",
+def search(times: StageTimes, num_microbatches: int, memory_limit: int, timer: Timer, name: str = "zb-auto",
            objective: str = "end") -> Schedule:
     """The best schedule found with at most ``memory_limit`` input gradients pending per stage.
 
@@ -247,7 +250,7 @@ def search(times: StageTimes, num_microbatches: int, memory_limit: int, name: st
              (list_schedule(times, num_microbatches, knobs) for knobs in knob_grid(memory_limit))]
     for handmade in (zb_h1, zb_h2):
         lists = [list(rank) for rank in handmade(pp, 1, num_microbatches).actions]
-        timed.append((execute(lists, times), lists))
+        timed.append((execute(lists, times, timer), lists))
     fitting = [(timing, lists) for timing, lists in timed if max(timing.peak_pending) <= memory_limit]
 
     def rank(timing: Timing) -> tuple[float, float, int]:
@@ -260,24 +263,24 @@ def search(times: StageTimes, num_microbatches: int, memory_limit: int, name: st
     return Schedule(name, num_microbatches, loop_placement(pp, 1), tuple(tuple(rank) for rank in best))
 
 
-def zb_1p(times: StageTimes, num_microbatches: int, objective: str = "end") -> Schedule:
+def zb_1p(times: StageTimes, num_microbatches: int, timer: Timer, objective: str = "end") -> Schedule:
     """ZB-1p: at most p input gradients pending per stage, 1F1B's first-stage count."""
-    return search(times, num_microbatches, times.pp, "zb-1p", objective)
+    return search(times, num_microbatches, times.pp, timer, "zb-1p", objective)
 
 
-def zb_2p(times: StageTimes, num_microbatches: int, objective: str = "end") -> Schedule:
+def zb_2p(times: StageTimes, num_microbatches: int, timer: Timer, objective: str = "end") -> Schedule:
     """ZB-2p: at most 2p input gradients pending per stage."""
-    return search(times, num_microbatches, 2 * times.pp, "zb-2p", objective)
+    return search(times, num_microbatches, 2 * times.pp, timer, "zb-2p", objective)
 
 
-def zb_1p_unit(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+def zb_1p_unit(pp: int, vpp: int, num_microbatches: int, timer: Timer) -> Schedule:
     """ZB-1p searched with unit times and free transfers (``simulate`` searches with the real ones)."""
-    return zb_1p(StageTimes.uniform(pp, 1.0, 1.0, 1.0), num_microbatches)
+    return zb_1p(StageTimes.uniform(pp, 1.0, 1.0, 1.0), num_microbatches, timer)
 
 
-def zb_2p_unit(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+def zb_2p_unit(pp: int, vpp: int, num_microbatches: int, timer: Timer) -> Schedule:
     """ZB-2p searched with unit times and free transfers (``simulate`` searches with the real ones)."""
-    return zb_2p(StageTimes.uniform(pp, 1.0, 1.0, 1.0), num_microbatches)
+    return zb_2p(StageTimes.uniform(pp, 1.0, 1.0, 1.0), num_microbatches, timer)
 
 
 SEARCHED = {"zb-1p": zb_1p, "zb-2p": zb_2p}  # registry name -> search with real stage times

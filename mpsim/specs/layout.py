@@ -5,8 +5,8 @@ Megatron-LM refuses at start-up (TP must divide the heads, the global batch must
 into microbatches over DP, ...). Each violation is an :class:`InputError` naming the
 field to change and how. A layer stack gets its own rules instead of the transformer's
 head and FFN rules: every layer must have a tensor-parallel split at the chosen ``tp``
-(``stack_tp.py``). ``parallel.layers_per_stage: auto`` is resolved here too, by the
-partitioner (``mpsim/balance/``), which prices each layer with the cost model.
+(``stack_tp.py``). ``parallel.layers_per_stage: auto`` needs prices, so it is balanced
+after this check, on the main path (``mpsim/resolve.py``).
 
 A schedule whose stages form several pipelines over the same layers (the bidirectional
 DualPipe: two chains, ``mpsim/schedules/chains.py``) splits the layers into one block
@@ -16,7 +16,7 @@ DualPipe) and every chain's ``k``-th stage holds block ``k``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mpsim.errors import InputError
 from mpsim.schedules.chains import StageChains
@@ -87,159 +87,208 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
 
     ``chains``: the stage chains of the schedule when known from elsewhere (a schedule
     file's directive); by default the registry says what the named schedule needs.
+
+    ``layers_per_stage: auto`` resolves to a provisional even split marked
+    ``layer_split="auto"``: balancing it needs the cost model, which is a step of the
+    main path after this one (``mpsim/resolve.py``).
     """
-    plan, model = scenario.parallel, scenario.model
-    system = scenario.cluster.system
-    devices = scenario.cluster.devices
-    tp, pp, vpp = plan.tp, plan.pp, plan.vpp
-
-    def fail(field: str, message: str) -> InputError:
-        return InputError(message, field=field)
-
-    stack = isinstance(model, LayerStackSpec)
-    if stack:
-        # every layer needs a split at this tp (an LSTM has none); errors name the layer
-        plan_tensor_parallel(model, tp, plan.sequence_parallel and tp > 1)
-    else:
-        _check_transformer(scenario)
-    if tp > system.devices_per_node and not plan.allow_tp_across_nodes:
-        raise fail("parallel.tp", f"tp={tp} spans more than one {system.name} node ({system.devices_per_node} devices); "
-                                  f"lower tp or set parallel.allow_tp_across_nodes: true")
-    if tp <= system.devices_per_node and system.devices_per_node % tp and not plan.allow_tp_across_nodes:
-        raise fail("parallel.tp", f"tp={tp} does not divide the {system.devices_per_node} devices of a node, so some "
-                                  f"TP groups would straddle two nodes; use one of {_divisors(system.devices_per_node)}")
-
-    cp = plan.cp
-    if stack and cp > 1:
-        raise fail("parallel.cp", "context parallelism splits a transformer's sequence; layer stacks need cp=1")
-    if cp > 1 and scenario.training.attention != "flash":
-        raise fail("parallel.cp", "context parallelism needs the fused attention kernel; set training.attention: flash")
-    if model.moe is not None and tp > 1 and not plan.sequence_parallel:
-        raise fail("parallel.sequence_parallel", "mixture-of-experts layers with tp > 1 route sequence-parallel "
-                                                 "shards of the tokens (as Megatron requires); set it to true")
-    if cp > 1:
-        chunks = 2 * cp if plan.cp_comm != "all-to-all" else cp
-        if model.seq_length % chunks:
-            raise fail("parallel.cp", f"context parallelism splits the sequence into {chunks} chunks (load-balanced "
-                                      f"for the causal mask), but seq_length={model.seq_length} is not divisible")
-        if plan.cp_comm == "all-to-all" and model.num_attention_heads % (tp * cp):
-            raise fail("parallel.cp", f"all-to-all (Ulysses) context parallelism splits the heads over tp x cp = "
-                                      f"{tp * cp}, which does not divide num_attention_heads={model.num_attention_heads}")
-        if plan.sequence_parallel and (model.seq_length // cp) % tp:
-            raise fail("parallel.sequence_parallel", f"the {model.seq_length // cp} tokens of a context-parallel "
-                                                     f"rank do not split over tp={tp}")
-    if devices % (tp * cp * pp):
-        raise fail("parallel", f"tp x cp x pp = {tp} x {cp} x {pp} = {tp * cp * pp} does not divide the cluster's "
-                               f"{devices} devices")
-    dp = plan.dp if plan.dp is not None else devices // (tp * cp * pp)
-    if tp * cp * pp * dp != devices:
-        raise fail("parallel.dp", f"tp x cp x pp x dp = {tp * cp * pp * dp}, but the cluster has {devices} devices; "
-                                  f"set dp={devices // (tp * cp * pp)} or omit it")
-
-    ep = plan.ep
-    etp = plan.etp if plan.etp is not None else tp
-    if ep > 1 or plan.etp is not None:
-        if model.moe is None:
-            raise fail("parallel.ep", "expert parallelism needs a mixture-of-experts model (model.moe)")
-    if model.moe is not None:
-        if model.moe.num_experts % ep:
-            raise fail("parallel.ep", f"ep={ep} does not divide the model's {model.moe.num_experts} experts")
-        if (dp * cp) % ep:
-            raise fail("parallel.ep", f"ep={ep} must divide dp x cp = {dp * cp} (experts are spread over the "
-                                      f"data-parallel ranks)")
-        if tp % etp or model.moe.expert_ffn_hidden_size % etp:
-            raise fail("parallel.etp", f"etp={etp} must divide tp={tp} and moe.expert_ffn_hidden_size="
-                                       f"{model.moe.expert_ffn_hidden_size}")
-    zero = max(plan.zero_stage, 1 if scenario.training.distributed_optimizer else 0)
-    shard = plan.zero_shard_size or dp
-    if dp % shard:
-        raise fail("parallel.zero_shard_size", f"{shard} does not divide dp={dp}")
-
-    per_step = dp * plan.microbatch_size
-    if plan.global_batch_size % per_step:
-        raise fail("parallel.global_batch_size",
-                   f"global_batch_size={plan.global_batch_size} is not divisible by dp x microbatch_size = "
-                   f"{dp} x {plan.microbatch_size} = {per_step}")
-    num_microbatches = plan.global_batch_size // per_step
-
-    chains = stage_chains(plan.schedule, pp, vpp) if chains is None else chains
-    if len(set(chains)) > 1:
-        raise fail("parallel.schedule", f"its pipelines (chains of {', '.join(map(str, chains))} stages) must be "
-                                        f"equally long: each runs the whole model")
-    # the layers split into blocks: one per stage, or one per stage of a chain when the
-    # chains run the same blocks (each block then has a copy in every chain)
-    num_chunks = pp * vpp // max(1, len(chains))
-    split = "even" if plan.layers_per_stage is None else "auto" if plan.layers_per_stage == "auto" else "given"
-    what = "pipeline units (top-level layers, block repetitions)" if stack else "layers"
-    if split == "auto" and chains:
-        raise fail("parallel.layers_per_stage", f"auto balancing splits one pipeline; {plan.schedule} runs "
-                                                f"{len(chains)}, so give {num_chunks} block sizes or omit it")
-    if split == "auto":
-        if model.num_layers < num_chunks:
-            raise fail("parallel.layers_per_stage", f"the model has {model.num_layers} {what}, fewer than the "
-                                                    f"pp x vpp = {num_chunks} model chunks to fill")
-        # a provisional even split; the partitioner replaces it once the layout is known
-        base, extra = divmod(model.num_layers, num_chunks)
-        layers = tuple(base + (1 if k < extra else 0) for k in range(num_chunks))
-    elif split == "even":
-        if model.num_layers % num_chunks:
-            raise fail("parallel.pp", f"{model.num_layers} {what} do not split evenly over "
-                                      + (f"pp x vpp = {num_chunks} model chunks" if not chains else
-                                         f"the {num_chunks} layer blocks of {plan.schedule}")
-                                      + "; change pp/vpp or give parallel.layers_per_stage (a list, or auto)")
-        layers = (model.num_layers // num_chunks,) * num_chunks
-    else:
-        layers = tuple(plan.layers_per_stage)
-        if len(layers) != num_chunks:
-            needs = f"pp x vpp = {num_chunks}" if not chains else f"one per layer block of {plan.schedule}: {num_chunks}"
-            raise fail("parallel.layers_per_stage", f"has {len(layers)} entries, needs {needs}")
-        if any(n < 0 for n in layers):
-            raise fail("parallel.layers_per_stage", "layer counts must be >= 0")
-        if sum(layers) != model.num_layers:
-            raise fail("parallel.layers_per_stage",
-                       f"sums to {sum(layers)} layers, but the model has "
-                       + (f"{model.num_layers} {what}" if stack else f"num_layers={model.num_layers}"))
-
-    if chains:
-        layers = tuple(layers[k] for length in chains for k in range(length))  # every chain holds every block
-    order = tuple(plan.order.split("-"))
-    if "cp" not in order and cp == 1 and "tp" in order:
-        order = (*order[:order.index("tp") + 1], "cp", *order[order.index("tp") + 1:])  # a size-1 dimension
-    if sorted(order) != sorted(ORDER_DIMS):
-        raise fail("parallel.order", f"{plan.order!r} must name each of {', '.join(ORDER_DIMS)} once, "
-                                     f"innermost first, e.g. 'tp-cp-dp-pp'")
-    if scenario.training.dtype not in scenario.cluster.system.accelerator.peak_flops:
-        raise fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for "
-                                     f"{scenario.cluster.system.accelerator.name}; use one of "
-                                     f"{', '.join(scenario.cluster.system.accelerator.peak_flops)}")
-
-    layout = Layout(
-        tp=tp, pp=pp, dp=dp, vpp=vpp, cp=cp, cp_comm=plan.cp_comm, ep=ep, etp=etp, zero_stage=zero,
+    plan, system = scenario.parallel, scenario.cluster.system
+    _check_tensor_parallel(scenario)
+    _check_context_parallel(scenario)
+    dp = _data_parallel_size(scenario)
+    ep, etp = _expert_parallel_sizes(scenario, dp)
+    zero, shard = _zero_sharding(scenario, dp)
+    num_microbatches = _num_microbatches(scenario, dp)
+    chains = stage_chains(plan.schedule, plan.pp, plan.vpp) if chains is None else chains
+    layers, split = _layers_per_chunk(scenario, chains)
+    order = _rank_order(scenario)
+    _check_dtype(scenario)
+    return Layout(
+        tp=plan.tp, pp=plan.pp, dp=dp, vpp=plan.vpp, cp=plan.cp, cp_comm=plan.cp_comm, ep=ep, etp=etp,
+        zero_stage=zero,
         zero_shard_size=shard,
         microbatch_size=plan.microbatch_size,
         global_batch_size=plan.global_batch_size,
         num_microbatches=num_microbatches,
         layers_per_chunk=layers,
-        devices=devices,
+        devices=scenario.cluster.devices,
         devices_per_node=system.devices_per_node,
         order=order,
-        sequence_parallel=plan.sequence_parallel and tp > 1,
+        sequence_parallel=plan.sequence_parallel and plan.tp > 1,
         layer_split=split,
         chains=chains,
     )
-    if split == "auto":
-        from mpsim.balance.auto import balanced_layers  # prices layers with the cost model, which needs a layout
 
-        layout = replace(layout, layers_per_chunk=balanced_layers(scenario, layout))
-    return layout
+
+def _fail(field: str, message: str) -> InputError:
+    return InputError(message, field=field)
+
+
+def _check_tensor_parallel(scenario: Scenario) -> None:
+    """The model splits over ``tp`` (heads and FFN, or every layer of a stack); TP groups stay inside a node."""
+    plan, model, system = scenario.parallel, scenario.model, scenario.cluster.system
+    tp = plan.tp
+    if isinstance(model, LayerStackSpec):
+        # every layer needs a split at this tp (an LSTM has none); errors name the layer
+        plan_tensor_parallel(model, tp, plan.sequence_parallel and tp > 1)
+    else:
+        _check_transformer(scenario)
+    if tp > system.devices_per_node and not plan.allow_tp_across_nodes:
+        raise _fail("parallel.tp", f"tp={tp} spans more than one {system.name} node ({system.devices_per_node} "
+                                   f"devices); lower tp or set parallel.allow_tp_across_nodes: true")
+    if tp <= system.devices_per_node and system.devices_per_node % tp and not plan.allow_tp_across_nodes:
+        raise _fail("parallel.tp", f"tp={tp} does not divide the {system.devices_per_node} devices of a node, so "
+                                   f"some TP groups would straddle two nodes; use one of "
+                                   f"{_divisors(system.devices_per_node)}")
+    if model.moe is not None and tp > 1 and not plan.sequence_parallel:
+        raise _fail("parallel.sequence_parallel", "mixture-of-experts layers with tp > 1 route sequence-parallel "
+                                                  "shards of the tokens (as Megatron requires); set it to true")
+
+
+def _check_context_parallel(scenario: Scenario) -> None:
+    """The sequence splits into the chunks context parallelism needs (and the heads, for all-to-all)."""
+    plan, model = scenario.parallel, scenario.model
+    tp, cp = plan.tp, plan.cp
+    if cp == 1:
+        return
+    if isinstance(model, LayerStackSpec):
+        raise _fail("parallel.cp", "context parallelism splits a transformer's sequence; layer stacks need cp=1")
+    if scenario.training.attention != "flash":
+        raise _fail("parallel.cp", "context parallelism needs the fused attention kernel; set training.attention: flash")
+    chunks = 2 * cp if plan.cp_comm != "all-to-all" else cp
+    if model.seq_length % chunks:
+        raise _fail("parallel.cp", f"context parallelism splits the sequence into {chunks} chunks (load-balanced "
+                                   f"for the causal mask), but seq_length={model.seq_length} is not divisible")
+    if plan.cp_comm == "all-to-all" and model.num_attention_heads % (tp * cp):
+        raise _fail("parallel.cp", f"all-to-all (Ulysses) context parallelism splits the heads over tp x cp = "
+                                   f"{tp * cp}, which does not divide num_attention_heads={model.num_attention_heads}")
+    if plan.sequence_parallel and (model.seq_length // cp) % tp:
+        raise _fail("parallel.sequence_parallel", f"the {model.seq_length // cp} tokens of a context-parallel "
+                                                  f"rank do not split over tp={tp}")
+
+
+def _data_parallel_size(scenario: Scenario) -> int:
+    """DP: the devices left over by tp x cp x pp, or the given value when it matches."""
+    plan, devices = scenario.parallel, scenario.cluster.devices
+    tp, cp, pp = plan.tp, plan.cp, plan.pp
+    if devices % (tp * cp * pp):
+        raise _fail("parallel", f"tp x cp x pp = {tp} x {cp} x {pp} = {tp * cp * pp} does not divide the cluster's "
+                                f"{devices} devices")
+    dp = plan.dp if plan.dp is not None else devices // (tp * cp * pp)
+    if tp * cp * pp * dp != devices:
+        raise _fail("parallel.dp", f"tp x cp x pp x dp = {tp * cp * pp * dp}, but the cluster has {devices} "
+                                   f"devices; set dp={devices // (tp * cp * pp)} or omit it")
+    return dp
+
+
+def _expert_parallel_sizes(scenario: Scenario, dp: int) -> tuple[int, int]:
+    """(ep, etp): experts spread over the data-parallel ranks, each expert split over etp (tp by default)."""
+    plan, model = scenario.parallel, scenario.model
+    ep = plan.ep
+    etp = plan.etp if plan.etp is not None else plan.tp
+    if (ep > 1 or plan.etp is not None) and model.moe is None:
+        raise _fail("parallel.ep", "expert parallelism needs a mixture-of-experts model (model.moe)")
+    if model.moe is not None:
+        if model.moe.num_experts % ep:
+            raise _fail("parallel.ep", f"ep={ep} does not divide the model's {model.moe.num_experts} experts")
+        if (dp * plan.cp) % ep:
+            raise _fail("parallel.ep", f"ep={ep} must divide dp x cp = {dp * plan.cp} (experts are spread over the "
+                                       f"data-parallel ranks)")
+        if plan.tp % etp or model.moe.expert_ffn_hidden_size % etp:
+            raise _fail("parallel.etp", f"etp={etp} must divide tp={plan.tp} and moe.expert_ffn_hidden_size="
+                                        f"{model.moe.expert_ffn_hidden_size}")
+    return ep, etp
+
+
+def _zero_sharding(scenario: Scenario, dp: int) -> tuple[int, int]:
+    """(ZeRO stage, DP ranks a shard spans); Megatron's distributed optimizer is ZeRO-1."""
+    plan = scenario.parallel
+    zero = max(plan.zero_stage, 1 if scenario.training.distributed_optimizer else 0)
+    shard = plan.zero_shard_size or dp
+    if dp % shard:
+        raise _fail("parallel.zero_shard_size", f"{shard} does not divide dp={dp}")
+    return zero, shard
+
+
+def _num_microbatches(scenario: Scenario, dp: int) -> int:
+    """Microbatches per pipeline per step: the global batch over dp x microbatch size."""
+    plan = scenario.parallel
+    per_step = dp * plan.microbatch_size
+    if plan.global_batch_size % per_step:
+        raise _fail("parallel.global_batch_size",
+                    f"global_batch_size={plan.global_batch_size} is not divisible by dp x microbatch_size = "
+                    f"{dp} x {plan.microbatch_size} = {per_step}")
+    return plan.global_batch_size // per_step
+
+
+def _layers_per_chunk(scenario: Scenario, chains: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """(layers of each stage in global stage order, how they were split: even, given or auto)."""
+    plan, model = scenario.parallel, scenario.model
+    if len(set(chains)) > 1:
+        raise _fail("parallel.schedule", f"its pipelines (chains of {', '.join(map(str, chains))} stages) must be "
+                                         f"equally long: each runs the whole model")
+    # the layers split into blocks: one per stage, or one per stage of a chain when the
+    # chains run the same blocks (each block then has a copy in every chain)
+    num_chunks = plan.pp * plan.vpp // max(1, len(chains))
+    split = "even" if plan.layers_per_stage is None else "auto" if plan.layers_per_stage == "auto" else "given"
+    stack = isinstance(model, LayerStackSpec)
+    what = "pipeline units (top-level layers, block repetitions)" if stack else "layers"
+    if split == "auto" and chains:
+        raise _fail("parallel.layers_per_stage", f"auto balancing splits one pipeline; {plan.schedule} runs "
+                                                 f"{len(chains)}, so give {num_chunks} block sizes or omit it")
+    if split == "auto":
+        if model.num_layers < num_chunks:
+            raise _fail("parallel.layers_per_stage", f"the model has {model.num_layers} {what}, fewer than the "
+                                                     f"pp x vpp = {num_chunks} model chunks to fill")
+        # a provisional even split; mpsim/resolve.py replaces it once the layout can be priced
+        base, extra = divmod(model.num_layers, num_chunks)
+        layers = tuple(base + (1 if k < extra else 0) for k in range(num_chunks))
+    elif split == "even":
+        if model.num_layers % num_chunks:
+            raise _fail("parallel.pp", f"{model.num_layers} {what} do not split evenly over "
+                                       + (f"pp x vpp = {num_chunks} model chunks" if not chains else
+                                          f"the {num_chunks} layer blocks of {plan.schedule}")
+                                       + "; change pp/vpp or give parallel.layers_per_stage (a list, or auto)")
+        layers = (model.num_layers // num_chunks,) * num_chunks
+    else:
+        layers = tuple(plan.layers_per_stage)
+        if len(layers) != num_chunks:
+            needs = f"pp x vpp = {num_chunks}" if not chains else f"one per layer block of {plan.schedule}: {num_chunks}"
+            raise _fail("parallel.layers_per_stage", f"has {len(layers)} entries, needs {needs}")
+        if any(n < 0 for n in layers):
+            raise _fail("parallel.layers_per_stage", "layer counts must be >= 0")
+        if sum(layers) != model.num_layers:
+            raise _fail("parallel.layers_per_stage",
+                        f"sums to {sum(layers)} layers, but the model has "
+                        + (f"{model.num_layers} {what}" if stack else f"num_layers={model.num_layers}"))
+    if chains:
+        layers = tuple(layers[k] for length in chains for k in range(length))  # every chain holds every block
+    return layers, split
+
+
+def _rank_order(scenario: Scenario) -> tuple[str, ...]:
+    """The parallel dimensions from innermost to outermost rank, cp added beside tp when left out at size 1."""
+    plan = scenario.parallel
+    order = tuple(plan.order.split("-"))
+    if "cp" not in order and plan.cp == 1 and "tp" in order:
+        order = (*order[:order.index("tp") + 1], "cp", *order[order.index("tp") + 1:])  # a size-1 dimension
+    if sorted(order) != sorted(ORDER_DIMS):
+        raise _fail("parallel.order", f"{plan.order!r} must name each of {', '.join(ORDER_DIMS)} once, "
+                                      f"innermost first, e.g. 'tp-cp-dp-pp'")
+    return order
+
+
+def _check_dtype(scenario: Scenario) -> None:
+    accelerator = scenario.cluster.system.accelerator
+    if scenario.training.dtype not in accelerator.peak_flops:
+        raise _fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for {accelerator.name}; "
+                                      f"use one of {', '.join(accelerator.peak_flops)}")
 
 
 def _check_transformer(scenario: Scenario) -> None:
     """The transformer's tensor- and sequence-parallel rules (heads, FFN, sequence over tp)."""
     plan, model, tp = scenario.parallel, scenario.model, scenario.parallel.tp
-
-    def fail(field: str, message: str) -> InputError:
-        return InputError(message, field=field)
+    fail = _fail
 
     if model.num_attention_heads % tp:
         raise fail("parallel.tp", f"tp={tp} does not divide model.num_attention_heads={model.num_attention_heads}; "

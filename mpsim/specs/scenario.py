@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from mpsim.calibrate.profile import CalibrationProfile
 from mpsim.specs.base import Spec
+from mpsim.specs.calibration import CalibrationProfile
 from mpsim.specs.model import ModelSpec, parse_model
 from mpsim.specs.parallel import ParallelPlan, TrainingOptions
 from mpsim.specs.system import ClusterSpec

@@ -1,5 +1,21 @@
-"""How a model decomposes into ops per rank, per stage, and what it keeps in memory."""
+"""How a model decomposes into ops per rank, per stage, and what it keeps in memory.
 
-from mpsim.workload.stages import StageWork, Workload, build_workload
+:func:`build_workload` is the entry point: a transformer is built by ``stages.py``, any
+layer stack by ``layer_stack.py``, both into the structures of ``stage_work.py``.
+"""
+
+from mpsim.specs.layout import Layout
+from mpsim.specs.scenario import Scenario
+from mpsim.workload.layer_stack import build_stack_workload
+from mpsim.workload.stage_work import StageWork, Workload
+from mpsim.workload.stages import build_transformer_workload
+
+
+def build_workload(scenario: Scenario, layout: Layout) -> Workload:
+    """Per-stage work for every model chunk of the layout."""
+    if scenario.model.kind == "stack":
+        return build_stack_workload(scenario, layout)
+    return build_transformer_workload(scenario, layout)
+
 
 __all__ = ["StageWork", "Workload", "build_workload"]

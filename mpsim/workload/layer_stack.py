@@ -22,7 +22,7 @@ from mpsim.specs.stack import LayerStackSpec, stack_units, tied_embedding
 from mpsim.specs.stack_tp import plan_tensor_parallel
 from mpsim.workload.blocks import BlockWork, LayerContext
 from mpsim.workload.layers import StackEnv, layer_work, local_elements, tokens_of
-from mpsim.workload.stages import StageOptions, StageWork, Workload, _blocks
+from mpsim.workload.stage_work import StageOptions, StageWork, Workload, unit_blocks
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def build_stack_stage(units: tuple[UnitWork, ...], options: StageOptions) -> Sta
         unit_params = work.params - sum(p for name, p in unit.tied if name in embeddings)
         redo = {"full": work.forward, "selective": work.recompute_selective}.get(options.recompute, ()) \
             if unit.is_layer else ()
-        fwd, bwd, bwd_in, bwd_w = _blocks(unit.label, unit_params, work.forward, work.backward,
+        fwd, bwd, bwd_in, bwd_w = unit_blocks(unit.label, unit_params, work.forward, work.backward,
                                           work.backward_input, work.backward_weight, redo, options)
         forward.append(fwd)
         backward[:0] = list(bwd)

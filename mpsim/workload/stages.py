@@ -1,11 +1,12 @@
-"""From a model and a layout to the work of each pipeline stage (model chunk).
+"""From a transformer and a layout to the work of each pipeline stage (model chunk).
 
 Stage ``k`` of ``pp * vpp`` holds ``layers_per_chunk[k]`` transformer layers; stage 0
 also holds the embedding and the last stage the final norm, LM head and loss. When the
 schedule runs several pipelines (``layout.chains``: the bidirectional DualPipe), each
 chain's first stage holds an embedding and its last stage a head, and a stage's layers
 are numbered from its chain's start (block ``k`` of every chain is the same layers). A layer
-stack model (``kind: stack``) is built by ``layer_stack.py`` into the same structures. On MoE
+stack model (``kind: stack``) is built by ``layer_stack.py`` into the same structures
+(``stage_work.py``). On MoE
 models the first ``moe.dense_layers`` layers have a dense FFN. Stages with the same
 contents share one :class:`StageWork` (a 126-layer model has a handful of distinct
 stages), so costs are computed once per distinct stage.
@@ -13,7 +14,6 @@ stages), so costs are computed once per distinct stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 from mpsim.specs.accelerator import BYTES_PER_ELEMENT
@@ -21,61 +21,9 @@ from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.blocks import BlockWork, LayerContext
 from mpsim.workload.embedding import embedding_block, head_block, padded_vocab
-from mpsim.workload.ops import Block, Pass, collective
+from mpsim.workload.ops import Block
+from mpsim.workload.stage_work import StageOptions, StageWork, Workload, unit_blocks
 from mpsim.workload.transformer import LayerWork, MLAShape, MoEShape, layer_work
-
-
-@dataclass(frozen=True)
-class StageOptions:
-    """Everything besides the layer shapes that decides a stage's work."""
-
-    recompute: str
-    vocab_local: int
-    learned_positions: bool
-    norm_params: int
-    bias: bool
-    tied_embeddings: bool
-    mla: MLAShape | None
-    moe: MoEShape | None
-    zero_stage: int
-    grad_bytes: int  # bytes per gradient element when reduced
-
-
-@dataclass(frozen=True)
-class StageWork:
-    """What one rank does for one model chunk and one microbatch, and what it keeps."""
-
-    layers: int
-    has_embedding: bool
-    has_head: bool
-    forward: Pass
-    backward: Pass  # combined input + weight gradient, recompute included
-    backward_input: Pass  # recompute included
-    backward_weight: Pass
-    params: float  # dense parameters on one rank (embedding and head included)
-    expert_params: float  # MoE expert parameters on one rank
-    layer_params: float  # of all parameters, those of the transformer layers
-    activation_bytes: float  # kept from F until B (or I), per microbatch
-    weight_grad_buffer_bytes: float  # kept from I until W, per microbatch
-    largest_layer_params: float  # the biggest unit ZeRO-3 gathers at once
-    layer_activation_bytes: float  # of the activations, those of the transformer layers
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Every stage's work plus the shapes the cost and memory models need."""
-
-    stages: tuple[StageWork, ...]  # global stage order
-    context: LayerContext
-    vocab_padded: int
-    p2p_bytes: float  # activation (or gradient) one rank sends to the next stage, per microbatch
-    # per stage, what crosses the cut after it (its activation forward, the gradient back);
-    # empty when every cut carries p2p_bytes (a transformer's layers all have one output size)
-    cut_bytes: tuple[float, ...] = ()
-
-    def boundary_bytes(self, stage: int | None) -> float:
-        """Bytes of one microbatch sent across the cut after ``stage`` (either way); the largest without one."""
-        return self.cut_bytes[stage] if stage is not None and self.cut_bytes else self.p2p_bytes
 
 
 def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
@@ -109,35 +57,6 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
     )
 
 
-def _fsdp(label: str, params: float, options: StageOptions) -> tuple:
-    """(gather, release) collectives of a block under ZeRO-3 / FSDP, or (None, None)."""
-    if options.zero_stage < 3 or params <= 0:
-        return None, None
-    return (collective(f"{label}.fsdp_all_gather_params", "all-gather", "zero", params * 2),
-            collective(f"{label}.fsdp_reduce_scatter_grads", "reduce-scatter", "zero", params * options.grad_bytes))
-
-
-def _blocks(label: str, params: float, forward, backward, backward_input, backward_weight, redo,
-            options: StageOptions) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
-    """(forward, backward, backward_input, backward_weight) blocks of one layer, head or embedding.
-
-    Recompute re-runs the forward (full) or the attention core (selective) just before the
-    backward, as Megatron's per-layer checkpointing does. Under ZeRO-3 the parameters are
-    gathered for the forward and again for the backward (FSDP reshards after forward), and
-    the gradients scattered after the backward that completes them.
-    """
-    gather, release = _fsdp(label, params, options)
-    fwd = Block(label, "forward", forward, gather)
-    if redo:
-        first = Block(label, "recompute", redo, gather)
-        bwd = (first, Block(label, "backward", backward, None, release))
-        bwd_in = (first, Block(label, "backward", backward_input))
-    else:
-        bwd = (Block(label, "backward", backward, gather, release),)
-        bwd_in = (Block(label, "backward", backward_input, gather),)
-    return fwd, bwd, bwd_in, Block(label, "weight-grad", backward_weight, gather, release)
-
-
 @lru_cache(maxsize=256)
 def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding: bool, has_head: bool,
                 options: StageOptions) -> StageWork:
@@ -161,7 +80,7 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
         is_layer = isinstance(work, LayerWork)
         redo = {"full": work.forward, "selective": work.recompute_selective}.get(options.recompute, ()) \
             if is_layer else ()
-        fwd, bwd, bwd_in, bwd_w = _blocks(label, work.params + work.expert_params, work.forward, work.backward,
+        fwd, bwd, bwd_in, bwd_w = unit_blocks(label, work.params + work.expert_params, work.forward, work.backward,
                                           work.backward_input, work.backward_weight, redo, options)
         forward.append(fwd)
         backward[:0] = list(bwd)  # the backward runs the parts in reverse
@@ -197,12 +116,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         zero_stage=layout.zero_stage, grad_bytes=4 if training.fp32_grad_accumulation else 2)
 
 
-def build_workload(scenario: Scenario, layout: Layout) -> Workload:
-    """Per-stage work for every model chunk of the layout."""
-    if scenario.model.kind == "stack":  # any layer stack: layer_stack.py (which builds on this module)
-        from mpsim.workload.layer_stack import build_stack_workload
-
-        return build_stack_workload(scenario, layout)
+def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:
+    """Per-stage work for every model chunk of a transformer's layout."""
     ctx = layer_context(scenario, layout)
     vocab = padded_vocab(scenario.model.vocab_size, layout.tp)
     options = stage_options(scenario, layout, vocab)

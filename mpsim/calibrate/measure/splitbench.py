@@ -31,7 +31,7 @@ import time
 import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from mpsim.calibrate.torch_model import ModelShape, build_chunk
+from mpsim.calibrate.measure.torch_model import ModelShape, build_chunk
 
 PAIRS = 9  # (B, I then W) pairs per measurement: about a second on one CPU core for the validation model
 

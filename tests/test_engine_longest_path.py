@@ -10,7 +10,7 @@ from mpsim.engine import EngineInput, GradBucket, simulate
 from mpsim.engine.core import duration_key
 from mpsim.errors import InputError
 from mpsim.explore.bounds import input_lower_bound
-from mpsim.explore.fastpath import simulate_fast, supports
+from mpsim.engine.longest_path import simulate_fast, supports
 from mpsim.schedules import SCHEDULES, Action, Schedule, ScheduleError, build_schedule
 from mpsim.simulate import simulate as simulate_scenario
 from mpsim.specs import load_scenario

@@ -1,11 +1,11 @@
 """PyTorch stand-ins for mpsim's compute ops, and their microbenchmarks.
 
-Each op record (``mpsim/calibrate/ops.py``) becomes a zero-argument callable that runs
+Each op record (``mpsim/calibrate/measure/ops.py``) becomes a zero-argument callable that runs
 what a PyTorch training step runs for it:
 
 * GEMMs in the operand layout of ``nn.Linear`` (forward ``x W^T + b``, input gradient
   ``dY W``, weight gradient ``dY^T x``) or as a batched ``bmm``;
-* the attention core through :func:`mpsim.calibrate.torch_model.attention_core` (head
+* the attention core through :func:`mpsim.calibrate.measure.torch_model.attention_core` (head
   split, SDPA or the unfused path, head merge), forward, or backward through autograd;
 * memory-bound ops by their mpsim name: norms, residual adds, activations, softmax,
   dropout, embedding lookups and their gradients, cross entropy; a name without a
@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from mpsim.calibrate.timing import Measurement, measure
-from mpsim.calibrate.torch_model import TORCH_DTYPES, attention_core, causal_mask
+from mpsim.calibrate.measure.timing import Measurement, measure
+from mpsim.calibrate.measure.torch_model import TORCH_DTYPES, attention_core, causal_mask
 
 
 def _randn(*shape, dtype, device, grad: bool = False) -> torch.Tensor:

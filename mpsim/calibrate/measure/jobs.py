@@ -7,7 +7,7 @@ stages on ranks comes from mpsim's own schedule, which reproduces PyTorch's orde
 the DTensor MLP check at TP = 1 and TP = ranks; the ops of all of these are measured in
 the same job, before the training steps, so the fit and the check see the same machine.
 The validation job also measures what splitting a layer's backward into input and
-weight gradients costs in PyTorch (``mpsim/calibrate/splitbench.py``).
+weight gradients costs in PyTorch (``mpsim/calibrate/measure/splitbench.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpsim.calibrate.machine import FOREIGN_CPU_LIMIT
-from mpsim.calibrate.ops import padded_vocab, scenario_ops, sweep_ops
+from mpsim.calibrate.measure.machine import FOREIGN_CPU_LIMIT
+from mpsim.calibrate.measure.ops import padded_vocab, scenario_ops, sweep_ops
+from mpsim.engine import rank_spans
 from mpsim.errors import InputError
+from mpsim.resolve import resolve
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule, canonical_name
-from mpsim.specs import load_scenario, resolve_layout
+from mpsim.specs import load_scenario
 from mpsim.specs.scenario import Scenario
 
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev")
@@ -75,8 +77,8 @@ def validation_plan(path: Path, schedules: list[str], ranks: int, overrides: lis
             raise InputError(f"unknown schedule {raw!r}; known: {', '.join(SCHEDULES)}", "--schedules")
         try:
             variant = schedule_variant(path, name, sized)
-            layout = resolve_layout(variant)
-            build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, check=True)
+            layout = resolve(variant)
+            build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, check=True, timer=rank_spans)
         except (InputError, ScheduleError) as exc:
             plan.unavailable[name] = str(exc)
             continue
@@ -114,7 +116,7 @@ def measured_ops(scenarios: list[Scenario], dtype: str) -> list[dict]:
 
 
 def model_shape(scenario: Scenario) -> dict:
-    """The PyTorch model's shape (``mpsim.calibrate.torch_model.ModelShape``) for a scenario's model."""
+    """The PyTorch model's shape (``mpsim.calibrate.measure.torch_model.ModelShape``) for a scenario's model."""
     model = scenario.model
     if model.kv_heads != model.num_attention_heads or model.gated_ffn or model.position_embedding != "learned":
         raise InputError("the validation model must be a GPT-style transformer (no GQA, GELU MLP, learned "
@@ -141,11 +143,11 @@ def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings)
     ops = measured_ops([base, *plan.variants.values(), *tp_scenarios], base.training.dtype)
     entries = []
     for name, variant in plan.variants.items():
-        layout = resolve_layout(variant)
-        schedule = build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches)
+        layout = resolve(variant)
+        schedule = build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, timer=rank_spans)
         entries.append({"name": name, "stage_to_rank": list(schedule.stage_to_rank),
                         "layers_per_chunk": list(layout.layers_per_chunk)})
-    layout = resolve_layout(base)
+    layout = resolve(base)
     shape = model_shape(base)
     job = {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
            "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links", "pipeline"], "ops": ops,

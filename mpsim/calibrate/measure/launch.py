@@ -1,8 +1,8 @@
 """Start the measurement workers, wait for them, and collect what they wrote.
 
 The parent never imports torch. It checks that the machine is quiet, writes the job as
-JSON into a scratch folder, starts one ``python -m mpsim.calibrate.worker`` process per
-rank with the environment of :func:`mpsim.calibrate.machine.worker_environment` (the
+JSON into a scratch folder, starts one ``python -m mpsim.calibrate.measure.worker`` process per
+rank with the environment of :func:`mpsim.calibrate.measure.machine.worker_environment` (the
 allocator settings only take effect in a fresh process) and a rendezvous address on
 loopback, and waits. A worker that fails or a job that outlives its deadline is
 stopped (only the processes started here, by their own handles) and reported in one
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mpsim.calibrate.machine import FOREIGN_CPU_LIMIT, machine_busy_share
+from mpsim.calibrate.measure.machine import FOREIGN_CPU_LIMIT, machine_busy_share
 from mpsim.paths import PACKAGE_DIR
 
 
@@ -64,7 +64,7 @@ def _tail(path: Path, lines: int = 6) -> str:
 
 def run_job(job: dict, world: int, threads: int, timeout_s: float, keep: bool = False) -> list[dict]:
     """Run ``job`` on ``world`` worker processes; their results in rank order."""
-    from mpsim.calibrate.machine import worker_environment
+    from mpsim.calibrate.measure.machine import worker_environment
 
     folder = Path(tempfile.mkdtemp(prefix="mpsim-calibrate-"))
     job = {**job, "folder": str(folder), "world": world, "threads": threads}
@@ -80,7 +80,7 @@ def run_job(job: dict, world: int, threads: int, timeout_s: float, keep: bool = 
         log_path = folder / f"rank{rank}.log"
         log = open(log_path, "w")
         logs.append((log, log_path))
-        workers.append(subprocess.Popen([sys.executable, "-m", "mpsim.calibrate.worker", str(job_file), str(rank)],
+        workers.append(subprocess.Popen([sys.executable, "-m", "mpsim.calibrate.measure.worker", str(job_file), str(rank)],
                                         env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
     try:

@@ -108,17 +108,10 @@ class StreamFit(_Strict):
         return self.latency_s + message_bytes / self.bandwidth
 
 
-def weight_slowdown(full_s: float, input_s: float, weight_s: float) -> float:
-    """``W`` run on its own over its share of a full backward, ``W / (B - I)``."""
-    share = full_s - input_s
-    if share <= 0:
-        raise ValueError(f"a full backward ({full_s:.3g} s) no longer than its input gradient ({input_s:.3g} s)")
-    return weight_s / share
-
 
 class SplitBackward(_Strict):
     """One decoder layer's backward as one pass and as input- then weight-gradient passes
-    (``mpsim/calibrate/splitbench.py``)."""
+    (measured by ``mpsim/calibrate/measure/splitbench.py``)."""
 
     full_s: float = Field(gt=0, description="the full backward (B)")
     input_s: float = Field(gt=0, description="the input-gradient pass (I)")

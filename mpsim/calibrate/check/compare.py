@@ -3,7 +3,7 @@
 1. **Fit.** With the microbenchmark profile alone, mpsim prices every action of the fit
    schedule (1F1B) as a sum of measured ops. Against the same actions timed inside the
    job, ``measured = predicted / efficiency_multiplier`` is fitted (least squares
-   through the origin, ``mpsim/calibrate/fitting.py`` says why). The per-action
+   through the origin, ``mpsim/calibrate/fit/fitting.py`` says why). The per-action
    overhead is the framework's time between two actions of a rank that is not spent
    waiting for input (Python, posting sends and receives), the median over the fit
    schedule's steps.
@@ -22,9 +22,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from mpsim.calibrate.fitting import fit_actions
-from mpsim.calibrate.measured import (MeasuredStep, framework_gaps, item_duration, median_step, order_mismatch)
-from mpsim.calibrate.profile import ActionFit, CalibrationProfile
+from mpsim.calibrate.fit.fitting import fit_actions
+from mpsim.calibrate.check.measured import (MeasuredStep, framework_gaps, item_duration, median_step, order_mismatch)
+from mpsim.specs.calibration import ActionFit, CalibrationProfile
 from mpsim.schedules.actions import Overlapped
 from mpsim.simulate import SimulationResult, simulate
 from mpsim.specs.scenario import Scenario

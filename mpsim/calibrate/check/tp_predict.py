@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.calibrate.profile import CalibrationProfile
+from mpsim.resolve import resolve
+from mpsim.specs.calibration import CalibrationProfile
 from mpsim.cost.actions import CostModel
-from mpsim.specs.layout import resolve_layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload import build_workload
 from mpsim.workload.ops import Overlap
@@ -24,7 +24,7 @@ SKIPPED = (".norm", ".bda")
 def mlp_seconds(scenario: Scenario, profile: CalibrationProfile) -> float:
     """Forward plus backward of one layer's MLP ops on one rank, with the profile's costs."""
     scenario = scenario.model_copy(update={"calibration": profile})
-    layout = resolve_layout(scenario)
+    layout = resolve(scenario)
     model = CostModel(scenario, layout)
     work = build_workload(scenario, layout).stages[0]
     total = 0.0

@@ -21,8 +21,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mpsim.calibrate.timing import summarize
-from mpsim.calibrate.torch_model import TORCH_DTYPES
+from mpsim.calibrate.measure.timing import summarize
+from mpsim.calibrate.measure.torch_model import TORCH_DTYPES
 
 
 class Mlp(nn.Module):

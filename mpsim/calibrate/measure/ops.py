@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mpsim.calibrate.costs import gemm_layout
-from mpsim.specs.layout import Layout, resolve_layout
+from mpsim.cost.calibrated import gemm_layout
+from mpsim.resolve import resolve
+from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload import build_workload
 from mpsim.workload.ops import compute_ops
@@ -95,7 +96,7 @@ def scenario_ops(scenario: Scenario, both_attention_paths: bool = True) -> list[
             update={"attention": other})}))
     seen: dict[tuple, dict] = {}
     for variant in variants:
-        layout = resolve_layout(variant)
+        layout = resolve(variant)
         context = op_context(variant, layout)
         workload = build_workload(variant, layout)
         for stage in workload.stages:

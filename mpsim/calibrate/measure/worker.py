@@ -1,12 +1,12 @@
-"""One rank of a calibration / validation job: ``python -m mpsim.calibrate.worker CONFIG RANK``.
+"""One rank of a calibration / validation job: ``python -m mpsim.calibrate.measure.worker CONFIG RANK``.
 
-The parent (``mpsim/calibrate/launch.py``) writes a JSON job file and starts one such
+The parent (``mpsim/calibrate/measure/launch.py``) writes a JSON job file and starts one such
 process per rank with the allocator and thread settings of
-``mpsim.calibrate.machine.worker_environment``. Each rank:
+``mpsim.calibrate.measure.machine.worker_environment``. Each rank:
 
 1. takes one thread (and on CPU one core of its own), joins the process group with a
    timeout, so a send without its receive fails the job instead of hanging it;
-2. runs the phases the job names, all ranks in lock step (``mpsim/calibrate/phases.py``):
+2. runs the phases the job names, all ranks in lock step (``mpsim/calibrate/measure/phases.py``):
    ``links`` (point-to-point and collectives), ``ops`` (every compute op, all ranks at
    once, since that is how the cores are loaded during training) interleaved with
    ``pipeline`` (each PyTorch schedule: warm-up steps, then measured steps), then
@@ -14,7 +14,7 @@ process per rank with the allocator and thread settings of
 3. writes ``rank<N>.json`` into the job's folder.
 
 A measurement taken while the machine was disturbed (other processes over the job's
-share of the CPU, or the speed canary slowed: ``mpsim/calibrate/guard.py``) is taken
+share of the CPU, or the speed canary slowed: ``mpsim/calibrate/measure/guard.py``) is taken
 again after the ranks pause, a few times at most, and every kept number carries the
 disturbance it was taken under.
 """
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mpsim.calibrate.guard import LoadGuard
-from mpsim.calibrate.machine import cpu_name, load_average
-from mpsim.calibrate.phases import run_measurements
+from mpsim.calibrate.measure.guard import LoadGuard
+from mpsim.calibrate.measure.machine import cpu_name, load_average
+from mpsim.calibrate.measure.phases import run_measurements
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
                     "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
                     "device_name": torch.cuda.get_device_name(device) if kind == "cuda" else cpu_name()}
     try:
-        from mpsim.calibrate.timing import make_clock
+        from mpsim.calibrate.measure.timing import make_clock
 
         guard = LoadGuard(device, kind, job["foreign_limit"], job.get("wait_budget_s", 0.0))
         clock = make_clock(kind)

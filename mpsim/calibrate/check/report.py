@@ -7,8 +7,8 @@ errors over the held-out schedules (every schedule but the one the fit used).
 
 from __future__ import annotations
 
-from mpsim.calibrate.compare import MULTIPLIER_RANGE, OVERHEAD_RANGE_S, step_errors
-from mpsim.calibrate.profile import CalibrationProfile
+from mpsim.calibrate.check.compare import MULTIPLIER_RANGE, OVERHEAD_RANGE_S, step_errors
+from mpsim.specs.calibration import CalibrationProfile
 from mpsim.units import format_seconds
 
 

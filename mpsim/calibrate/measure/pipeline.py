@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from mpsim.calibrate.machine import cpu_sample, process_cpu_s
-from mpsim.calibrate.torch_model import ModelShape, batch, build_chunk, lm_loss
+from mpsim.calibrate.measure.machine import cpu_sample, process_cpu_s
+from mpsim.calibrate.measure.torch_model import ModelShape, batch, build_chunk, lm_loss
 
 # mpsim schedule name -> torch class name; a class missing from an older torch is skipped
 TORCH_SCHEDULES = {

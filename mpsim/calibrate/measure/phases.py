@@ -9,9 +9,9 @@ by more than the errors being measured. Nothing is therefore measured in one blo
 * and op passes and pipeline rounds alternate: pass, round, pass, round, ... so the
   microbenchmarks and the training steps they are compared with see the same minutes;
   each op pass ends with a measurement of the split backward's cost
-  (``mpsim/calibrate/splitbench.py``) when the job asks for it.
+  (``mpsim/calibrate/measure/splitbench.py``) when the job asks for it.
 
-The machine is checked (``mpsim/calibrate/guard.py``) around each group of ops and each
+The machine is checked (``mpsim/calibrate/measure/guard.py``) around each group of ops and each
 training step; a disturbed one is measured again after the ranks pause together.
 Groups rather than single ops, because ``/proc/stat`` counts in 10 ms ticks, too coarse
 to judge a 50 ms measurement on its own.
@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from mpsim.calibrate.guard import MAX_TRIES, LoadGuard, least_disturbed
+from mpsim.calibrate.measure.guard import MAX_TRIES, LoadGuard, least_disturbed
 
 MIN_OP_PASSES = 3
 OP_GROUP = 10  # ops between two checks of the machine (a check wants about a second)
@@ -39,7 +39,7 @@ class OpPasses:
         self.done = 0
 
     def run_pass(self) -> None:
-        from mpsim.calibrate.opbench import bench_op
+        from mpsim.calibrate.measure.opbench import bench_op
 
         order = list(range(len(self.ops)))
         if self.done % 2:
@@ -68,11 +68,11 @@ class OpPasses:
 
 
 class SplitPasses:
-    """The cost of a split backward (``mpsim/calibrate/splitbench.py``), measured once per op pass."""
+    """The cost of a split backward (``mpsim/calibrate/measure/splitbench.py``), measured once per op pass."""
 
     def __init__(self, spec: dict, device: torch.device, kind: str, guard: LoadGuard):
-        from mpsim.calibrate.splitbench import SplitBackward
-        from mpsim.calibrate.torch_model import ModelShape
+        from mpsim.calibrate.measure.splitbench import SplitBackward
+        from mpsim.calibrate.measure.torch_model import ModelShape
 
         self.bench = SplitBackward(ModelShape(**spec["shape"]), device, kind, spec.get("seed", 0))
         self.guard = guard
@@ -83,7 +83,7 @@ class SplitPasses:
 
     def results(self) -> dict:
         """Medians over the passes of B, I, W and of the per-pass ``W / (B - I)``."""
-        from mpsim.calibrate.profile import weight_slowdown
+        from mpsim.calibrate.fit.fitting import weight_slowdown
 
         ratios = [weight_slowdown(m["full_s"], m["input_s"], m["weight_s"]) for m, _ in self.passes]
         medians = {key: statistics.median(m[key] for m, _ in self.passes) for key in ("full_s", "input_s", "weight_s")}
@@ -97,8 +97,8 @@ class PipelineRounds:
     """Every schedule's stages built once; each round runs one step of each schedule."""
 
     def __init__(self, spec: dict, rank: int, device: torch.device, guard: LoadGuard, clock):
-        from mpsim.calibrate.pipeline import PipelineJob, PipelineRunner, torch_schedule_class
-        from mpsim.calibrate.torch_model import ModelShape
+        from mpsim.calibrate.measure.pipeline import PipelineJob, PipelineRunner, torch_schedule_class
+        from mpsim.calibrate.measure.torch_model import ModelShape
 
         self.guard = guard
         shape = ModelShape(**spec["shape"])
@@ -138,7 +138,7 @@ def run_measurements(job: dict, rank: int, world: int, device: torch.device, kin
     """The job's phases on this rank: links, then op passes and pipeline rounds interleaved, then TP."""
     phases, result = job["phases"], {}
     if "links" in phases:
-        from mpsim.calibrate.commbench import bench_links
+        from mpsim.calibrate.measure.commbench import bench_links
 
         repeats = job.get("links", {}).get("repeats", 15)
         links, disturbance = least_disturbed(lambda: bench_links(rank, world, device, kind, repeats), guard)
@@ -161,7 +161,7 @@ def run_measurements(job: dict, rank: int, world: int, device: torch.device, kin
     if rounds is not None:
         result["pipeline"] = rounds.out
     if "tp" in phases and world >= 2:
-        from mpsim.calibrate.tp_check import run_tp_check
+        from mpsim.calibrate.measure.tp_check import run_tp_check
 
         tp, disturbance = least_disturbed(lambda: run_tp_check(job["tp"], rank, world, device, kind), guard)
         result["tp"] = {**tp, **disturbance.as_dict()}

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from mpsim.calibrate.measured import median_step  # noqa: E402
+from mpsim.calibrate.check.measured import median_step  # noqa: E402
 from mpsim.results.plot import COLORS  # noqa: E402
 from mpsim.schedules.actions import Overlapped  # noqa: E402
 

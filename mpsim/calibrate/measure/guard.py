@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from mpsim.calibrate.machine import cpu_sample, process_cpu_s
+from mpsim.calibrate.measure.machine import cpu_sample, process_cpu_s
 
 MAX_TRIES = 3  # measurements of one thing under disturbance before keeping the least disturbed
 SLOWDOWN_LIMIT = 1.25  # canary a quarter slower than its reference: the machine is not itself

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from mpsim.calibrate.profile import CalibrationProfile, CollectiveFit
+from mpsim.specs.calibration import CalibrationProfile, CollectiveFit
 
 
 def gemm_layout(name: str, batch: int) -> str:

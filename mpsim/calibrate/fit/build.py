@@ -3,7 +3,7 @@
 All ranks measure every op at the same time (so each op is timed with the machine as
 loaded as in training); an op's point is the mean of the ranks' medians, with the
 larger of their spreads. Links are measured once for the group (rank 0 reports them).
-The curves (``mpsim/calibrate/fitting.py``) are fitted here; the in-job fit of a
+The curves (``mpsim/calibrate/fit/fitting.py``) are fitted here; the in-job fit of a
 multiplier and a per-action overhead is added later by ``mpsim validate``.
 """
 
@@ -13,9 +13,9 @@ import datetime
 import statistics
 from collections import defaultdict
 
-from mpsim.calibrate import fitting
-from mpsim.calibrate.machine import FOREIGN_CPU_LIMIT, cpu_count
-from mpsim.calibrate.profile import (AttentionCurve, AttentionPoint, CalibrationProfile, CollectiveFit,
+from mpsim.calibrate.fit import fitting
+from mpsim.calibrate.measure.machine import FOREIGN_CPU_LIMIT, cpu_count
+from mpsim.specs.calibration import (AttentionCurve, AttentionPoint, CalibrationProfile, CollectiveFit,
                                      ComputeProfile, Conditions, DeviceInfo, GemmCurve, GemmPoint, LinkFit,
                                      LinksProfile, MemoryPoint, SizePoint, SplitBackward, StreamFit)
 

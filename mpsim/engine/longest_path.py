@@ -28,7 +28,7 @@ metric depends on. Times agree with the engine's to floating-point rounding (the
 advances its clock by differences, ``now + (t - now)``; here ``t`` is used directly).
 
 It runs two to five times faster than the engine, which is what lets the planner simulate
-thousands of layouts. ``supports`` says whether an input uses only what this module
+thousands of layouts and the zero-bubble search time its candidates (:func:`rank_spans`). ``supports`` says whether an input uses only what this module
 models; anything new in ``EngineInput`` is refused, so callers fall back to the engine.
 """
 
@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from mpsim.engine import EngineInput, Timeline
-from mpsim.engine.core import duration_key, finish_step
+from mpsim.engine.core import EngineInput, duration_key, finish_step
 from mpsim.engine.dpstream import DPStreams
-from mpsim.engine.timeline import ActionRecord, TransferRecord
+from mpsim.engine.timeline import ActionRecord, Timeline, TransferRecord
 from mpsim.schedules.actions import Action, Overlapped, Schedule, flat, parts
 
 # EngineInput fields whose meaning this module reproduces; a field added later is unknown
@@ -214,6 +213,13 @@ def simulate_fast(inp: EngineInput) -> Timeline:
     return timeline
 
 
-def step_time_fast(inp: EngineInput) -> float:
-    """Seconds of one training step of ``inp`` (the engine's ``Timeline.step_time_s``)."""
-    return simulate_fast(inp).step_time_s
+def rank_spans(schedule: Schedule, action_s: dict[tuple[int, str], float],
+               transfer_s: dict[tuple[int, int], float]) -> list[tuple[float, float]]:
+    """Per rank, when its first action starts and its last ends, with fixed durations.
+
+    ``action_s`` prices each (stage, kind), ``transfer_s`` each (source stage, destination
+    stage) pair; nothing else is modelled. This is the timing function the zero-bubble
+    search (``mpsim/schedules/zb_search.py``) takes for candidates it did not place itself.
+    """
+    records = simulate_fast(EngineInput(schedule, action_s, transfer_s)).actions
+    return [(actions[0].start_s, actions[-1].end_s) for actions in records]

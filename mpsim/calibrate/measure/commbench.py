@@ -9,7 +9,7 @@
   it after a barrier and the maximum is taken.
 
 Every size is repeated; the median and spread go into the profile, and
-``mpsim/calibrate/fitting.py`` fits ``t = latency + bytes / bandwidth`` through them.
+``mpsim/calibrate/fit/fitting.py`` fits ``t = latency + bytes / bandwidth`` through them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mpsim.calibrate.timing import summarize
+from mpsim.calibrate.measure.timing import summarize
 
 P2P_SIZES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 2**20, 4 * 2**20)
 COLLECTIVE_SIZES = (64 * 2**10, 256 * 2**10, 2**20, 4 * 2**20)

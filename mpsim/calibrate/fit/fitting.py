@@ -85,7 +85,7 @@ def fit_actions(predicted_s: list[float], measured_s: list[float]) -> ActionFitR
     two sizes (a forward and a backward about twice as long) cannot tell a fixed cost
     per action from a multiplier, and a free intercept swings by several milliseconds
     either way from one run to the next. The fixed cost per action is measured instead
-    (the gaps between actions, ``mpsim/calibrate/measured.py``).
+    (the gaps between actions, ``mpsim/calibrate/check/measured.py``).
     """
     products = sum(p * m for p, m in zip(predicted_s, measured_s))
     if products <= 0:
@@ -93,3 +93,11 @@ def fit_actions(predicted_s: list[float], measured_s: list[float]) -> ActionFitR
     slope = products / sum(p * p for p in predicted_s)
     rms = math.sqrt(sum(((slope * p - m) / m) ** 2 for p, m in zip(predicted_s, measured_s)) / len(measured_s))
     return ActionFitResult(1.0 / slope, 100 * rms, len(measured_s))
+
+
+def weight_slowdown(full_s: float, input_s: float, weight_s: float) -> float:
+    """``W`` run on its own over its share of a full backward, ``W / (B - I)``."""
+    share = full_s - input_s
+    if share <= 0:
+        raise ValueError(f"a full backward ({full_s:.3g} s) no longer than its input gradient ({input_s:.3g} s)")
+    return weight_s / share

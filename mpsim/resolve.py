@@ -1,0 +1,30 @@
+"""The layout a simulation runs: the specs' rules first, then the prices ``auto`` needs.
+
+:func:`mpsim.specs.resolve_layout` checks a plan against the model and the cluster the
+way a framework does at start-up and fills in every derived number. One field cannot be
+filled in from the specs alone: ``parallel.layers_per_stage: auto`` balances the stages
+by what their layers cost, so it needs the cost model (``mpsim/balance/``). This module
+is that second step of the main path; everything that simulates a scenario resolves its
+layout here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mpsim.balance.auto import balanced_layers
+from mpsim.specs.layout import Layout, resolve_layout
+from mpsim.specs.scenario import Scenario
+
+
+def resolve(scenario: Scenario, chains: tuple[int, ...] | None = None) -> Layout:
+    """The checked layout, with ``layers_per_stage: auto`` balanced by the cost model.
+
+    ``chains``: the schedule's stage chains when a schedule file says so (see
+    :func:`mpsim.specs.resolve_layout`).
+    """
+    layout = resolve_layout(scenario, chains)
+    if layout.layer_split == "auto":
+        # the provisional even split is a layout the cost model can price layer by layer
+        layout = replace(layout, layers_per_chunk=balanced_layers(scenario, layout))
+    return layout

@@ -1,0 +1,97 @@
+"""What a pipeline stage does for one microbatch, whatever the model is made of.
+
+A stage's work is four passes (forward, combined backward, input gradient, weight
+gradient), each a tuple of blocks of ops, plus what it keeps in memory. Transformers
+(``stages.py``) and layer stacks (``layer_stack.py``) are built into these same
+structures from their own layers; :func:`unit_blocks` is the one place that turns a
+layer's passes into blocks, with recompute and ZeRO-3's parameter gathers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpsim.workload.ops import Block, Pass, collective
+from mpsim.workload.transformer import MLAShape, MoEShape
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """Everything besides the layer shapes that decides a stage's work."""
+
+    recompute: str
+    vocab_local: int
+    learned_positions: bool
+    norm_params: int
+    bias: bool
+    tied_embeddings: bool
+    mla: MLAShape | None
+    moe: MoEShape | None
+    zero_stage: int
+    grad_bytes: int  # bytes per gradient element when reduced
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """What one rank does for one model chunk and one microbatch, and what it keeps."""
+
+    layers: int
+    has_embedding: bool
+    has_head: bool
+    forward: Pass
+    backward: Pass  # combined input + weight gradient, recompute included
+    backward_input: Pass  # recompute included
+    backward_weight: Pass
+    params: float  # dense parameters on one rank (embedding and head included)
+    expert_params: float  # MoE expert parameters on one rank
+    layer_params: float  # of all parameters, those of the transformer layers
+    activation_bytes: float  # kept from F until B (or I), per microbatch
+    weight_grad_buffer_bytes: float  # kept from I until W, per microbatch
+    largest_layer_params: float  # the biggest unit ZeRO-3 gathers at once
+    layer_activation_bytes: float  # of the activations, those of the transformer layers
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Every stage's work plus the shapes the cost and memory models need."""
+
+    stages: tuple[StageWork, ...]  # global stage order
+    context: LayerContext
+    vocab_padded: int
+    p2p_bytes: float  # activation (or gradient) one rank sends to the next stage, per microbatch
+    # per stage, what crosses the cut after it (its activation forward, the gradient back);
+    # empty when every cut carries p2p_bytes (a transformer's layers all have one output size)
+    cut_bytes: tuple[float, ...] = ()
+
+    def boundary_bytes(self, stage: int | None) -> float:
+        """Bytes of one microbatch sent across the cut after ``stage`` (either way); the largest without one."""
+        return self.cut_bytes[stage] if stage is not None and self.cut_bytes else self.p2p_bytes
+
+
+def _fsdp(label: str, params: float, options: StageOptions) -> tuple:
+    """(gather, release) collectives of a block under ZeRO-3 / FSDP, or (None, None)."""
+    if options.zero_stage < 3 or params <= 0:
+        return None, None
+    return (collective(f"{label}.fsdp_all_gather_params", "all-gather", "zero", params * 2),
+            collective(f"{label}.fsdp_reduce_scatter_grads", "reduce-scatter", "zero", params * options.grad_bytes))
+
+
+def unit_blocks(label: str, params: float, forward, backward, backward_input, backward_weight, redo,
+            options: StageOptions) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
+    """(forward, backward, backward_input, backward_weight) blocks of one layer, head or embedding.
+
+    Recompute re-runs the forward (full) or the attention core (selective) just before the
+    backward, as Megatron's per-layer checkpointing does. Under ZeRO-3 the parameters are
+    gathered for the forward and again for the backward (FSDP reshards after forward), and
+    the gradients scattered after the backward that completes them.
+    """
+    gather, release = _fsdp(label, params, options)
+    fwd = Block(label, "forward", forward, gather)
+    if redo:
+        first = Block(label, "recompute", redo, gather)
+        bwd = (first, Block(label, "backward", backward, None, release))
+        bwd_in = (first, Block(label, "backward", backward_input))
+    else:
+        bwd = (Block(label, "backward", backward, gather, release),)
+        bwd_in = (Block(label, "backward", backward_input, gather),)
+    return fwd, bwd, bwd_in, Block(label, "weight-grad", backward_weight, gather, release)
