@@ -24,7 +24,7 @@ from mpsim.explore.planbase import base_scenario
 from mpsim.explore.planner import PlanEvaluator, layout_label, plan, plan_identity
 from mpsim.explore.planreport import format_plan, loss_reason, matching, ranked
 from mpsim.explore.layouts import RECOMPUTE_MODES
-from mpsim.explore.runner import run_points
+from mpsim.explore.runner import RunControl, Session, run_points
 from mpsim.explore.store import canonical_json
 
 
@@ -49,7 +49,8 @@ def exhaustive(scenario, result, workers: int | None) -> None:
     """Every layout that fits, simulated by the SimPy engine; where does the plan's #1 land?"""
     start = time.perf_counter()
     evaluator = PlanEvaluator(scenario, "simulate", "simpy", plan_identity(scenario))
-    report = run_points(evaluator, result.points, workers=workers, progress=False, label="exhaustive")
+    with Session(workers=workers) as session:
+        report = run_points(evaluator, result.points, session, RunControl(progress=False, label="exhaustive"))
     everything = sorted((r for r in report.records if r["status"] == "ok"),
                         key=lambda r: (r["metrics"]["step_time_s"], r["metrics"]["peak_memory_bytes"]))
     best = ranked(result)[0]

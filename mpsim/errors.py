@@ -22,9 +22,5 @@ class InputError(Exception):
         where = ": ".join(part for part in (self.file, self.field) if part)
         return f"{where}: {self.message}" if where else self.message
 
-    def located(self, file: str | None = None, field: str | None = None) -> "InputError":
-        """The same error with a file and field filled in where they were missing."""
-        return InputError(self.message, self.file or file, self.field or field)
-
 
 EXIT_INPUT_ERROR = 2

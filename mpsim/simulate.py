@@ -7,18 +7,18 @@ docs/architecture.md); this module only wires them together in a fixed order.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost, stage_costs
 from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
                              pipeline_transfer_s, pipeline_transfer_spec, tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, rank_spans, simulate as run_engine
 from mpsim.engine.core import TransferSpec, duration_key
-from mpsim.resolve import resolve
-from mpsim.schedules.actions import Overlapped
 from mpsim.errors import InputError
+from mpsim.resolve import resolve
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
+from mpsim.schedules.actions import Overlapped
 from mpsim.schedules.zb_search import SEARCHED, StageTimes
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -71,83 +71,113 @@ def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) 
 def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedule: Schedule, model: CostModel,
                  costs: dict[tuple[int, str], ActionCost]) -> EngineInput:
     """The engine's plain-number input for one step."""
-    rank_of = schedule.stage_to_rank
-    chains = schedule.topology
     contention = scenario.training.network_contention
+    transfer_s, transfer_links = pipeline_transfers(workload, schedule, model, contention)
+    buckets = _BucketMaker(model, transfer_links)
+    copies = block_copy_ranks(schedule)
+    return EngineInput(
+        schedule=schedule,
+        action_s={key: cost.duration_s for key, cost in costs.items()},
+        transfer_s=transfer_s,
+        grad_buckets=final_reductions(workload, schedule, model, copies, buckets),
+        overlap_grad_sync=scenario.training.overlap_grad_reduce,
+        pair_syncs=pair_syncs(scenario, workload, schedule, model, copies),
+        finalize_s=optimizer_steps(workload, schedule, model),
+        action_buckets=action_reductions(workload, schedule, model, costs, copies, buckets),
+        send_blocking=scenario.training.pp_send_blocking,
+        transfer_links=transfer_links if contention else None,
+    )
+
+
+def pipeline_transfers(workload: Workload, schedule: Schedule, model: CostModel, contention: bool
+                       ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], TransferSpec]]:
+    """Seconds of each pipeline send between neighbouring stages (both ways), and with
+    ``contention`` the links each send between two ranks loads."""
+    rank_of, chains = schedule.stage_to_rank, schedule.topology
     transfer: dict[tuple[int, int], float] = {}
-    transfer_links: dict[tuple[int, int], TransferSpec] = {}
+    links: dict[tuple[int, int], TransferSpec] = {}
     for stage in range(schedule.num_stages):
         after = chains.next(stage)  # pipeline links join the stages of a chain only
         if after is None:
             continue
         a, b = rank_of[stage], rank_of[after]
-        seconds = pipeline_transfer_s(workload, model, a, b, stage)
-        transfer[(stage, after)] = transfer[(after, stage)] = seconds
+        transfer[(stage, after)] = transfer[(after, stage)] = pipeline_transfer_s(workload, model, a, b, stage)
         if contention and a != b:
-            transfer_links[(stage, after)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b, stage))
-            transfer_links[(after, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a, stage))
+            links[(stage, after)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b, stage))
+            links[(after, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a, stage))
+    return transfer, links
 
-    # links pipeline transfers use: a DP bucket only needs to share a link one of them uses
-    busy_links = {link for spec in transfer_links.values() for link in spec.links}
 
-    shared_links: dict[tuple, tuple] = {}  # (group, rank) -> the links its buckets share with transfers
+class _BucketMaker:
+    """Gradient buckets for the engine, each with the links it shares with pipeline sends.
 
-    def bucket(spec: tuple, rank: int) -> GradBucket:
+    A bucket only needs the links that some pipeline transfer also loads (the engine
+    shares bandwidth only where two flows meet); without contention there are none.
+    """
+
+    def __init__(self, model: CostModel, transfer_links: dict[tuple[int, int], TransferSpec]):
+        self.model = model
+        self.busy_links = {link for spec in transfer_links.values() for link in spec.links}
+        self.shared: dict[tuple, tuple] = {}  # (group, rank) -> its links that transfers load too
+
+    def __call__(self, spec: tuple, rank: int) -> GradBucket:
         ready, seconds, label, group = spec
         links = ()
-        if contention:
-            key = (group if isinstance(group, str) else id(group), rank)
-            links = shared_links.get(key)
+        if self.busy_links:
+            links = self.shared.get((group, rank))
             if links is None:
-                links = shared_links[key] = tuple(link for link in group_links(model, group, rank)
-                                                  if link in busy_links)
+                links = self.shared[(group, rank)] = tuple(
+                    link for link in group_links(self.model, group, rank) if link in self.busy_links)
         return GradBucket(ready, seconds, label, links)
 
-    copies = block_copy_ranks(schedule)
-    final_specs: dict[tuple, tuple] = {}  # stages of equal work (one object) have the same reductions
 
-    def final_buckets(stage: int, work) -> tuple[GradBucket, ...]:
-        key = (id(work), copies[stage])
-        specs = final_specs.get(key)
-        if specs is None:
-            specs = final_specs[key] = final_grad_buckets(work, model, copies[stage])
-        return tuple(bucket(spec, rank_of[stage]) for spec in specs)
+def final_reductions(workload: Workload, schedule: Schedule, model: CostModel, copies: list[tuple[int, ...]],
+                     bucket: _BucketMaker) -> dict[int, tuple[GradBucket, ...]]:
+    """Per stage, the gradient buckets its last backward fills (reduced over DP, and over block copies)."""
+    specs: dict[tuple, tuple] = {}  # stages of equal work (one object) have the same reductions
+    buckets = {}
+    for stage, work in enumerate(workload.stages):
+        key = (work, copies[stage])
+        if key not in specs:
+            specs[key] = final_grad_buckets(work, model, copies[stage])
+        buckets[stage] = tuple(bucket(spec, schedule.stage_to_rank[stage]) for spec in specs[key])
+    return buckets
 
-    buckets = {stage: final_buckets(stage, work) for stage, work in enumerate(workload.stages)}
-    # asynchronous reductions some actions start on the DP stream (ZeRO-2 per microbatch,
-    # ZeRO-3 per layer); every action of a (stage, kind) runs on the same rank
-    action_buckets: dict[tuple, tuple[GradBucket, ...]] = {}
+
+def action_reductions(workload: Workload, schedule: Schedule, model: CostModel, costs: dict[tuple, ActionCost],
+                      copies: list[tuple[int, ...]], bucket: _BucketMaker) -> dict[tuple, tuple[GradBucket, ...]]:
+    """Reductions some actions start on the DP stream each time they run: ZeRO-3's per-layer
+    scatters (in the action's cost) and ZeRO-2's per-microbatch gradient scatter."""
+    found: dict[tuple, tuple[GradBucket, ...]] = {}
     for key, cost in costs.items():
-        rank = rank_of[key[0]]
+        stage, rank = key[0], schedule.stage_to_rank[key[0]]  # every action of a (stage, kind) runs on one rank
         per_action = [(*spec, "zero") for spec in cost.async_dp]
         if key[1] in ("B", "W") and len(key) == 2:
-            per_action += microbatch_grad_buckets(workload.stages[key[0]], model, copies[key[0]])
+            per_action += microbatch_grad_buckets(workload.stages[stage], model, copies[stage])
         if per_action:
-            action_buckets[key] = tuple(bucket(spec, rank) for spec in per_action)
+            found[key] = tuple(bucket(spec, rank) for spec in per_action)
+    return found
+
+
+def optimizer_steps(workload: Workload, schedule: Schedule, model: CostModel) -> tuple[float, ...]:
+    """Seconds of each pipeline rank's optimizer step over the stages it holds."""
     works_per_rank: list[list] = [[] for _ in range(schedule.num_ranks)]
     for stage, work in enumerate(workload.stages):
-        works_per_rank[rank_of[stage]].append(work)
-    first, last = rank_of[0], rank_of[-1]
-    pair_syncs: tuple[tuple[int, int, float, str], ...] = ()
+        works_per_rank[schedule.stage_to_rank[stage]].append(work)
+    return tuple(optimizer_s(works, model) for works in works_per_rank)
+
+
+def pair_syncs(scenario: Scenario, workload: Workload, schedule: Schedule, model: CostModel,
+               copies: list[tuple[int, ...]]) -> tuple[tuple[int, int, float, str], ...]:
+    """Reductions two pipeline ranks must both reach before either's optimizer step."""
+    first, last = schedule.stage_to_rank[0], schedule.stage_to_rank[-1]
+    syncs: tuple[tuple[int, int, float, str], ...] = ()
     if scenario.model.tied_embeddings and first != last:
-        pair_syncs = ((first, last, tied_embedding_sync_s(workload, model, first, last),
-                       "tied embedding grad all-reduce"),)
+        syncs = ((first, last, tied_embedding_sync_s(workload, model, first, last), "tied embedding grad all-reduce"),)
     # ranks sharing copies of a block reduce its gradients in one collective, which ends
     # only when both have produced them: neither rank's optimizer starts before the other's
     joined = sorted({(min(ranks), max(ranks)) for ranks in copies if len(ranks) == 2})
-    pair_syncs += tuple((a, b, 0.0, "block copies' gradients reduced together") for a, b in joined)
-    return EngineInput(
-        schedule=schedule,
-        action_s={key: cost.duration_s for key, cost in costs.items()},
-        transfer_s=transfer,
-        grad_buckets=buckets,
-        overlap_grad_sync=scenario.training.overlap_grad_reduce,
-        pair_syncs=pair_syncs,
-        finalize_s=tuple(optimizer_s(works, model) for works in works_per_rank),
-        action_buckets=action_buckets,
-        send_blocking=scenario.training.pp_send_blocking,
-        transfer_links=transfer_links if contention else None,
-    )
+    return syncs + tuple((a, b, 0.0, "block copies' gradients reduced together") for a, b in joined)
 
 
 def block_copy_ranks(schedule: Schedule) -> list[tuple[int, ...]]:

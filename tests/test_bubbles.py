@@ -2,7 +2,7 @@
 
 import pytest
 
-from mpsim.engine import simulate
+from mpsim.engine import rank_spans, simulate
 from mpsim.schedules import build_schedule
 from tests.conftest import uniform_input
 
@@ -17,7 +17,7 @@ def bubble_fraction(timeline) -> float:
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("m", [1, 2, 4, 7, 16, 32])
 def test_gpipe_and_1f1b_bubble(name, p, m):
-    schedule = build_schedule(name, p, 1, m, check=True)
+    schedule = build_schedule(name, p, 1, m, check=True, timer=rank_spans)
     timeline = simulate(uniform_input(schedule, 1.0, 2.0))
     assert bubble_fraction(timeline) == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
     assert timeline.pipeline_end_s == pytest.approx((m + p - 1) * 3.0, abs=1e-9)

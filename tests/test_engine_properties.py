@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpsim.engine import EngineInput, GradBucket, simulate
+from mpsim.engine import EngineInput, GradBucket, rank_spans, simulate
 from mpsim.engine.core import TransferSpec
 from mpsim.schedules import build_schedule
 
@@ -25,7 +25,7 @@ def engine_inputs(draw, blocking=None):
         v = draw(st.integers(2, 3))
         rounds = max(1, m // p)
         m = (m // rounds) * rounds
-    schedule = build_schedule(name, p, v, m, check=True)
+    schedule = build_schedule(name, p, v, m, check=True, timer=rank_spans)
     stages = schedule.num_stages
     action_s = {}
     for stage in range(stages):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from mpsim.engine import rank_spans
 from mpsim.explore.memwalk import memory_schedule
 from mpsim.explore.planner import distinct_items
 from mpsim.results.memory import activation_walk
@@ -23,7 +24,7 @@ def schedules(draw):
     high = getattr(SCHEDULES[name], "max_vpp", 3) or 3
     pp, vpp, micro = draw(st.integers(1, 6)), draw(st.integers(low, max(low, min(high, 4)))), draw(st.integers(1, 16))
     try:
-        return build_schedule(name, pp, vpp, micro, check=True)
+        return build_schedule(name, pp, vpp, micro, check=True, timer=rank_spans)
     except ScheduleError:
         assume(False)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mpsim.explore import evaluate
-from mpsim.explore.runner import run_points
+from mpsim.explore.runner import Session, run_points
 from mpsim.explore.store import ResultsFile
 from mpsim.explore.sweep import format_sweep, run_sweep
 from tests.conftest import SCENARIOS
@@ -149,7 +149,8 @@ class _Picky:
 
 
 def test_runner_records_an_exception_from_any_evaluator():
-    report = run_points(_Picky(), [(("x", i),) for i in range(4)], workers=1)
+    with Session(workers=1) as session:
+        report = run_points(_Picky(), [(("x", i),) for i in range(4)], session)
     assert [r["status"] for r in report.records] == ["ok", "ok", "error", "ok"]
     assert report.records[2]["error"] == "KeyError: 'x'"
     assert report.records[3]["metrics"] == {"y": 9}
@@ -157,5 +158,6 @@ def test_runner_records_an_exception_from_any_evaluator():
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_runner_keeps_point_order(workers):
-    report = run_points(_Picky(), [(("x", i),) for i in range(9)], workers=workers)
+    with Session(workers=workers) as session:
+        report = run_points(_Picky(), [(("x", i),) for i in range(9)], session)
     assert [r["point"]["x"] for r in report.records] == list(range(9))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from mpsim.engine import EngineInput, simulate
+from mpsim.engine import EngineInput, rank_spans, simulate
 from mpsim.engine.core import duration_key
 from mpsim.schedules import Overlapped, build_schedule
 
 
 def stage_idle(name: str, p: int, v: int, m: int, f: float, i: float, w: float, pair: float | None = None) -> float:
     """Largest (span - busy) over ranks: Zero Bubble's bubble (cost minus compute)."""
-    schedule = build_schedule(name, p, v, m, check=True)
+    schedule = build_schedule(name, p, v, m, check=True, timer=rank_spans)
     action_s = {}
     for stage in range(schedule.num_stages):
         action_s.update({(stage, "F"): f, (stage, "I"): i, (stage, "W"): w, (stage, "B"): i + w})

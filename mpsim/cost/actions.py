@@ -19,7 +19,7 @@ from mpsim.cost.groups import group_placements
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
-from mpsim.workload.stage_work import Workload
+from mpsim.workload.stage_work import StageWork, Workload
 
 
 @dataclass(frozen=True)
@@ -170,13 +170,13 @@ class CostModel:
 def stage_costs(workload: Workload, model: CostModel) -> dict[tuple[int, str], ActionCost]:
     """(stage, kind) -> ActionCost for every stage and action kind."""
     costs: dict[tuple[int, str], ActionCost] = {}
-    priced: dict[tuple[int, bool], tuple[ActionCost, ...]] = {}  # stages of equal work share one object
+    priced: dict[tuple[StageWork, bool], tuple[ActionCost, ...]] = {}  # stages of equal work share one object
     for stage, work in enumerate(workload.stages):
-        found = priced.get((id(work), stage > 0))
+        found = priced.get((work, stage > 0))
         if found is None:
             # the first stage has no input gradient to produce, so nothing is split there: its W
             # is the whole backward (torch.distributed.pipelining runs it that way)
-            found = priced[(id(work), stage > 0)] = (
+            found = priced[(work, stage > 0)] = (
                 model.price(work.forward), model.price(work.backward), model.price(work.backward_input),
                 model.price(work.backward_weight, model.weight_pass_slowdown if stage > 0 else 1.0))
         costs[(stage, "F")], costs[(stage, "B")], costs[(stage, "I")], costs[(stage, "W")] = found

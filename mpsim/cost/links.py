@@ -38,10 +38,6 @@ class LinkCost:
             return 1.0
         return 1.0 + (self.half_bandwidth_bytes / message_bytes) ** self.curve_exponent
 
-    def scaled(self, factor: float) -> "LinkCost":
-        """The same link with ``factor`` times its bandwidth (sharing or aggregation)."""
-        return LinkCost(self.bandwidth * factor, self.step_latency_s, self.half_bandwidth_bytes, self.curve_exponent)
-
 
 def transfer_s(latency_s: float, loads: list[tuple[float, LinkCost]], message_bytes: float) -> float:
     """Seconds for an algorithm that moves ``bytes`` over each ``link`` of ``loads`` at once.

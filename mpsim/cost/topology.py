@@ -36,10 +36,6 @@ class GroupPlacement:
     ranks: tuple[int, ...] = field(default=(), repr=False)
     devices_per_node: int = 0
 
-    @property
-    def intra_node(self) -> bool:
-        return self.nodes == 1
-
     def member_ranks(self, devices_per_node: int) -> tuple[int, ...]:
         """Global ranks of the members (a contiguous block when the placement has none)."""
         if self.ranks:

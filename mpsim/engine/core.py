@@ -208,32 +208,24 @@ class _Run:
         rank waits for the inputs first: an input usually comes after the sends have
         landed, and then one wake-up covers both.
         """
-        env, inp = self.env, self.inp
-        records = self.timeline.actions[rank]
-        transfers, send_waits = self.timeline.transfers, self.timeline.send_waits
-        shared, blocking = self.shared, inp.send_blocking
-        sending = self.sending[rank]
-        arrival, waiting, flow_of, sent_at = self.arrival, self.waiting, self.flow_of, self.sent_at
+        env, arrival, sent_at = self.env, self.arrival, self.sent_at
+        records, send_waits = self.timeline.actions[rank], self.timeline.send_waits
+        shared, blocking, sending, dp = self.shared, self.inp.send_blocking, self.sending[rank], self.dp
         sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
-        dp = self.dp
         end = 0.0
         for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
-            start = end
-            sent = None
+            # inputs: each arrived already, or the rank sleeps until it lands
+            start, sent = end, None
             for key in inputs:
                 at = arrival.pop(key, None)
                 if at is None:
-                    flow = flow_of.get(key)
-                    if flow is None:  # not sent yet: park on an event the transfer takes over
-                        event = waiting[key] = env.event()
-                        yield event
-                    else:  # in flight: wake with the flow's timer, which lands it first
-                        yield flow.timer
+                    yield self._input_landing(key)
                     arrival.pop(key, None)
                     at = env.now
                 if at > start:
                     start = at
                 sent = sent_at[key] if sent is None else max(sent, sent_at[key])
+            # own sends: a blocking send holds the rank until it has landed
             ready = end
             if blocking:
                 if shared is not None:
@@ -247,8 +239,8 @@ class _Run:
                         start = ready
             if start > env.now:
                 yield env.timeout(start - env.now)
+            # compute; the reductions this action produces become ready while it runs
             end = start + duration
-            # reductions this action produces become ready while it runs: queue them now
             if buckets:
                 dp.add(rank, buckets, start, end, f"{item}")
             for stage in completes:
@@ -257,33 +249,58 @@ class _Run:
                 yield env.timeout(duration)
             end = env.now
             records.append(ActionRecord(rank, index, item, ready, start, end, sent))
-            for out_key, consumer, route, seconds, action in outputs:
-                sent_at[out_key] = end
-                if shared is not None:
-                    self._send_shared(rank, consumer, out_key, action, end, route, seconds)
-                    continue
-                tx_start = max(end, self.link_free.get(route, 0.0))
-                tx_end = tx_start + seconds
-                self.link_free[route] = tx_end
-                transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
-                self._deliver(out_key, tx_end)
-                if tx_end > sends_done:
-                    sends_done = tx_end
-        if blocking:
-            if shared is not None:
-                while sending:
-                    yield sending[-1].timer
+            if outputs:
+                sends_done = self._send(rank, outputs, end, sends_done)
+        yield from self._finish_rank(rank, end, sends_done)
+
+    def _input_landing(self, key: tuple[str, int, int]) -> simpy.Event:
+        """What a rank waiting for ``key`` sleeps on: the flow carrying it when in flight (its
+        timer lands it first), else an event of its own that the transfer takes over."""
+        flow = self.flow_of.get(key)
+        if flow is not None:
+            return flow.timer
+        event = self.waiting[key] = self.env.event()
+        return event
+
+    def _send(self, rank: int, outputs: tuple, end: float, sends_done: float) -> float:
+        """Send an action's outputs at ``end``; when the rank's sends so far will have landed.
+
+        Without contention each link carries one transfer at a time, in the sender's order,
+        so the landing is known now; with contention it is known when the flow lands.
+        """
+        for out_key, consumer, route, seconds, action in outputs:
+            self.sent_at[out_key] = end
+            if self.shared is not None:
+                self._send_shared(rank, consumer, out_key, action, end, route, seconds)
+                continue
+            tx_start = max(end, self.link_free.get(route, 0.0))
+            tx_end = tx_start + seconds
+            self.link_free[route] = tx_end
+            self.timeline.transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
+            self._deliver(out_key, tx_end)
+            if tx_end > sends_done:
+                sends_done = tx_end
+        return sends_done
+
+    def _finish_rank(self, rank: int, end: float, sends_done: float):
+        """After the rank's last action: its blocking sends land, then its stages' final reductions
+        (queued here when gradients are not reduced during the backward) and the DP stream closes."""
+        if self.inp.send_blocking:
+            if self.shared is not None:
+                while self.sending[rank]:
+                    yield self.sending[rank][-1].timer
                 sends_done = self.sends_landed[rank]
             if sends_done > end:
-                send_waits.append((rank, end, sends_done))
-                if sends_done > env.now:
-                    yield env.timeout(sends_done - env.now)
-        if not inp.overlap_grad_sync:
+                self.timeline.send_waits.append((rank, end, sends_done))
+                if sends_done > self.env.now:
+                    yield self.env.timeout(sends_done - self.env.now)
+        if not self.inp.overlap_grad_sync:
+            records = self.timeline.actions[rank]
             last = records[-1].end_s if records else 0.0
             stages = sorted({a.stage for item in self.schedule.actions[rank] for a in parts(item)}, reverse=True)
             for stage in stages:
-                dp.add_stage(rank, stage, last, last)
-        dp.close(rank)
+                self.dp.add_stage(rank, stage, last, last)
+        self.dp.close(rank)
 
     def _send_shared(self, rank: int, consumer: int, key: tuple[str, int, int], action: Action, end: float,
                      links: tuple, seconds: float) -> None:

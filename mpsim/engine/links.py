@@ -71,7 +71,9 @@ class SharedLinks:
 
     def __init__(self, env: simpy.Environment):
         self.env = env
-        self.flows_on: dict = {}  # link -> set of active flows
+        # link -> its active flows, in the order they started: a dict, not a set, so that
+        # neighbours are updated (and their timers scheduled) in the same order every run
+        self.flows_on: dict = {}
 
     def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None], track: bool = False) -> Flow | None:
         """Start a flow now; ``on_done()`` is called (at that simulated time) when it has moved all its data.
@@ -93,14 +95,14 @@ class SharedLinks:
         for link in links:
             on_link = flows_on.get(link)
             if on_link is None:
-                flows_on[link] = {flow}
+                flows_on[link] = {flow: None}
             else:
                 if on_link:
                     if neighbours is None:
-                        neighbours = set(on_link)
+                        neighbours = dict(on_link)
                     else:
                         neighbours.update(on_link)
-                on_link.add(flow)
+                on_link[flow] = None
         if neighbours is None:  # alone on its links (the common case): one timer, rate 1
             timer = flow.timer = env.timeout(busy_s)
             timer.callbacks.append(flow)
@@ -143,10 +145,10 @@ class SharedLinks:
         flows_on = self.flows_on
         for link in flow.links:
             on_link = flows_on[link]
-            on_link.discard(flow)
+            del on_link[flow]
             if on_link:
                 if neighbours is None:
-                    neighbours = set(on_link)
+                    neighbours = dict(on_link)
                 else:
                     neighbours.update(on_link)
         flow.on_done()

@@ -94,8 +94,3 @@ class Timeline:
     def pipeline_end_s(self) -> float:
         """When the last compute action on any rank ended."""
         return max((records[-1].end_s for records in self.actions if records), default=0.0)
-
-    def compute_end_s(self, rank: int) -> float:
-        """When ``rank``'s last compute action ended."""
-        records = self.actions[rank]
-        return records[-1].end_s if records else 0.0

@@ -201,6 +201,3 @@ def override_text(name: str, value: Any) -> str:
     return f"{name}={json.dumps(value)}"
 
 
-def point_label(point: Point) -> str:
-    """``tp=4 pp=2`` style text of a point (the last part of each field name)."""
-    return " ".join(f"{name.rsplit('.', 1)[-1]}={value}" for name, value in point)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from mpsim.engine import EngineInput
 from mpsim.engine.core import duration_key
 from mpsim.schedules.actions import Schedule, parts
 
@@ -94,8 +93,3 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
         if best is None or bound.lower_bound_s > best.lower_bound_s:
             best = bound
     return best or StepBound(0.0, 0, 0.0, 0.0, 0.0, 0.0)
-
-
-def input_lower_bound(inp: EngineInput) -> StepBound:
-    """``step_lower_bound`` of a whole engine input."""
-    return step_lower_bound(inp.schedule, inp.action_s, inp.transfer_s, inp.finalize_s)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from mpsim.cost.actions import CostModel
-from mpsim.cost.step import optimizer_s, pipeline_transfer_s
+from mpsim.cost.step import pipeline_transfer_s
 from mpsim.engine import simulate as engine_simulate
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
@@ -47,10 +47,10 @@ from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layout
 from mpsim.explore.memwalk import distinct_items, memory_schedule
 from mpsim.explore.planbase import apply_fields
 from mpsim.explore.progress import Progress
-from mpsim.explore.runner import RunReport, Session, run_points
+from mpsim.explore.runner import RunControl, RunReport, Session, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
-from mpsim.simulate import SimulationResult, engine_input, schedule_costs
+from mpsim.simulate import SimulationResult, engine_input, optimizer_steps, schedule_costs
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_bytes
@@ -182,11 +182,8 @@ class PlanEvaluator:
         rank_of, chains = schedule.stage_to_rank, schedule.topology
         hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
         transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
-        works: list[list] = [[] for _ in range(schedule.num_ranks)]
-        for stage, work in enumerate(workload.stages):
-            works[rank_of[stage]].append(work)
         metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer,
-                              [optimizer_s(w, model) for w in works], costs)
+                              optimizer_steps(workload, schedule, model), costs)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
         return {"status": "fits", "error": None, "metrics": metrics}
 
@@ -261,8 +258,8 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
     identity = plan_identity(scenario)
     keep = max(1, top)
     with Session(backend, workers, ray_address) as session:
-        checked = run_points(PlanEvaluator(scenario, "check", engine, identity), points, session=session, out=out,
-                             progress=progress, label="plan: check")
+        checked = run_points(PlanEvaluator(scenario, "check", engine, identity), points, session,
+                             RunControl(out=out, progress=progress, label="plan: check"))
         result = PlanResult(scenario, points, list(checked.records), keep, workers=checked.workers,
                             backend=checked.backend, reused=checked.reused, passes=[checked])
         records = result.records
@@ -283,8 +280,9 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
             if not batch:
                 break
             bar.total += len(batch)
-            done = run_points(simulator, [points[i] for i in batch], session=session, out=out, progress=False,
-                              reuse=_not_a_candidate, label="plan: simulate", bar=bar)
+            done = run_points(simulator, [points[i] for i in batch], session,
+                              RunControl(out=out, reuse=_not_a_candidate, progress=False, label="plan: simulate",
+                                         bar=bar))
             result.passes.append(done)
             result.simulated += done.computed
             for index, record in zip(batch, done.records):

@@ -227,77 +227,101 @@ def _chunks(todo: list[tuple[int, Point]], workers: int) -> Iterator[Chunk]:
 
 
 def keep_unless_failed(record: dict) -> bool:
-    """Default reuse rule: a stored record is kept unless its point failed with an error."""
+    """Reuse rule for ``RunControl.reuse``: a stored record is kept unless its point failed with an error."""
     return record.get("status") != "error"
 
 
-def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Session | None = None,
-               backend: str = "local", workers: int | None = None, ray_address: str | None = None,
-               out: str | os.PathLike | None = None, limit: int | None = None,
-               should_stop: Callable[[int], bool] | None = None, progress: bool | None = None,
-               reuse: Callable[[dict], bool] | None = None, label: str = "sweep",
-               bar: Progress | None = None) -> RunReport:
-    """Evaluate ``points`` (reusing records already in ``out``) and return every record in point order.
+@dataclass(frozen=True)
+class RunControl:
+    """What a run reuses, how far it goes and what it shows (where it runs is the :class:`Session`)."""
 
-    ``limit`` caps how many new points are computed; ``should_stop(computed)`` is asked
-    after each finished chunk. Either leaves the rest for a later run with the same ``out``.
-    ``reuse(record)`` decides whether a stored record stands (default: every record;
-    pass ``keep_unless_failed`` to recompute points that failed). ``bar`` is a progress
-    bar shared with other runs (not finished here).
+    out: str | os.PathLike | None = None  # results file: records are appended, and reused by a later run
+    reuse: Callable[[dict], bool] | None = None  # whether a stored record stands (None: every one does)
+    limit: int | None = None  # most new points computed; the rest are left for a later run
+    should_stop: Callable[[int], bool] | None = None  # asked with the count computed after each finished chunk
+    progress: bool | None = None  # show a progress bar (None: when the output is a terminal)
+    label: str = "sweep"
+    bar: Progress | None = None  # a bar shared with other runs (not finished here)
+
+
+def run_points(evaluator: Evaluator, points: Sequence[Point], session: Session | None = None,
+               control: RunControl = RunControl()) -> RunReport:
+    """Evaluate ``points`` (reusing records already in ``control.out``) and return every record in point order.
+
+    Without a ``session`` the run gets its own, on all local cores. A stop (``limit``,
+    ``should_stop``, Ctrl-C, an exception) leaves the rest of the points for a later run
+    with the same results file; what was computed is written first.
     """
     if session is None:
-        with Session(backend, workers, ray_address) as own:
-            return run_points(evaluator, points, session=own, out=out, limit=limit, should_stop=should_stop,
-                              progress=progress, reuse=reuse, label=label, bar=bar)
+        with Session() as own:
+            return run_points(evaluator, points, own, control)
     started = time.monotonic()
     keys = [stable_key(evaluator.identity, point) for point in points]
-    store = ResultsFile(out) if out is not None else None
-    existing = store.load() if store is not None else {}
+    store = ResultsFile(control.out) if control.out is not None else None
     report = RunReport(records=[None] * len(points), backend=session.backend)
-    todo: list[tuple[int, Point]] = []
+    todo = _reuse_stored(report, keys, points, store.load() if store is not None else {}, control.reuse)
+    if control.limit is not None and len(todo) > max(0, control.limit):
+        todo = todo[:max(0, control.limit)]
+        report.stopped = True  # points are left for a later run
+    if todo:
+        _compute(evaluator, points, keys, todo, session, control, store, report)
+    report.elapsed_s = time.monotonic() - started
+    return report
+
+
+def _reuse_stored(report: RunReport, keys: list[str], points: Sequence[Point], stored: dict[str, dict],
+                  reuse: Callable[[dict], bool] | None) -> list[tuple[int, Point]]:
+    """Fill ``report`` with the stored records that stand; the (index, point) pairs still to compute."""
+    todo = []
     for index, (key, point) in enumerate(zip(keys, points)):
-        old = existing.get(key)
+        old = stored.get(key)
         if old is not None and (reuse is None or reuse(old)):
             report.records[index] = old
             report.reused += 1
         else:
             todo.append((index, point))
-    limited = limit is not None and len(todo) > max(0, limit)
-    if limited:
-        todo = todo[:max(0, limit)]
-        report.stopped = True  # points are left for a later run
-    if not todo:
-        report.elapsed_s = time.monotonic() - started
-        return report
+    return todo
 
+
+class _InOrder:
+    """Appends finished records to the results file in point order, whatever order they finish in."""
+
+    def __init__(self, order: list[int], store: ResultsFile | None):
+        self.order = order
+        self.store = store
+        self.finished: dict[int, dict] = {}
+        self.next = 0  # position in ``order`` of the next record to write
+
+    def add(self, index: int, record: dict) -> None:
+        self.finished[index] = record
+        while self.next < len(self.order) and self.order[self.next] in self.finished:
+            self._write(self.finished.pop(self.order[self.next]))
+            self.next += 1
+
+    def flush(self) -> None:
+        """Write everything finished, gaps or not (the run stopped), and close the file."""
+        for index in sorted(self.finished):
+            self._write(self.finished[index])
+        self.finished.clear()
+        if self.store is not None:
+            self.store.close()
+
+    def _write(self, record: dict) -> None:
+        if self.store is not None:
+            self.store.append(record)
+
+
+def _compute(evaluator: Evaluator, points: Sequence[Point], keys: list[str], todo: list[tuple[int, Point]],
+             session: Session, control: RunControl, store: ResultsFile | None, report: RunReport) -> None:
+    """Run the ``todo`` points on the session's pool, a few chunks per worker in flight, into ``report``."""
     pool = session.open(len(todo))
     report.workers = pool.workers
-    own_bar = bar is None
-    if bar is None:
-        bar = Progress(len(todo), label, progress)
-    order = [index for index, _ in todo]
-    finished: dict[int, dict] = {}
-    commit_at = 0
-    pending: list[Any] = []
+    bar = control.bar if control.bar is not None else Progress(len(todo), control.label, control.progress)
+    writer = _InOrder([index for index, _ in todo], store)
     source = _chunks(todo, pool.workers)
+    pending: list[Any] = []
     clean = False
     halted = False  # should_stop said so: nothing more is submitted
-
-    def commit(everything: bool) -> None:
-        """Append finished records in point order (all of them, gaps or not, when stopping)."""
-        nonlocal commit_at
-        if everything:
-            for index in sorted(finished):
-                if store is not None:
-                    store.append(finished[index])
-            finished.clear()
-            return
-        while commit_at < len(order) and order[commit_at] in finished:
-            record = finished.pop(order[commit_at])
-            if store is not None:
-                store.append(record)
-            commit_at += 1
-
     try:
         for chunk in source:
             pending.append(pool.submit(evaluator, chunk))
@@ -309,11 +333,11 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Sessio
                 for index, body in results:
                     record = {"key": keys[index], "status": body["status"], "point": dict(points[index]),
                               "error": body.get("error"), "metrics": body.get("metrics", {})}
-                    report.records[index] = finished[index] = record
+                    report.records[index] = record
+                    writer.add(index, record)
                     report.computed += 1
                     bar.advance(record["status"])
-                commit(everything=False)
-                if should_stop is not None and not halted and should_stop(report.computed):
+                if control.should_stop is not None and not halted and control.should_stop(report.computed):
                     halted = True
                 if not halted:
                     chunk = next(source, None)
@@ -321,12 +345,8 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], *, session: Sessio
                         pending.append(pool.submit(evaluator, chunk))
         clean = True
     finally:
-        commit(everything=True)
-        if store is not None:
-            store.close()
+        writer.flush()
         session.clean = session.clean and clean
-        if own_bar:
+        if control.bar is None:
             bar.finish()
     report.stopped = report.stopped or halted or report.computed < len(todo)
-    report.elapsed_s = time.monotonic() - started
-    return report

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from mpsim.errors import InputError
 from mpsim.explore.axes import Axis, Point, expand
 from mpsim.explore.evaluate import SweepEvaluator
-from mpsim.explore.runner import RunReport, keep_unless_failed, run_points
+from mpsim.explore.runner import RunControl, RunReport, Session, keep_unless_failed, run_points
 from mpsim.explore.store import file_digest
 from mpsim.explore.sweepfile import merge_axes, read_sweep, scenario_file
 from mpsim.explore.tables import fmt_bytes, fmt_percent, fmt_rate, fmt_seconds, render_table
@@ -59,9 +59,10 @@ def run_sweep(scenario: str, grid: Sequence[str] = (), zip_: Sequence[str] = (),
     file = scenario_file(scenario)
     identity = {"scenario": display_path(file), "content": file_digest(file), "set": list(overrides)}
     evaluator = SweepEvaluator(str(file), tuple(overrides), engine, identity)
-    report = run_points(evaluator, points, backend=backend, workers=workers, ray_address=ray_address, out=out,
-                        limit=limit, should_stop=should_stop, progress=progress,
-                        reuse=keep_unless_failed if retry_failed else None, label="sweep")
+    control = RunControl(out=out, reuse=keep_unless_failed if retry_failed else None, limit=limit,
+                         should_stop=should_stop, progress=progress, label="sweep")
+    with Session(backend, workers, ray_address) as session:
+        report = run_points(evaluator, points, session, control)
     return SweepResult(display_path(file), axes, points, report)
 
 

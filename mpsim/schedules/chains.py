@@ -43,11 +43,6 @@ class StageChains:
         """Number of chains (pipelines)."""
         return len(self.lengths)
 
-    @property
-    def num_blocks(self) -> int:
-        """Distinct layer blocks: the longest chain's length."""
-        return max(self.lengths)
-
     def chain(self, stage: int) -> int:
         """Index of the chain holding ``stage``."""
         return bisect_right(self.starts, stage) - 1

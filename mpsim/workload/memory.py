@@ -26,11 +26,6 @@ def layer_activation_bytes(ctx: LayerContext, recompute: str) -> float:
     return layer_work(ctx).activation_bytes(recompute)
 
 
-def layer_weight_grad_buffer_bytes(ctx: LayerContext) -> float:
-    """Bytes a split backward of one dense layer keeps from ``I`` until ``W``."""
-    return layer_work(ctx).weight_grad_buffer_bytes
-
-
 @dataclass(frozen=True)
 class ModelStateBytes:
     """Weights, gradients and optimizer state of the parameters one rank holds."""

@@ -95,6 +95,3 @@ def compute_ops(items: list[Item] | tuple[Item, ...]) -> list[Op]:
     return found
 
 
-def pass_flops(items: list[Item] | tuple[Item, ...]) -> float:
-    """FLOPs a pass executes."""
-    return sum(op.flops for op in compute_ops(items))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpsim.workload.blocks import LayerContext
 from mpsim.workload.ops import Block, Pass, collective
 from mpsim.workload.transformer import MLAShape, MoEShape
 
@@ -31,9 +32,13 @@ class StageOptions:
     grad_bytes: int  # bytes per gradient element when reduced
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StageWork:
-    """What one rank does for one model chunk and one microbatch, and what it keeps."""
+    """What one rank does for one model chunk and one microbatch, and what it keeps.
+
+    Stages of equal work are one object (their builders are cached), and a StageWork
+    compares and hashes by identity: it is a cheap dictionary key for "price this once".
+    """
 
     layers: int
     has_embedding: bool

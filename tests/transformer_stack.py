@@ -5,8 +5,7 @@ layer): an embedding (tokens plus learned positions), ``num_layers`` blocks of n
 self-attention, bias-dropout-add, norm, column-parallel FC1, activation, row-parallel
 FC2, bias-dropout-add, and a head of final norm, (tied) output projection and cross
 entropy. Simulating the stack gives the transformer model's step time, which is how the
-stack's layer kinds are checked against the transformer path (tests/test_layer_stack.py);
-it is also a starting point for writing a variant that the transformer fields cannot say.
+stack's layer kinds are checked against the transformer path (tests/test_layer_stack.py).
 Dense MHA/GQA models only: MoE and latent attention have no stack layer kind.
 """
 
@@ -16,12 +15,7 @@ from typing import Any
 
 from mpsim.specs.model import TransformerSpec
 from mpsim.specs.stack import LayerStackSpec
-
-
-def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
-    """Vocabulary padded the way Megatron does (to a multiple of 128 x tp), as the transformer path does."""
-    step = multiple * tp
-    return -(-vocab // step) * step
+from mpsim.workload.embedding import padded_vocab
 
 
 def transformer_stack_dict(model: TransformerSpec, tp: int = 1) -> dict[str, Any]:
