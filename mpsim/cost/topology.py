@@ -55,13 +55,6 @@ def place_ranks(ranks: list[int], devices_per_node: int) -> GroupPlacement:
     return GroupPlacement(len(ranks), len(counts), max(counts.values()), tuple(ranks), devices_per_node)
 
 
-def group_placement(layout: Layout, dim: str) -> GroupPlacement:
-    """Placement of the group along ``dim`` that contains rank 0."""
-    size = getattr(layout, dim)
-    stride = layout.stride(dim)
-    return place_ranks([i * stride for i in range(size)], layout.devices_per_node)
-
-
 def pipeline_neighbours_share_node(layout: Layout, rank: int, other: int) -> bool:
     """Whether pipeline ranks ``rank`` and ``other`` (of TP rank 0, DP rank 0) share a node."""
     stride = layout.stride("pp")

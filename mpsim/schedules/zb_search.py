@@ -108,100 +108,124 @@ def _arrival(times: StageTimes, stage: int, kind: str, mb: int, f_end: list, i_e
 def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> tuple[list[list[Action]], Timing]:
     """Per-stage action lists built by the heuristic with ``knobs`` (one stage per rank), and
     their timing: every action is placed at the time the engine would start it."""
-    pp, m = times.pp, num_microbatches
-    f_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
-    i_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
-    next_f, next_i = [0] * pp, [0] * pp
-    pending_w: list[list[int]] = [[] for _ in range(pp)]
-    lists: list[list[Action]] = [[] for _ in range(pp)]
-    # (time the stage is free, order of arrival, stage): a stage that waits goes behind the
-    # others free at the same time, so the one it waits for moves first
-    clock = [(0.0, stage, stage) for stage in range(pp)]
-    heapq.heapify(clock)
-    order = pp
-    idle_pops = 0  # consecutive waits with nothing later to wake for
+    return _ListScheduler(times, num_microbatches, knobs).run()
 
-    last_kind = [""] * pp  # the last F or I each stage ran
-    idle = [0.0] * pp  # seconds each stage has waited since its first action
-    first_start: list[float | None] = [None] * pp
-    last_end = [0.0] * pp
-    most_pending, most_held = [0] * pp, [0] * pp
 
-    def run(stage: int, kind: str, mb: int, start: float) -> None:
-        end = start + times.duration(stage, kind)
-        if first_start[stage] is None:
-            first_start[stage] = start
-        last_end[stage] = end
-        if kind != "W":
-            last_kind[stage] = kind
-        lists[stage].append(Action(stage, kind, mb))
-        if kind == "F":
-            f_end[stage][mb], next_f[stage] = end, mb + 1
-            most_pending[stage] = max(most_pending[stage], next_f[stage] - next_i[stage])
-            most_held[stage] = max(most_held[stage], next_f[stage] - next_i[stage] + len(pending_w[stage]))
-        elif kind == "I":
-            i_end[stage][mb], next_i[stage] = end, mb + 1
-            pending_w[stage].append(mb)
-        push(end, stage)
+class _ListScheduler:
+    """The heuristic's state while it places actions in simulated time.
 
-    def push(at: float, stage: int) -> None:
-        nonlocal order
-        order += 1
-        heapq.heappush(clock, (at, order, stage))
+    A heap holds, per stage, the time it is next free; the stage popped earliest decides
+    what to run then (:meth:`_decide`), knowing exactly which inputs have arrived.
+    """
 
-    while clock:
-        now, _, stage = heapq.heappop(clock)
-        if next_i[stage] == m:  # forwards and input gradients done: the weight gradients left
-            for mb in pending_w[stage]:
-                lists[stage].append(Action(stage, "W", mb))
-                last_end[stage] += times.weight_grad_s[stage]
-            pending_w[stage] = []
-            continue
-        i_at = _arrival(times, stage, "I", next_i[stage], f_end, i_end) if next_i[stage] < next_f[stage] else None
-        pending = next_f[stage] - next_i[stage]  # forwards whose input gradient has not run
-        f_open = next_f[stage] < m and pending < knobs.memory_limit and (
-            knobs.ahead is None or pending < 2 * (pp - 1 - stage) + 1 + knobs.ahead)
-        f_at = _arrival(times, stage, "F", next_f[stage], f_end, i_end) if next_f[stage] < m else None
+    def __init__(self, times: StageTimes, num_microbatches: int, knobs: Knobs):
+        pp, m = times.pp, num_microbatches
+        self.times, self.m, self.knobs = times, m, knobs
+        self.f_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
+        self.i_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
+        self.next_f, self.next_i = [0] * pp, [0] * pp
+        self.pending_w: list[list[int]] = [[] for _ in range(pp)]
+        self.lists: list[list[Action]] = [[] for _ in range(pp)]
+        # (time the stage is free, order of arrival, stage): a stage that waits goes behind the
+        # others free at the same time, so the one it waits for moves first
+        self.clock = [(0.0, stage, stage) for stage in range(pp)]
+        heapq.heapify(self.clock)
+        self.order = pp
+        self.idle_pops = 0  # consecutive waits with nothing later to wake for
+        self.last_kind = [""] * pp  # the last F or I each stage ran
+        self.idle = [0.0] * pp  # seconds each stage has waited since its first action
+        self.first_start: list[float | None] = [None] * pp
+        self.last_end = [0.0] * pp
+        self.most_pending, self.most_held = [0] * pp, [0] * pp
+
+    def run(self) -> tuple[list[list[Action]], Timing]:
+        while self.clock:
+            now, _, stage = heapq.heappop(self.clock)
+            if self.next_i[stage] == self.m:  # forwards and input gradients done: the weight gradients left
+                self._append_weight_grads(stage)
+            else:
+                self._decide(stage, now)
+        pp = self.times.pp
+        timing = Timing(max(self.last_end), max(self.last_end[s] - (self.first_start[s] or 0.0) for s in range(pp)),
+                        tuple(self.most_pending), tuple(self.most_held))
+        return self.lists, timing
+
+    def _decide(self, stage: int, now: float) -> None:
+        """Run a forward, an input gradient or a pending weight gradient at ``now``, or wait."""
+        times, knobs, m = self.times, self.knobs, self.m
+        next_f, next_i = self.next_f[stage], self.next_i[stage]
+        i_at = _arrival(times, stage, "I", next_i, self.f_end, self.i_end) if next_i < next_f else None
+        pending = next_f - next_i  # forwards whose input gradient has not run
+        f_open = next_f < m and pending < knobs.memory_limit and (
+            knobs.ahead is None or pending < 2 * (times.pp - 1 - stage) + 1 + knobs.ahead)
+        f_at = _arrival(times, stage, "F", next_f, self.f_end, self.i_end) if next_f < m else None
         i_ready = i_at is not None and i_at <= now
         guard = knobs.forward_guard * times.forward_s[stage]
         # in the warm-up (before the stage's first input gradient) a forward must not delay
         # the first input gradient by much: it runs the chain every stage waits for
         f_ready = f_open and f_at is not None and f_at <= now and not (
-            next_i[stage] == 0 and i_at is not None and now < i_at < now + guard)
+            next_i == 0 and i_at is not None and now < i_at < now + guard)
         # input gradients first (they are on the critical path), except that in 1F1B's
         # rhythm a forward follows each input gradient when it can
-        forward_first = last_kind[stage] == "I"
-        choice = None
-        if f_ready and (forward_first or not i_ready):
-            choice = "F"
-        elif i_ready:
-            choice = "I"
-        if choice is not None:
-            run(stage, choice, next_f[stage] if choice == "F" else next_i[stage], now)
-            continue
+        if f_ready and (self.last_kind[stage] == "I" or not i_ready):
+            self._place(stage, "F", next_f, now)
+            return
+        if i_ready:
+            self._place(stage, "I", next_i, now)
+            return
         soon = [t for t in (i_at, f_at if f_open else None) if t is not None and t > now]
-        if pending_w[stage]:
+        if self.pending_w[stage]:
             # a forward that has arrived but may not run (the limit) leaves the stage idle too
-            blocked = next_f[stage] < m and not f_open and f_at is not None and f_at <= now
+            blocked = next_f < m and not f_open and f_at is not None and f_at <= now
             gap = min(soon) - now if soon else float("inf")
             # a gap shorter than the knob still gets a W when idling through it would make
             # this stage the one that has idled most (the paper's rule)
-            worst = idle[stage] + gap > max(idle)
+            worst = self.idle[stage] + gap > max(self.idle)
             if blocked or worst or gap >= knobs.weight_gap * times.weight_grad_s[stage]:
-                run(stage, "W", pending_w[stage].pop(0), now)
-                continue
-        # nothing to run now: wake at the next known arrival, or when another stage moves on
-        later = soon + [t for t, _, _ in clock if t > now]
-        idle_pops = 0 if later else idle_pops + 1
-        if idle_pops > pp + 1:  # every stage waits at the same moment for another
+                self._place(stage, "W", self.pending_w[stage].pop(0), now)
+                return
+        self._wait(stage, now, soon)
+
+    def _wait(self, stage: int, now: float, soon: list[float]) -> None:
+        """Nothing to run now: wake at the next known arrival, or when another stage moves on."""
+        later = soon + [t for t, _, _ in self.clock if t > now]
+        self.idle_pops = 0 if later else self.idle_pops + 1
+        if self.idle_pops > self.times.pp + 1:  # every stage waits at the same moment for another
             raise RuntimeError(f"zero-bubble search stalled on stage {stage} at {now}")  # a bug, not bad input
         wake = min(later) if later else now
-        if next_i[stage] > 0 or next_f[stage] > 0:  # idle before the first action is not a bubble
-            idle[stage] += wake - now
-        push(wake, stage)
-    timing = Timing(max(last_end), max(last_end[s] - (first_start[s] or 0.0) for s in range(pp)),
-                    tuple(most_pending), tuple(most_held))
-    return lists, timing
+        if self.next_i[stage] > 0 or self.next_f[stage] > 0:  # idle before the first action is not a bubble
+            self.idle[stage] += wake - now
+        self._push(wake, stage)
+
+    def _place(self, stage: int, kind: str, mb: int, start: float) -> None:
+        """Run (stage, kind, mb) from ``start`` and note what it changes."""
+        end = start + self.times.duration(stage, kind)
+        if self.first_start[stage] is None:
+            self.first_start[stage] = start
+        self.last_end[stage] = end
+        if kind != "W":
+            self.last_kind[stage] = kind
+        self.lists[stage].append(Action(stage, kind, mb))
+        if kind == "F":
+            self.f_end[stage][mb], self.next_f[stage] = end, mb + 1
+            pending = self.next_f[stage] - self.next_i[stage]
+            self.most_pending[stage] = max(self.most_pending[stage], pending)
+            self.most_held[stage] = max(self.most_held[stage], pending + len(self.pending_w[stage]))
+        elif kind == "I":
+            self.i_end[stage][mb], self.next_i[stage] = end, mb + 1
+            self.pending_w[stage].append(mb)
+        self._push(end, stage)
+
+    def _append_weight_grads(self, stage: int) -> None:
+        """The stage's remaining weight gradients, back to back after its last input gradient."""
+        for mb in self.pending_w[stage]:
+            self.lists[stage].append(Action(stage, "W", mb))
+            self.last_end[stage] += self.times.weight_grad_s[stage]
+        self.pending_w[stage] = []
+
+    def _push(self, at: float, stage: int) -> None:
+        self.order += 1
+        heapq.heappush(self.clock, (at, self.order, stage))
 
 
 def execute(lists: list[list[Action]], times: StageTimes, timer: Timer) -> Timing:
