@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from mpsim.engine import EngineInput, GradBucket, rank_spans, simulate
 from mpsim.engine.core import duration_key
+from mpsim.engine.longest_path import simulate_fast, supports
 from mpsim.errors import InputError
 from mpsim.explore.bounds import step_lower_bound
-from mpsim.engine.longest_path import simulate_fast, supports
 from mpsim.schedules import SCHEDULES, Action, Schedule, ScheduleError, build_schedule
 from mpsim.simulate import simulate as simulate_scenario
 from mpsim.specs import load_scenario

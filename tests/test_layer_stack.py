@@ -13,11 +13,11 @@ from mpsim.simulate import simulate
 from mpsim.specs import load_scenario, resolve_layout
 from mpsim.specs.layers import LinearLayer
 from mpsim.specs.stack import stack_units
-from tests.transformer_stack import stack_layers_per_stage, transformer_as_stack
 from mpsim.specs.stack_tp import plan_tensor_parallel
-from mpsim.workload.flops import model_flops_per_sequence
 from mpsim.workload import build_workload
+from mpsim.workload.flops import model_flops_per_sequence
 from tests.conftest import ROOT, SCENARIOS
+from tests.transformer_stack import stack_layers_per_stage, transformer_as_stack
 
 
 def as_stack(path: str, *overrides: str):

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from mpsim.balance import PartitionProblem, balance, bottleneck_s, exhaustive
 from mpsim.balance.auto import partition_problem
 from mpsim.balance.partition import fits
+from mpsim.resolve import resolve
 from mpsim.results import format_summary, summarize, summary_json
 from mpsim.simulate import simulate
-from mpsim.resolve import resolve
 from mpsim.specs import load_scenario, resolve_layout
 from tests.conftest import SCENARIOS
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from mpsim.specs import load_scenario, resolve_layout
+from mpsim.workload import build_workload
 from mpsim.workload.flops import model_flops_per_sequence
 from mpsim.workload.memory import layer_activation_bytes
-from mpsim.workload import build_workload
+from mpsim.workload.ops import compute_ops
 from mpsim.workload.stages import layer_context
 from mpsim.workload.transformer import layer_work
-from mpsim.workload.ops import compute_ops
 
 SCENARIO = "scenarios/megatron_22b_8xa100.yaml"
 

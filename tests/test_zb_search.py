@@ -9,9 +9,9 @@ import random
 import pytest
 
 from mpsim.engine import EngineInput, rank_spans, simulate as run_engine
+from mpsim.schedules.actions import Schedule
 from mpsim.schedules.registry import canonical_name
 from mpsim.schedules.validate import validate
-from mpsim.schedules.actions import Schedule
 from mpsim.schedules.zb_search import StageTimes, execute, knob_grid, list_schedule, search, zb_1p, zb_2p
 from mpsim.schedules.zero_bubble import zb_h1, zb_h2
 from mpsim.simulate import simulate

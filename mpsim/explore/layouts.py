@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Iterator
 
-from mpsim.errors import InputError
 from mpsim.engine import rank_spans
+from mpsim.errors import InputError
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.zb_search import SEARCHED
 from mpsim.specs.scenario import Scenario

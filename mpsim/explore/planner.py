@@ -37,12 +37,11 @@ from typing import Any, Sequence
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import pipeline_transfer_s
-from mpsim.engine import simulate as engine_simulate
+from mpsim.engine import simulate as engine_simulate, simulate_fast, supports
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.bounds import step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
-from mpsim.engine import simulate_fast, supports
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
 from mpsim.explore.memwalk import distinct_items, memory_schedule
 from mpsim.explore.planbase import apply_fields
