@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+_backward = pytest.importorskip("torch.distributed.pipelining._backward")
+if not hasattr(_backward, "stage_backward_input"):
+    pytest.skip(f"torch {torch.__version__} has no split backward (stage_backward_input, first in torch 2.5)",
+                allow_module_level=True)
 
 from mpsim.calibrate.measure.splitbench import SplitBackward  # noqa: E402
 from mpsim.calibrate.measure.torch_model import ModelShape  # noqa: E402

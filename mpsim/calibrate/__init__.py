@@ -16,7 +16,7 @@ needs torch or this package.
 
 from __future__ import annotations
 
-INSTALL_HINT = "PyTorch is needed to measure this machine: pip install 'mpsim[calibrate]' (torch>=2.4)"
+INSTALL_HINT = "PyTorch is needed to measure this machine: pip install 'mpsim[calibrate]' (torch>=2.12)"
 
 
 def require_torch() -> str:

@@ -1,4 +1,4 @@
-"""PyTorch interop: import a ``torch.nn.Module`` as a layer stack, and build a stack as PyTorch modules.
+"""PyTorch interop: import a ``torch.nn.Module`` as a layer stack.
 
 Everything here runs on the meta device: shapes and FLOPs without memory or compute, so
 a 22B-parameter model costs nothing to inspect. PyTorch is optional (the ``calibrate``
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mpsim.errors import InputError
 
-INSTALL_HINT = "PyTorch is needed to import a model: pip install 'mpsim[calibrate]' (torch>=2.4)"
+INSTALL_HINT = "PyTorch is needed to import a model: pip install 'mpsim[calibrate]' (torch>=2.12)"
 
 
 def require_torch():

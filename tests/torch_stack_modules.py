@@ -18,7 +18,7 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
 from mpsim.specs.stack import LayerStackSpec, PlacedLayer, stack_units
 from mpsim.torchio import require_torch
 
-torch = require_torch()
+torch = require_torch()  # the tests that import this module skip first when torch is missing
 nn = torch.nn
 F = torch.nn.functional
 
