@@ -12,33 +12,20 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from pathlib import Path
 
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the rows are built as benchmarks/validate_published.py builds its Table 5 rows (Megatron-LM
+# 2022's settings are listed there), so the two print the same numbers
+from validate_published import KORTHIKANTI_MODES as MODES  # noqa: E402
+from validate_published import korthikanti_overrides as row_overrides  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "korthikanti2022_tables3_5.csv"
-MODELS = {"22B": "megatron-22b", "175B (GPT-3)": "gpt3-175b", "530B (MT-NLG)": "megatron-530b", "1T": "megatron-1t"}
-# Megatron-LM 2022 ran attention unfused; the baseline rows are TP with full recompute,
-# the "present work" rows add sequence parallelism and selective recompute (Table 5).
-MODES = {"full recompute": ["parallel.recompute=full", "parallel.sequence_parallel=false"],
-         "SP + selective": ["parallel.recompute=selective", "parallel.sequence_parallel=true"]}
-
-
-def row_overrides(row: dict[str, str]) -> list[str]:
-    """The row's Table 3 configuration as --set overrides of a DGX A100 scenario."""
-    vpp = int(row["virtual_stages"].split()[0]) if row["virtual_stages"].strip() else 1
-    return [
-        f"model={MODELS[row['model']]}",
-        f"cluster.nodes={int(row['num_gpus']) // 8}",
-        f"parallel.tp={row['tp']}", f"parallel.pp={row['pp']}", f"parallel.dp={row['dp']}",
-        f"parallel.vpp={vpp}",
-        f"parallel.schedule={'interleaved-1f1b' if vpp > 1 else '1f1b'}",
-        f"parallel.microbatch_size={row['microbatch']}",
-        f"parallel.global_batch_size={row['global_batch']}",
-        "training.attention=unfused",
-    ]
 
 
 def main() -> None:

@@ -1,0 +1,72 @@
+"""The published-runs harness (benchmarks/validate_published.py): its --quick subset as a regression guard."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Mean absolute error (percent) of each table's --quick rows when the guard was set;
+# documented in docs/accuracy.md (harness section). A regression guard, not an accuracy
+# target: the test fails when a table's error grows more than one point past its value.
+QUICK_MEAN_ABS_ERROR_PCT = {
+    "korthikanti_table5": 11.10,
+    "korthikanti_table4": 8.90,
+    "dgxc_v24.11": 21.96,
+    "zero_bubble_table4": 26.44,
+}
+TOLERANCE_PCT = 1.0
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("validate_published", ROOT / "benchmarks" / "validate_published.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up by name
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def harness():
+    return _harness()
+
+
+@pytest.fixture(scope="module")
+def quick_results(harness):
+    return harness.run(list(harness.TABLES), quick=True, progress=False)
+
+
+def test_every_table_has_a_documented_guard(harness):
+    assert set(QUICK_MEAN_ABS_ERROR_PCT) == set(harness.TABLES)
+
+
+def test_quick_rows_all_run(quick_results):
+    failed = [(r.table, r.label, r.failure) for r in quick_results if r.failure is not None]
+    assert not failed
+    for table in QUICK_MEAN_ABS_ERROR_PCT:
+        assert sum(r.table == table for r in quick_results) >= 2, table
+
+
+@pytest.mark.parametrize("table", sorted(QUICK_MEAN_ABS_ERROR_PCT))
+def test_quick_error_does_not_grow(harness, quick_results, table):
+    stats = harness.statistics([r for r in quick_results if r.table == table])
+    limit = QUICK_MEAN_ABS_ERROR_PCT[table] + TOLERANCE_PCT
+    assert stats["mean_abs_error_pct"] <= limit, (table, stats)
+
+
+def test_zero_bubble_layer_split_follows_the_fork(harness):
+    # --allow-padding-num-layers: first and last chunk one layer fewer (Qi et al. 2024, Table 3)
+    assert harness.zero_bubble_split(22, 8, 1) == [2, 3, 3, 3, 3, 3, 3, 2]
+    assert harness.zero_bubble_split(62, 32, 1) == [1] + [2] * 30 + [1]
+    # one layer per chunk for 1F1B-I: the first and last chunk hold none
+    assert harness.zero_bubble_split(22, 8, 3) == [0] + [1] * 22 + [0]
+
+
+def test_summary_lines(harness, capsys):
+    harness.main(["--table", "korthikanti_table4"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("tables=1 rows=5 mean_abs_error_pct=")
+    assert any(line.startswith("korthikanti_table4: rows=5 ") for line in lines)
