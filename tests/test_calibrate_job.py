@@ -1,81 +1,214 @@
 """The real thing: calibrate and validate on this machine with PyTorch (2 ranks x 1 thread).
 
-One measurement job (module fixture, about two minutes on 2 cores): the validation
+One measurement job (module fixture, about two minutes on 2 quiet cores): the validation
 scenario's ops and links, GPipe, 1F1B, interleaved 1F1B, ZB-V and DualPipeV with 7
 measured steps each, and the DTensor MLP check. Seven rather than five because a
 zero-bubble schedule has no idle time to absorb an action the machine slowed: its
-steps scatter the most (up to 35 % here), and its median needs the extra steps. Skipped without torch. The job refuses
-to measure a machine other processes keep busy (its numbers would be off by the load);
-then these tests are skipped with the measured load as the reason.
+steps scatter the most (up to 35 % here), and its median needs the extra steps.
+Skipped without torch (CI installs it).
+
+The profile is fitted on 1F1B only; every check of prediction quality is on the other
+schedules, which the fit never saw.
+
+A busy machine never skips these tests. The job waits a bounded time for the machine to
+quiet down (before it starts, and in pauses between tries of a disturbed measurement),
+then measures anyway (``allow_busy``): a step none of whose tries was quiet keeps its
+least disturbed try, marked, so every schedule yields steps. The profile's conditions
+record how noisy the kept measurements were; when noise was over the job's limits the
+bounds below are loosened by the amount that noise can move a step, stated in a
+warning (``NoisyMeasurementWarning``) that names the measured noise.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
+import warnings
+from dataclasses import dataclass
 
 import pytest
 
 from mpsim.calibrate.measure.jobs import DEFAULT_SCHEDULES, FIT_SCHEDULE, MeasureSettings
-from mpsim.calibrate.check.compare import fit_in_range
-from mpsim.errors import InputError
+from mpsim.calibrate.check.compare import MULTIPLIER_RANGE, OVERHEAD_RANGE_S, fit_in_range
 from mpsim.simulate import simulate
 
 torch = pytest.importorskip("torch")
 
-HELD_OUT_LIMIT_PCT = 15.0
-TP_LIMIT_PCT = 15.0
+from mpsim.calibrate.measure.guard import SLOWDOWN_LIMIT  # noqa: E402  (imports torch)
+
+# On a quiet machine (other processes under the job's 15 % CPU limit, the speed canary
+# within SLOWDOWN_LIMIT of its starting time) held-out step times land within 10 % and
+# the TP speed-up within 3 % (docs/calibration.md); 15 % leaves room for the run-to-run
+# drift of a shared virtual machine.
+QUIET_HELD_OUT_LIMIT_PCT = 15.0
+QUIET_TP_LIMIT_PCT = 15.0
+
+# Bounded waits for quiet, so a busy CI machine costs at most about two minutes of
+# waiting on top of the job: 60 s before the job starts, 60 s of pauses inside it.
+WAIT_BEFORE_S = 60.0
+WAIT_INSIDE_S = 60.0
+# The whole test suite must stay under 10 minutes; a job that runs past 8 fails the
+# tests (JobError) rather than skipping them or running CI out of time.
+JOB_TIMEOUT_S = 480.0
+STEPS = 7
+
+
+class NoisyMeasurementWarning(UserWarning):
+    """The machine was noisier than the job's limits while it measured: a bound was loosened."""
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How noisy the kept measurements were, and how far that noise can move a step time."""
+
+    share: float  # the worst share of the machine's CPU other processes took during a kept measurement
+    canary: float  # the worst speed-canary slowdown during a kept measurement
+    disturbed_steps: int  # kept training steps none of whose tries was quiet
+    limit: float  # the job's foreign CPU share limit
+
+    @property
+    def flagged(self) -> bool:
+        return self.share > self.limit or self.canary > SLOWDOWN_LIMIT or self.disturbed_steps > 0
+
+    @property
+    def extra_pct(self) -> float:
+        """Percentage points the noise beyond the quiet limits can add to a step-time error.
+
+        The quiet bounds already hold for measurements taken with other processes under
+        ``limit`` of the CPU and the canary under SLOWDOWN_LIMIT; only the excess is new.
+        Each rank is pinned to a core of its own, and the kernel spreads other processes
+        over the cores and shares each core fairly, so other processes taking a share
+        ``s`` of the machine take about ``s`` of each rank's core: a measured time (an op,
+        a step of the fit schedule, a held-out step) is lengthened by up to ``s - limit``
+        of itself beyond what a quiet run allows (were all of it on one rank's core, that
+        rank would lose up to ``n`` times as much on ``n`` cores; the kernel's balancing
+        makes that a transient, which the medians of steps and op passes leave out). A
+        canary at ``c`` times its starting time says the core itself ran ``c`` times
+        slower (a neighbour the kernel cannot see): beyond SLOWDOWN_LIMIT that is
+        ``1 - SLOWDOWN_LIMIT / c`` of a measured time. Both together leave
+        ``(1 - stolen) * (1 - slowed)`` of it; the rest is how far the measurement, or the
+        ops and fit the prediction is built from, can be moved, to first order. The worst
+        kept measurement's values are used (the profile's conditions), so the bound holds
+        for whichever measurement the noise hit.
+        """
+        stolen = min(1.0, max(0.0, self.share - self.limit))
+        slowed = 1.0 - min(1.0, SLOWDOWN_LIMIT / self.canary)
+        return 100.0 * (1.0 - (1.0 - stolen) * (1.0 - slowed))
+
+    def describe(self) -> str:
+        return (f"machine noisy while measuring: other processes took up to {100 * self.share:.1f} % of the CPU "
+                f"(limit {100 * self.limit:.0f} %), the speed canary ran up to {self.canary:.2f}x its starting "
+                f"time (limit {SLOWDOWN_LIMIT:.2f}x), {self.disturbed_steps} training step(s) kept although "
+                f"disturbed")
+
+    def bound(self, quiet_pct: float, what: str) -> float:
+        """The quiet bound, loosened by the noise when it was flagged (with a warning that says so)."""
+        if not self.flagged:
+            return quiet_pct
+        loose = quiet_pct + self.extra_pct
+        warnings.warn(NoisyMeasurementWarning(
+            f"{self.describe()}; {what} bound loosened from {quiet_pct:.0f} % to {loose:.1f} %"))
+        return loose
+
+    def widen(self, low: float, high: float, what: str) -> tuple[float, float]:
+        """A quiet range for a measured time or a ratio of two, widened by the noise when it was flagged.
+
+        A measured time may be lengthened by ``extra_pct`` of itself (see there), so it,
+        or a ratio of two of them, may move by a factor ``1 - extra`` either way.
+        """
+        if not self.flagged:
+            return low, high
+        keep = 1.0 - self.extra_pct / 100.0  # over 0: a share is at most 1 and the canary finite
+        wide = (low * keep, high / keep)
+        warnings.warn(NoisyMeasurementWarning(
+            f"{self.describe()}; {what} range widened from {low:g}-{high:g} to {wide[0]:.3g}-{wide[1]:.3g}"))
+        return wide
 
 
 @pytest.fixture(scope="module")
 def outcome():
     from mpsim.calibrate.runner import validate
 
-    settings = MeasureSettings(warmup_steps=1, steps=7, link_repeats=15, tp_repeats=15, wait_budget_s=180.0)
-    try:
-        return validate("cpu", list(DEFAULT_SCHEDULES), settings, wait_s=120.0, timeout_s=900.0,
-                        say=lambda text: None)
-    except InputError as exc:
-        if "busy" in str(exc) or "quiet" in str(exc):
-            pytest.skip(f"cannot measure: {exc}")
-        raise
+    settings = MeasureSettings(warmup_steps=1, steps=STEPS, link_repeats=15, tp_repeats=15, wait_budget_s=WAIT_INSIDE_S)
+    return validate("cpu", list(DEFAULT_SCHEDULES), settings, wait_s=WAIT_BEFORE_S, allow_busy=True,
+                    timeout_s=JOB_TIMEOUT_S, say=lambda text: None)
+
+
+@pytest.fixture(scope="module")
+def noise(outcome):
+    conditions = outcome.profile.conditions
+    return Noise(share=conditions.foreign_cpu_share or 0.0, canary=conditions.canary_slowdown or 1.0,
+                 disturbed_steps=sum(check.disturbed_steps for check in outcome.checks),
+                 limit=MeasureSettings().foreign_limit)
+
+
+def _held_out(outcome) -> list:
+    held_out = [check for check in outcome.checks if check.held_out]
+    assert FIT_SCHEDULE not in {check.name for check in held_out}
+    assert len(held_out) == len(DEFAULT_SCHEDULES) - 1, outcome.skipped
+    return held_out
 
 
 def test_every_schedule_ran_in_mpsims_order(outcome):
+    # with allow_busy a busy machine still yields steps for every schedule: nothing may be missing
     ran = {check.name for check in outcome.checks}
-    busy = {name for name, why in outcome.skipped.items() if "quiet" in why}
-    if busy:
-        pytest.skip(f"machine too busy to measure {sorted(busy)}")
     assert ran == set(DEFAULT_SCHEDULES), outcome.skipped
+    assert not outcome.skipped
     for check in outcome.checks:
+        assert len(check.steps) == STEPS, f"{check.name}: {len(check.steps)} steps kept of {check.attempts} tries"
         assert check.order_problem is None, f"{check.name}: {check.order_problem}"
 
 
-def test_held_out_schedules_are_predicted_within_15_percent(outcome):
-    held_out = [check for check in outcome.checks if check.held_out]
-    assert FIT_SCHEDULE not in {check.name for check in held_out}
-    assert held_out
-    for check in held_out:
-        assert abs(check.error_pct) <= HELD_OUT_LIMIT_PCT, (
-            f"{check.name}: predicted {check.predicted_step_s:.3f} s, measured {check.measured_step_s:.3f} s")
+def test_disturbed_steps_are_flagged_in_the_profile_and_the_report(outcome, noise):
+    from mpsim.calibrate.check.report import format_validation
+
+    report = format_validation(outcome)
+    for check in outcome.checks:
+        for step in check.steps:
+            if step.disturbed:  # kept although over a limit: the profile's worst-case conditions must show it
+                assert step.foreign_cpu_share > noise.limit or step.slowdown > SLOWDOWN_LIMIT, check.name
+                assert step.foreign_cpu_share <= noise.share and step.slowdown <= noise.canary, check.name
+        assert (f"{check.disturbed_steps} of the kept steps were measured while the machine was disturbed"
+                in report) == (check.disturbed_steps > 0), check.name
+    assert outcome.profile.conditions.busy == (noise.share > noise.limit)
+    assert ("BUSY: numbers suspect" in report) == outcome.profile.conditions.busy
 
 
-def test_fitted_parameters_are_in_sensible_ranges(outcome):
+def test_held_out_schedules_are_predicted_within_the_bound(outcome, noise):
+    limit = noise.bound(QUIET_HELD_OUT_LIMIT_PCT, "held-out step-time")
+    errors = {c.name: (c.error_pct, c.predicted_step_s, c.measured_step_s) for c in _held_out(outcome)}
+    summary = "; ".join(f"{name}: predicted {p:.3f} s, measured {m:.3f} s ({e:+.1f} %)"
+                        for name, (e, p, m) in errors.items())
+    assert all(abs(e) <= limit for e, _, _ in errors.values()), f"bound {limit:.1f} %: {summary}"
+
+
+def test_fitted_parameters_are_in_sensible_ranges(outcome, noise):
     fit = outcome.fit
     assert fit.fitted_on == FIT_SCHEDULE
-    assert fit_in_range(fit) == [], fit
-    assert 0.75 <= fit.efficiency_multiplier <= 1.25
-    assert 0.0 <= fit.action_overhead_s <= 5e-3
+    assert fit_in_range(fit) == [] or noise.flagged, fit  # the ranges mpsim itself checks, on a quiet machine
+    # the multiplier is microbenchmark time over in-job time, the split's slowdown W over (B - I): ratios of
+    # measured times, which noise moves either way; the overhead is a measured time, which noise lengthens
+    low, high = noise.widen(*MULTIPLIER_RANGE, "efficiency multiplier")
+    assert low <= fit.efficiency_multiplier <= high, fit
+    low, high = noise.widen(*OVERHEAD_RANGE_S, "action overhead (s)")
+    assert low <= fit.action_overhead_s <= high, fit
     split = outcome.profile.compute.split_backward
     assert split is not None and split.samples >= 3
-    assert 0.9 <= split.weight_slowdown <= 1.6  # a deferred W never runs much faster than inside a full backward
+    # a deferred W never runs much faster than inside a full backward
+    low, high = noise.widen(0.9, 1.6, "split-backward slowdown")
+    assert low <= split.weight_slowdown <= high, split
 
 
-def test_tp_speedup_is_predicted_within_15_percent(outcome):
+def test_tp_speedup_is_predicted_within_the_bound(outcome, noise):
     tp = outcome.tp
     assert tp is not None and tp.tp == 2
     assert tp.measured_speedup > 1.0  # two cores on one block do beat one
-    assert abs(tp.error_pct) <= TP_LIMIT_PCT, (f"measured {tp.measured_speedup:.3f}, "
-                                               f"predicted {tp.predicted_speedup:.3f}")
+    # the TP check carries its own disturbance; the prediction rests on the profile's ops
+    worst = Noise(share=max(noise.share, tp.foreign_cpu_share), canary=max(noise.canary, tp.slowdown),
+                  disturbed_steps=noise.disturbed_steps, limit=noise.limit)
+    limit = worst.bound(QUIET_TP_LIMIT_PCT, "TP speed-up")
+    assert abs(tp.error_pct) <= limit, (f"bound {limit:.1f} %: measured {tp.measured_speedup:.3f}, "
+                                        f"predicted {tp.predicted_speedup:.3f}")
 
 
 def test_measured_profile_round_trips_with_the_same_predictions(outcome, tmp_path):
@@ -83,20 +216,42 @@ def test_measured_profile_round_trips_with_the_same_predictions(outcome, tmp_pat
 
     write_profile(outcome.profile, tmp_path / "measured.yaml")
     again = read_profile(tmp_path / "measured.yaml")
-    for check in outcome.checks[:2]:
+    fit_check = next(c for c in outcome.checks if not c.held_out)
+    for check in (fit_check, _held_out(outcome)[0]):
         scenario = outcome.plan.variants[check.name]
         before = simulate(scenario.model_copy(update={"calibration": outcome.profile})).timeline.pipeline_end_s
         after = simulate(scenario.model_copy(update={"calibration": again})).timeline.pipeline_end_s
-        assert after == before == check.predicted_step_s
+        assert after == before == check.predicted_step_s, check.name
 
 
-def test_the_profile_moves_the_prediction_towards_the_measurement(outcome):
-    fit_check = next(c for c in outcome.checks if c.name == FIT_SCHEDULE)
-    datasheet = simulate(outcome.plan.variants[FIT_SCHEDULE]).timeline.pipeline_end_s
-    measured, calibrated = fit_check.measured_step_s, fit_check.predicted_step_s
-    # the placeholder datasheet is off; the measurements say which way, and the profile goes that way
-    assert (calibrated > datasheet) == (measured > datasheet)
-    assert abs(calibrated - measured) < abs(datasheet - measured)
+def test_the_profile_moves_held_out_predictions_towards_the_measurements(outcome, noise):
+    # Judged on the median over the held-out schedules of the relative errors, not per
+    # schedule. The profile reprices every action by nearly the same factor (measured
+    # ops, one multiplier, one overhead), so its effect is common to all schedules,
+    # while noise moves one schedule's median step on its own (a ZB-V step scatters by
+    # up to 35 % on a quiet shared machine): a per-schedule comparison can flip on one
+    # noisy schedule, the median of the four only when most of them move.
+    held_out = _held_out(outcome)
+    datasheet = [(simulate(outcome.plan.variants[c.name]).timeline.pipeline_end_s - c.measured_step_s)
+                 / c.measured_step_s for c in held_out]
+    calibrated = [c.error_pct / 100 for c in held_out]
+    datasheet_error, calibrated_error = statistics.median(datasheet), statistics.median(calibrated)
+    detail = (f"median relative error of the datasheet {100 * datasheet_error:+.1f} %, calibrated "
+              f"{100 * calibrated_error:+.1f} % over {[c.name for c in held_out]}")
+    limit = noise.bound(QUIET_HELD_OUT_LIMIT_PCT, "held-out step-time")
+    # How far the placeholder datasheet is off depends on the machine (and on the placeholder
+    # numbers). Off by more than the held-out bound, it must lose to the profile; within it,
+    # which of two predictions inside the bound is closer is the noise's call, and the
+    # profile must only keep the prediction inside the bound.
+    if abs(100 * datasheet_error) <= limit:
+        warnings.warn(UserWarning(
+            f"the datasheet is already within the {limit:.1f} % bound on this machine ({detail}): checked only "
+            f"that the profile keeps the prediction within it"))
+        assert abs(100 * calibrated_error) <= limit, detail
+        return
+    # the measurements say which way the datasheet is off, and the profile goes that way
+    assert (calibrated_error > datasheet_error) == (datasheet_error < 0), detail
+    assert abs(calibrated_error) < abs(datasheet_error), detail
 
 
 def test_report_ends_with_the_summary_line_and_the_plot_is_written(outcome, tmp_path):

@@ -19,7 +19,10 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=float, default=60.0, metavar="S",
                         help="how long to wait for a busy machine to quiet down before refusing (default 60 s)")
     parser.add_argument("--allow-busy", action="store_true",
-                        help="measure even when other processes load the machine (the numbers are flagged)")
+                        help="measure even when other processes still load the machine after --wait: a training "
+                             "step none of whose tries was quiet keeps its least disturbed try instead of being "
+                             "dropped, and once the job's pauses for quiet are used up nothing is tried again; the "
+                             "numbers, and how disturbed they were, are flagged in the report")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="stop the measurement job after this long (default 1800 s)")
 

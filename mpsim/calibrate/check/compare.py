@@ -148,6 +148,11 @@ class ScheduleCheck:
     def max_slowdown(self) -> float:
         return max(s.slowdown for s in self.steps)
 
+    @property
+    def disturbed_steps(self) -> int:
+        """Kept steps none of whose tries was quiet (only with ``--allow-busy``)."""
+        return sum(s.disturbed for s in self.steps)
+
     def action_error_summary(self) -> tuple[float, float]:
         """(median, max) absolute per-action error in percent."""
         errors = [abs(a.error_pct) for a in self.actions]

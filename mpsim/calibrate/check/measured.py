@@ -46,6 +46,7 @@ class MeasuredStep:
     waits: list[list[tuple[float, float]]]  # per rank: blocked in a receive
     foreign_cpu_share: float = 0.0
     slowdown: float = 1.0  # the speed canary's, worst of before and after the step
+    disturbed: bool = False  # kept although every try was disturbed (--allow-busy): the least disturbed one
     by_key: list[dict[tuple[int, str, int], MeasuredAction]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -84,7 +85,8 @@ def parse_steps(per_rank: list[dict]) -> list[MeasuredStep]:
                      for s, k, mb, start, end in _merge_loss(r["actions"])] for r in raw]
         waits = [[(a - origin, b - origin) for a, b in r["waits"]] for r in raw]
         share = max(r.get("foreign_cpu_share", 0.0) for r in raw)
-        steps.append(MeasuredStep(actions, waits, share, max(r.get("slowdown", 1.0) for r in raw)))
+        steps.append(MeasuredStep(actions, waits, share, max(r.get("slowdown", 1.0) for r in raw),
+                                  any(r.get("disturbed", False) for r in raw)))
     return steps
 
 

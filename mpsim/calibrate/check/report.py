@@ -78,6 +78,9 @@ def schedule_table(outcome) -> list[str]:
                      f"{check.error_pct:>+8.1f}%{med:>21.1f}%{worst:>7.1f}%"
                      f"{len(check.steps):>4}/{check.attempts:<2}{100 * check.max_foreign_share:>5.0f}%"
                      f"{check.max_slowdown:>7.2f}x")
+        if check.disturbed_steps:
+            lines.append(f"  {check.disturbed_steps} of the kept steps were measured while the machine was disturbed "
+                         f"(--allow-busy kept the least disturbed of their tries)")
         if check.order_problem:
             lines.append(f"  order differs from mpsim's: {check.order_problem}")
     for name, why in outcome.skipped.items():

@@ -10,7 +10,9 @@
 
 A measurement is *disturbed* when either gauge is over its limit on any rank; the
 caller measures again after :meth:`LoadGuard.wait_for_quiet` (all ranks pause
-together, within a budget for the whole job).
+together, within a budget for the whole job). A job that keeps disturbed measurements
+(``--allow-busy``) stops retrying once that budget is spent: the machine did not quiet
+down in all that time, and a try right away would only see the same load again.
 """
 
 from __future__ import annotations
@@ -85,10 +87,12 @@ class LoadGuard:
     for a disturbed machine to settle before they measure again.
     """
 
-    def __init__(self, device: torch.device, kind: str, limit: float, wait_budget_s: float):
+    def __init__(self, device: torch.device, kind: str, limit: float, wait_budget_s: float,
+                 keep_disturbed: bool = False):
         self.device = device
         self.limit = limit
         self.wait_left_s = wait_budget_s
+        self.keep_disturbed = keep_disturbed  # --allow-busy: keep the least disturbed try of anything
         self.canary = SpeedCanary(device, kind)
         self.before = None
         self.own_before = 0.0
@@ -128,6 +132,17 @@ class LoadGuard:
             if not self.disturbed(self.check()):
                 return
 
+    def pause_to_retry(self) -> bool:
+        """After a disturbed try: pause for quiet, and whether to try again.
+
+        Always, unless disturbed measurements are kept and the wait budget is spent.
+        The budget is the same on every rank, so they all decide alike.
+        """
+        if self.keep_disturbed and self.wait_left_s <= 0:
+            return False
+        self.wait_for_quiet()
+        return True
+
 
 def least_disturbed(measure, guard: LoadGuard):
     """``measure()`` until it ran undisturbed (a few tries); the least disturbed result and its disturbance."""
@@ -139,7 +154,6 @@ def least_disturbed(measure, guard: LoadGuard):
         disturbance = guard.check()
         if best is None or guard.score(disturbance) < guard.score(best[1]):
             best = (value, disturbance)
-        if not guard.disturbed(disturbance):
+        if not guard.disturbed(disturbance) or not guard.pause_to_retry():
             break
-        guard.wait_for_quiet()
     return best

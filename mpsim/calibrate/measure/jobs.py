@@ -42,6 +42,10 @@ class MeasureSettings:
     group_timeout_s: float = 120.0  # a send without its receive fails after this long
     wait_budget_s: float = 300.0  # how long the job may pause, in all, for a busy machine to quiet down
     seed: int = 0
+    # --allow-busy: a training step none of whose tries was quiet keeps its least disturbed
+    # try (marked) instead of being dropped, and once wait_budget_s is spent a disturbed
+    # measurement is not tried again
+    keep_disturbed: bool = False
 
 
 @dataclass
@@ -132,7 +136,8 @@ def calibration_job(scenario: Scenario, device: str, settings: MeasureSettings) 
     """Ops and links of one scenario (per-rank shapes; a whole layer of a large model would not fit,
     so the split backward is left to the validation job's small model)."""
     return {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
-            "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links"],
+            "wait_budget_s": settings.wait_budget_s, "keep_disturbed": settings.keep_disturbed,
+            "phases": ["ops", "links"],
             "ops": measured_ops([scenario], scenario.training.dtype), "links": {"repeats": settings.link_repeats}}
 
 
@@ -150,7 +155,8 @@ def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings)
     layout = resolve(base)
     shape = model_shape(base)
     job = {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
-           "wait_budget_s": settings.wait_budget_s, "phases": ["ops", "links", "pipeline"], "ops": ops,
+           "wait_budget_s": settings.wait_budget_s, "keep_disturbed": settings.keep_disturbed,
+           "phases": ["ops", "links", "pipeline"], "ops": ops,
            "links": {"repeats": settings.link_repeats}, "split": {"shape": shape, "seed": settings.seed},
            "pipeline": {"shape": shape, "microbatches": layout.num_microbatches,
                         "microbatch_size": layout.microbatch_size, "warmup_steps": settings.warmup_steps,

@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
     try:
         from mpsim.calibrate.measure.timing import make_clock
 
-        guard = LoadGuard(device, kind, job["foreign_limit"], job.get("wait_budget_s", 0.0))
+        guard = LoadGuard(device, kind, job["foreign_limit"], job.get("wait_budget_s", 0.0),
+                          job.get("keep_disturbed", False))
         clock = make_clock(kind)
         began = time.monotonic()
         result.update(run_measurements(job, rank, world, device, kind, guard, clock))
