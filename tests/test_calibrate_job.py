@@ -212,10 +212,12 @@ def test_tp_speedup_is_predicted_within_the_bound(outcome, noise):
 
 
 def test_measured_profile_round_trips_with_the_same_predictions(outcome, tmp_path):
-    from mpsim.specs.calibration import read_profile, write_profile
+    from mpsim.specs import load_scenario
+    from mpsim.specs.calibration import write_profile
 
     write_profile(outcome.profile, tmp_path / "measured.yaml")
-    again = read_profile(tmp_path / "measured.yaml")
+    # read back the way a scenario naming the file reads it
+    again = load_scenario(outcome.plan.path, [f"calibration={tmp_path / 'measured.yaml'}"]).scenario.calibration
     fit_check = next(c for c in outcome.checks if not c.held_out)
     for check in (fit_check, _held_out(outcome)[0]):
         scenario = outcome.plan.variants[check.name]

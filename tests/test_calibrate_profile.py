@@ -30,8 +30,7 @@ from mpsim.errors import InputError
 from mpsim.schedules import build_schedule
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario, resolve_layout
-from mpsim.specs.calibration import (ActionFit, CalibrationProfile, DeviceInfo, SplitBackward, read_profile,
-                                     write_profile)
+from mpsim.specs.calibration import ActionFit, CalibrationProfile, DeviceInfo, SplitBackward, write_profile
 from mpsim.workload.ops import Op
 from tests.conftest import SCENARIOS
 
@@ -60,6 +59,11 @@ def synthetic_profile(factor: float, fit: ActionFit | None = None, p2p=(50e-6, 2
                               links=links_profile(raw, "gloo"), fit=fit)
 
 
+def read_back(path) -> CalibrationProfile:
+    """A profile file as a scenario that names it reads it (the loader's own path)."""
+    return load_scenario(VALIDATION, [f"calibration={path}"]).scenario.calibration
+
+
 def with_profile(profile, *overrides):
     scenario = load_scenario(VALIDATION, list(overrides)).scenario
     return scenario.model_copy(update={"calibration": profile})
@@ -70,7 +74,7 @@ def test_profile_round_trips_through_yaml_and_json_with_the_same_predictions(tmp
     before = simulate(with_profile(profile))
     for name in ("profile.yaml", "profile.json"):
         write_profile(profile, tmp_path / name)
-        again = read_profile(tmp_path / name)
+        again = read_back(tmp_path / name)
         assert again == profile
         after = simulate(with_profile(again))
         assert after.timeline.pipeline_end_s == before.timeline.pipeline_end_s
@@ -138,7 +142,7 @@ def test_split_backward_slows_every_weight_pass_but_the_first_stages(tmp_path):
     onef1b = simulate(with_profile(plain)).timeline.pipeline_end_s
     assert simulate(with_profile(measured)).timeline.pipeline_end_s == onef1b
     write_profile(measured, tmp_path / "split.yaml")
-    assert read_profile(tmp_path / "split.yaml") == measured
+    assert read_back(tmp_path / "split.yaml") == measured
 
 
 def test_split_backward_merges_over_ranks_and_rejects_an_impossible_measurement():

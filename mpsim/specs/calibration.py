@@ -225,8 +225,3 @@ def write_profile(profile: CalibrationProfile, path: str | Path) -> None:
     header = ("# mpsim calibration profile (format mpsim-calibration/1, see docs/calibration.md).\n"
               "# Written by `mpsim calibrate` / `mpsim validate`; name it from a scenario as `calibration: FILE`.\n")
     path.write_text(header + yaml.safe_dump(data, sort_keys=False, width=120))
-
-
-def read_profile(path: str | Path) -> CalibrationProfile:
-    """Read and validate a profile file (pydantic errors propagate; the loader reports them)."""
-    return CalibrationProfile.model_validate(yaml.safe_load(Path(path).read_text()))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from mpsim.schedules.actions import Overlapped, parts
+from mpsim.schedules.actions import parts
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,6 @@ def item_duration(step: MeasuredStep, rank: int, item) -> float | None:
             return None
         total += found.duration_s
     return total
-
-
-def item_start(step: MeasuredStep, rank: int, item) -> float | None:
-    first = parts(item)[0] if not isinstance(item, Overlapped) else item.forward
-    found = step.by_key[rank].get(tuple(first))
-    return None if found is None else found.start_s
 
 
 def median_step(steps: list[MeasuredStep]) -> MeasuredStep:

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpsim.calibrate.measure.machine import FOREIGN_CPU_LIMIT
-from mpsim.calibrate.measure.ops import padded_vocab, scenario_ops, sweep_ops
+from mpsim.calibrate.measure.ops import scenario_ops, sweep_ops
 from mpsim.engine import rank_spans
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule, canonical_name
 from mpsim.specs import load_scenario
 from mpsim.specs.scenario import Scenario
+from mpsim.workload.embedding import padded_vocab
 
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev")
 FIT_SCHEDULE = "1f1b"

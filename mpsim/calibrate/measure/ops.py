@@ -19,6 +19,7 @@ from mpsim.resolve import resolve
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload import build_workload
+from mpsim.workload.embedding import padded_vocab
 from mpsim.workload.ops import compute_ops
 
 # square GEMMs measured on every device, so the efficiency curve also covers shapes no
@@ -45,12 +46,6 @@ class OpContext:
     dropout: float
     bias: bool
     dtype: str
-
-
-def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
-    """Megatron's vocabulary padding (a multiple of 128 x tp), as mpsim's workload pads it."""
-    step = multiple * tp
-    return -(-vocab // step) * step
 
 
 def op_context(scenario: Scenario, layout: Layout) -> OpContext:

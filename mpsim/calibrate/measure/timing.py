@@ -33,9 +33,6 @@ class CpuClock:
     def resolve(self, marks: list) -> list[float]:
         return [float(m) for m in marks]
 
-    def now_s(self) -> float:
-        return time.perf_counter()
-
     def sync(self) -> None:
         pass
 
@@ -57,10 +54,6 @@ class CudaClock:
     def resolve(self, marks: list) -> list[float]:
         torch.cuda.synchronize()
         return [self.zero_host_s + self.zero.elapsed_time(m) / 1e3 for m in marks]
-
-    def now_s(self) -> float:
-        torch.cuda.synchronize()
-        return time.perf_counter()
 
     def sync(self) -> None:
         torch.cuda.synchronize()
