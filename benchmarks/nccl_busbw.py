@@ -12,22 +12,56 @@ scaling book's formulas: ``T_AG = V / (axes x W_bidir)``, ``T_AR = 2 T_AG``, wit
 ``W_bidir`` = 2 x 9e10 B/s per axis; mpsim counts the exact ``(N-1)/N`` of the bytes a
 chip still has to receive, which the formulas round to 1.
 
+Each row says whether it is in-sample (``in``: a curve was fitted to it by
+``benchmarks/fit_busbw_curves.py``, or a peak or efficiency of a system file was read off
+it) or out-of-sample (``out``), and the error is summarized for both. With ``--hold-out``
+every curve of every system takes one shape fitted on some systems only (``--train``,
+by default the A100 and H200 fabrics), and the rows of the other systems are the
+out-of-sample twin of the check.
+
 Last line: ``max_rel_error_pct_ge_16MB=<x>`` over every measured point of 16 MB and up.
 
-Usage: python benchmarks/nccl_busbw.py
+Usage: python benchmarks/nccl_busbw.py [--hold-out] [--train A100,H200]
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import sys
 from pathlib import Path
 
 from mpsim.cost.collectives import algorithm_estimates, choose_algorithm, collective_time
 from mpsim.cost.topology import place_ranks
 from mpsim.specs.catalog import load_system
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fit_busbw_curves  # noqa: E402  (the fits whose points are in-sample here)
+
 DATA = Path(__file__).resolve().parent / "data" / "nccl_busbw_measured.csv"
 MIN_SIZE = 16e6  # "16 MB and up": every point from 16 MiB
+FITTED_SETUPS = {setup for setups, _, _ in fit_busbw_curves.FABRICS.values() for setup in setups}
+# single points a system file reads a peak or efficiency from (its comment says so)
+PEAK_POINTS = {("8x H200 ring", "all-reduce"), ("8x B200 ring", "all-reduce"), ("8x MI300X", "all-reduce")}
+# the systems whose fabrics each fit of fit_busbw_curves.FABRICS stands for
+FABRIC_SYSTEMS = {"NVLink 3 ring": "dgx-a100", "NVLink 4 NVLS": "hgx-h200", "NVLink 5 NVLS": "hgx-b200",
+                  "400G per GPU network": "hgx-b200"}
+
+
+def in_sample(row: dict[str, str]) -> bool:
+    """Whether a measured point set a curve (from 16 MiB) or a peak of the file that predicts it."""
+    if float(row["size_bytes"]) < fit_busbw_curves.MIN_SIZE:
+        return False
+    return row["setup"] in FITTED_SETUPS or (row["setup"], row["op"]) in PEAK_POINTS
+
+
+def with_shape(system, n_half: float, k: float):
+    """The system with every bandwidth curve (scale-up, in-switch, network) given one shape."""
+    curve = {"half_bandwidth_bytes": n_half, "curve_exponent": k}
+    up = system.scale_up
+    nvls = up.in_switch_reduction.model_copy(update=curve) if up.in_switch_reduction is not None else None
+    return system.model_copy(update={"scale_up": up.model_copy(update={**curve, "in_switch_reduction": nvls}),
+                                     "scale_out": system.scale_out.model_copy(update=curve)})
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -61,30 +95,44 @@ def size_label(size: float) -> str:
     return f"{size / 1e9:g} GB"
 
 
-def measured_against_predicted() -> float:
-    """Print every measured point with its prediction; return the worst error at >= 16 MB (%)."""
-    systems: dict = {}
+def measured_against_predicted(systems: dict | None = None, trained: set[str] | None = None) -> tuple[float, float]:
+    """Print every measured point with its prediction; return the worst error at >= 16 MB (%), all and out-of-sample.
+
+    ``systems``: the system specs to predict with (the shipped files when absent). ``trained``:
+    the systems a shared curve shape was fitted on (hold-out): their rows are in-sample, the
+    others' out-of-sample; without it each row is in-sample if it set a curve or a peak.
+    """
+    systems = {} if systems is None else systems
     worst_by_setup: dict[str, float] = {}
+    worst = {True: 0.0, False: 0.0}
+    count = {True: 0, False: 0}
     shape_factor = 1.0  # worst ratio either way between 1 MiB and 16 MiB
-    print(f"{'setup':28s} {'op':14s} {'size':>8s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  algorithm")
+    print(f"{'setup':28s} {'op':14s} {'size':>8s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'fit':>3s}  "
+          f"algorithm")
     for row in csv.DictReader(DATA.open()):
         predicted, algorithm = predict(row, systems)
         measured = float(row["busbw_gbps"])
         error = 100 * (predicted - measured) / measured
         size = float(row["size_bytes"])
+        sample = in_sample(row) if trained is None else row["system"] in trained
         flag = "" if size >= MIN_SIZE else "  (below 16 MB: shape only)"
         print(f"{row['setup']:28s} {row['op']:14s} {size_label(size):>8s} {measured:9.2f} {predicted:9.2f} "
-              f"{error:+6.1f}%  {algorithm}{flag}")
+              f"{error:+6.1f}% {'in' if sample else 'out':>3s}  {algorithm}{flag}")
         if 2**20 <= size < MIN_SIZE:
             shape_factor = max(shape_factor, predicted / measured, measured / predicted)
         if size >= MIN_SIZE:
             key = f"{row['setup']} {row['op']}"
             worst_by_setup[key] = max(worst_by_setup.get(key, 0.0), abs(error))
+            worst[sample] = max(worst[sample], abs(error))
+            count[sample] += 1
     print()
-    for key, worst in worst_by_setup.items():
-        print(f"max |error| >= 16 MB  {key:42s} {worst:5.1f} %")
+    for key, value in worst_by_setup.items():
+        print(f"max |error| >= 16 MB  {key:42s} {value:5.1f} %")
     print(f"below 16 MB (1 MiB up) the prediction is within a factor {shape_factor:.2f} of the measurement")
-    return max(worst_by_setup.values())
+    what = "fitted on, or a peak read from" if trained is None else f"of {', '.join(sorted(trained))}"
+    print(f"in-sample      max |error| >= 16 MB {worst[True]:5.1f} % over {count[True]} points ({what})")
+    print(f"out-of-sample  max |error| >= 16 MB {worst[False]:5.1f} % over {count[False]} points (the others)")
+    return max(worst_by_setup.values()), worst[False]
 
 
 def tpu_against_scaling_book() -> float:
@@ -112,9 +160,36 @@ def tpu_against_scaling_book() -> float:
     return worst
 
 
-def main() -> None:
-    worst = measured_against_predicted()
+def hold_out(train: list[str]) -> float:
+    """Every curve given one shape fitted on the ``train`` fabrics; return the worst out-of-sample error (%)."""
+    data = fit_busbw_curves.load()
+    fitted = fit_busbw_curves.training_fabrics(train)
+    _, n_half, k = fit_busbw_curves.fit_shared([fit_busbw_curves.fabric_points(data, f) for f in fitted])
+    trained = {system for prefix, system in FABRIC_SYSTEMS.items() if any(f.startswith(prefix) for f in fitted)}
+    others = {system for system in FABRIC_SYSTEMS.values() if system not in trained}
+    if trained & others:
+        raise SystemExit(f"--train splits the fabrics of one system ({', '.join(sorted(trained & others))})")
+    print()
+    print(f"hold-out: every curve shaped as fitted on {', '.join(fitted)} (half_bandwidth_bytes {n_half / 1e6:.0f} MB, "
+          f"curve_exponent {k:.2f}); peaks and efficiencies as shipped")
+    names = {row["system"] for row in csv.DictReader(DATA.open())}
+    systems = {name: with_shape(load_system(name), n_half, k) for name in names}
+    _, out = measured_against_predicted(systems, trained)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hold-out", action="store_true",
+                        help="also predict with one curve shape fitted on some systems and check the others")
+    parser.add_argument("--train", default="A100,H200", help="words picking the fabrics of the shared fit")
+    args = parser.parse_args(argv)
+    worst, out = measured_against_predicted()
     tpu_against_scaling_book()
+    if args.hold_out:
+        held = hold_out([word.strip() for word in args.train.split(",") if word.strip()])
+        print(f"hold_out_max_rel_error_pct_ge_16MB_out_of_sample={held:.1f}")
+    print(f"max_rel_error_pct_ge_16MB_out_of_sample={out:.1f}")
     print(f"max_rel_error_pct_ge_16MB={worst:.1f}")
 
 

@@ -59,7 +59,6 @@ import json
 import re
 import sys
 import time
-import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -70,7 +69,7 @@ from mpsim.cost.actions import CostModel
 from mpsim.resolve import resolve
 from mpsim.results import summarize
 from mpsim.simulate import bubble_reference, simulate
-from mpsim.specs import TrainingOptions, TransformerSpec, load_scenario
+from mpsim.specs import load_scenario
 from mpsim.workload.embedding import padded_vocab
 from mpsim.workload.stages import build_stage, layer_context, stage_options
 
@@ -81,25 +80,6 @@ DATA = Path(__file__).resolve().parent / "data"
 SCENARIOS = ROOT / "scenarios"
 
 
-# --- what this mpsim accepts --------------------------------------------------------------------------------------
-# A few framework features are being added to mpsim; where the loader accepts one, the row
-# uses it and the gap disappears from the list at the end.
-
-def _accepts(spec: type, name: str, value: object = None) -> bool:
-    """Whether a pydantic spec has the field ``name`` (and, for a choice of literals, accepts ``value``)."""
-    info = spec.model_fields.get(name)
-    if info is None:
-        return False
-    if value is None:
-        return True
-    literals = [arg for arg in typing.get_args(info.annotation) if not isinstance(arg, type)]
-    return value in literals
-
-
-SQUARED_RELU = _accepts(TransformerSpec, "ffn_type", "squared_relu")
-PARAM_GATHER_OVERLAP = _accepts(TrainingOptions, "overlap_param_gather")
-
-
 # --- gaps: what the frameworks did that mpsim cannot express yet --------------------------------------------------
 # key -> description. Rows name the keys that apply to them in their note column.
 GAPS: dict[str, str] = {
@@ -107,15 +87,8 @@ GAPS: dict[str, str] = {
                       "all-gather and reduce-scatter with the GEMMs in the forward and backward; mpsim overlaps "
                       "only the backward input-gradient collective with the weight-gradient GEMM "
                       "(training.tp_comm_overlap_backward); nearest: that",
-    "param-gather": "the distributed optimizer's parameter all-gather overlapped with the next step's forward "
-                    "(optim.overlap_param_sync: true); nearest: the all-gather after the optimizer step, exposed",
-    "fp8-scope": "FP8 via Transformer Engine covers the transformer layers' linear GEMMs only: attention "
-                 "(cuDNN fused attention) and the LM head GEMM run in BF16; mpsim's training.dtype fp8 prices "
-                 "every GEMM and the fused attention at the FP8 peak; nearest: dtype fp8",
     "fp8-params": "fp8_params: true keeps the weights in FP8, so the distributed optimizer's parameter "
                   "all-gather moves 1 byte per parameter; mpsim gathers BF16 weights; nearest: that",
-    "squared-relu": "Nemotron-4's FFN activation is squared ReLU; nearest: gelu (a non-gated FFN with the same "
-                    "GEMMs, only the element-wise activation differs)",
     "rope-half": "Nemotron-4 applies rotary embeddings to half of each head (rotary_percentage: 0.5); mpsim "
                  "rotates the whole head; nearest: that",
     "defer-emb-wgrad": "defer_embedding_wgrad_compute: true defers the last stage's LM-head weight-gradient "
@@ -376,11 +349,10 @@ DGXC_FRAMEWORK = [
     "parallel.cp_comm=ring",
     # Megatron's rank order (tensor, context, data, pipeline from the innermost)
     "parallel.order=tp-cp-dp-pp",
-]
-if PARAM_GATHER_OVERLAP:
     # optim.overlap_param_sync: true: Apex's sharded Adam all-gathers the updated parameters
     # bucket by bucket ahead of the next step's forward, as Megatron-Core's overlapped gather does
-    DGXC_FRAMEWORK.append("training.overlap_param_gather=true")
+    "training.overlap_param_gather=true",
+]
 
 
 @dataclass(frozen=True)
@@ -408,14 +380,14 @@ DGXC_RECIPES = {
         "parallel.sequence_parallel=true",  # configure.sh model.sequence_parallel=True
         "training.grad_reduce_bucket_bytes=100 MiB",  # optim.bucket_cap_mb: 100
         "training.pp_send_blocking=true",  # overlap_p2p_comm: False (and PP 1)
-        # activation: squared-relu; gelu (the nearest, same GEMMs) where the loader lacks it
-        f"model.ffn_type={'squared_relu' if SQUARED_RELU else 'gelu'}",
-    ), ("rope-half", *(() if SQUARED_RELU else ("squared-relu",))), ("tp-overlap-fwd",)),
+        "model.ffn_type=squared_relu",  # Nemotron-4's FFN activation (its model card)
+    ), ("rope-half",), ("tp-overlap-fwd",)),
 }
 # model.fp8 / fp8_hybrid / fp8_params from configure.sh when DTYPE=fp8 (Transformer Engine,
-# E4M3 forward and E5M2 gradients); model.precision bf16 otherwise
+# E4M3 forward and E5M2 gradients: the layers' linear GEMMs in fp8, attention and the LM head
+# in bf16, as mpsim's dtype fp8 prices them); model.precision bf16 otherwise
 DGXC_PRECISION = {"BF16": (["training.dtype=bf16"], ()),
-                  "FP8": (["training.dtype=fp8"], ("fp8-scope", "fp8-params"))}
+                  "FP8": (["training.dtype=fp8"], ("fp8-params",))}
 
 
 def _number(text: str) -> int:
@@ -448,8 +420,7 @@ def dgxc_table(data: Path) -> list[Case]:
             f"parallel.global_batch_size={_number(row['global_batch'])}",
             *DGXC_FRAMEWORK, *recipe.overrides, *precision,
         ]
-        notes = (*(recipe.tp_gaps if tp > 1 else ()), *recipe.gaps, *precision_gaps,
-                 *(() if PARAM_GATHER_OVERLAP else ("param-gather",)))
+        notes = (*(recipe.tp_gaps if tp > 1 else ()), *recipe.gaps, *precision_gaps)
 
         def predict(overrides=overrides) -> Prediction:
             summary = simulate_step(DGXC_BASE, overrides)

@@ -12,7 +12,8 @@ from typing import Callable
 
 from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost, stage_costs
 from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
-                             pipeline_transfer_s, pipeline_transfer_spec, tied_embedding_sync_s)
+                             param_gather_exposed_s, pipeline_transfer_s, pipeline_transfer_spec,
+                             tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, rank_spans, simulate as run_engine
 from mpsim.engine.core import TransferSpec, duration_key
 from mpsim.errors import InputError
@@ -133,13 +134,17 @@ class _BucketMaker:
 
 def final_reductions(workload: Workload, schedule: Schedule, model: CostModel, copies: list[tuple[int, ...]],
                      bucket: _BucketMaker) -> dict[int, tuple[GradBucket, ...]]:
-    """Per stage, the gradient buckets its last backward fills (reduced over DP, and over block copies)."""
+    """Per stage, the gradient buckets its last backward fills (reduced over DP, and over block copies).
+
+    As Megatron-Core does, only the first model chunk of pipeline rank 0 (stage 0) is split
+    into buckets; every other stage reduces its gradients as one bucket (``cost/step.py``).
+    """
     specs: dict[tuple, tuple] = {}  # stages of equal work (one object) have the same reductions
     buckets = {}
     for stage, work in enumerate(workload.stages):
-        key = (work, copies[stage])
+        key = (work, copies[stage], stage == 0)
         if key not in specs:
-            specs[key] = final_grad_buckets(work, model, copies[stage])
+            specs[key] = final_grad_buckets(work, model, copies[stage], bucketed=stage == 0)
         buckets[stage] = tuple(bucket(spec, schedule.stage_to_rank[stage]) for spec in specs[key])
     return buckets
 
@@ -160,11 +165,51 @@ def action_reductions(workload: Workload, schedule: Schedule, model: CostModel, 
 
 
 def optimizer_steps(workload: Workload, schedule: Schedule, model: CostModel) -> tuple[float, ...]:
-    """Seconds of each pipeline rank's optimizer step over the stages it holds."""
+    """Seconds of each pipeline rank's optimizer step over the stages it holds.
+
+    With ``training.overlap_param_gather`` (ZeRO-1/2) the parameter all-gather is not part of
+    the step; what the next step's first forwards cannot hide of it is added instead
+    (``overlapped_param_gather_s``).
+    """
     works_per_rank: list[list] = [[] for _ in range(schedule.num_ranks)]
     for stage, work in enumerate(workload.stages):
         works_per_rank[schedule.stage_to_rank[stage]].append(work)
-    return tuple(optimizer_s(works, model) for works in works_per_rank)
+    exposed = overlapped_param_gather_s(workload, schedule, model)
+    return tuple(optimizer_s(works, model) + exposed for works in works_per_rank)
+
+
+def overlapped_param_gather_s(workload: Workload, schedule: Schedule, model: CostModel) -> float:
+    """Seconds by which the parameter all-gather overlapped with the forward lengthens the step.
+
+    Each rank waits for the gather before its first model chunk's first forward
+    (``cost.step.param_gather_exposed_s``; the chunks after the first are gathered ahead
+    while the first ones run). Megatron-Core buckets pipeline rank 0's first chunk only, and
+    aligns the dispatch at the start of the step on every rank with interleaved schedules
+    (``align_param_gather``, on by default there; off without interleaving, when each rank
+    dispatches at its first forward). A rank's wait delays its first forward and with it
+    every later stage's and the backwards that come back, so the step grows by the sum
+    of the ranks' waits; it is added to every rank's optimizer step.
+    """
+    layout, training = model.layout, model.scenario.training
+    if not training.overlap_param_gather or layout.zero_stage not in (1, 2):
+        return 0.0
+    aligned = layout.vpp > 1
+    chains = schedule.topology
+    total = 0.0
+    for rank in range(schedule.num_ranks):
+        stages = [s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank]
+        if not stages:
+            continue
+        first = min(stages)
+        work = workload.stages[first]
+        forward_s = model.price(work.forward).duration_s
+        head = 0.0
+        before = chains.previous(first)
+        while before is not None:  # the forwards of the chain before it: the earliest its input can come
+            head += model.price(workload.stages[before].forward).duration_s
+            before = chains.previous(before)
+        total += param_gather_exposed_s(work, model, forward_s, bucketed=first == 0, aligned=aligned, head_s=head)
+    return total
 
 
 def pair_syncs(scenario: Scenario, workload: Workload, schedule: Schedule, model: CostModel,
@@ -193,7 +238,8 @@ def block_copy_ranks(schedule: Schedule) -> list[tuple[int, ...]]:
 
 
 def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> dict[tuple, ActionCost]:
-    """Costs of every (stage, kind), plus every overlapped pair the schedule runs."""
+    """Costs of every (stage, kind), plus every forward+backward pair the schedule runs (overlapped
+    only when ``training.overlap_paired_passes`` says the framework does it)."""
     costs: dict[tuple, ActionCost] = dict(stage_costs(workload, model))
     for actions in schedule.actions:
         for item in actions:
@@ -201,7 +247,8 @@ def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> 
                 key = duration_key(item)
                 if key not in costs:
                     costs[key] = overlapped_cost(costs[(item.forward.stage, "F")],
-                                                 costs[(item.backward.stage, item.backward.kind)])
+                                                 costs[(item.backward.stage, item.backward.kind)],
+                                                 overlap=model.scenario.training.overlap_paired_passes)
     return costs
 
 

@@ -159,6 +159,7 @@ SYSTEMS = {
     "dgx2-v100": ("v100-sxm2-32gb", 16, (6, 25), None),  # NVLink 2
     "dgx-a100": ("a100-sxm-80gb", 8, (12, 25), (8, 200)),  # NVLink 3, 8 HDR NICs
     "dgx-h100": ("h100-sxm-80gb", 8, (18, 25), (8, 400)),  # NVLink 4, 8 CX-7
+    "h100-roce-clos": ("h100-sxm-80gb", 8, (18, 25), (8, 400)),  # HGX H100 board, one 400G RoCE NIC per GPU
     "hgx-h200": ("h200-sxm-141gb", 8, (18, 25), (8, 400)),
     "hgx-b200": ("b200", 8, (18, 50), (8, 400)),  # NVLink 5; 400 GB/s per node
     "gb200-nvl72": ("gb200", 72, (18, 50), (72, 400)),  # one CX-7 per GPU, 3.6 TB/s per rack

@@ -7,9 +7,10 @@ model-state bytes after ZeRO sharding and its activation bytes per microbatch. T
 schedule says how many microbatches each stage keeps in flight at its peak (1F1B: ``p``
 on the first stage, 1 on the last), which is what makes the memory budget differ by
 stage. A transformer's embedding and LM head are fixed extras of the first and last
-stage. The budget is the device's capacity less ``training.memory_reserved`` and
-fragmentation, shared evenly by a rank's ``vpp`` chunks. When no split fits, the
-fastest split is returned and the memory report shows what overflows.
+stage. The budget is the device's capacity less the reserved memory
+(``workload.memory.reserved_bytes``) and fragmentation, shared evenly by a rank's
+``vpp`` chunks. When no split fits, the fastest split is returned and the memory report
+shows what overflows.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mpsim.schedules import build_schedule, flat
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
-from mpsim.workload.memory import model_state_bytes
+from mpsim.workload.memory import model_state_bytes, reserved_bytes
 from mpsim.workload.stage_work import StageWork
 
 
@@ -48,7 +49,7 @@ def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
     training = scenario.training
     kwargs = dict(grad_bytes=4 if training.fp32_grad_accumulation else 2, zero_stage=layout.zero_stage,
                   optimizer=training.optimizer)
-    return (model_state_bytes(work.params, shard=layout.zero_shard_size, **kwargs).total_bytes
+    return (model_state_bytes(work.params, shard=layout.shard_ranks, **kwargs).total_bytes
             + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes)
 
 
@@ -99,7 +100,7 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
                 in_flight[stage_index] * work.activation_bytes
     training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
-    budget = (capacity * (1 - training.memory_fragmentation) - training.memory_reserved) / layout.vpp
+    budget = (capacity * (1 - training.memory_fragmentation) - reserved_bytes(scenario, layout)) / layout.vpp
     return PartitionProblem(
         unit_s=tuple(seconds(work) for work in stages), parts=parts,
         boundary_s=tuple(p2p_time(size, same_node, model.system) if layout.pp > 1 else 0.0 for size in sends),

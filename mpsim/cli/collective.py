@@ -9,6 +9,13 @@ or reduce-scatter, the send buffer of an all-to-all; a range ``A..B`` doubles fr
 B like ``all_reduce_perf -b A -e B -f 2``. ``algbw`` is size over time; ``busbw`` scales
 it by the collective's factor (all-reduce ``2(n-1)/n``, the others ``(n-1)/n``) so it
 compares with a link's bandwidth.
+
+The group sits on ``--nodes`` consecutive nodes from ``--first-node`` (0 by default), and
+is priced by the same functions as the simulator's collectives; the header says how many
+fat-tree levels it climbs and the oversubscription its traffic between nodes feels. In a
+simulation a group stands for all its copies and is priced as the slowest; with
+``--first-node`` one copy can be priced where it sits (e.g. one that straddles two leaf
+groups).
 """
 
 from __future__ import annotations
@@ -64,8 +71,20 @@ def _positive_int(text: str | None, flag: str) -> int | None:
     return value
 
 
+def _nonnegative_int(text: str | None, flag: str) -> int:
+    if text is None:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise InputError(f"expected a whole number, got {text!r}", field=flag) from None
+    if value < 0:
+        raise InputError(f"must be 0 or more, got {value}", field=flag)
+    return value
+
+
 def _run(args: argparse.Namespace) -> int:
-    from mpsim.cost.collectives import KINDS, algorithm_estimates, choose_algorithm
+    from mpsim.cost.collectives import KINDS, algorithm_estimates, choose_algorithm, levels_of, network_taper_of
     from mpsim.cost.topology import place_ranks
     from mpsim.specs.catalog import load_system
 
@@ -82,12 +101,21 @@ def _run(args: argparse.Namespace) -> int:
     if per_node > per_node_max:
         raise InputError(f"{per_node} ranks per node, but a {system.name} node has {per_node_max} devices; "
                          f"use --nodes {-(-ranks // per_node_max)} or more", field="--nodes")
+    first = _nonnegative_int(args.first_node, "--first-node")
     sizes = parse_sizes(args.size)
-    members = [node * per_node_max + i for node in range(nodes) for i in range(per_node)]
+    members = [(first + node) * per_node_max + i for node in range(nodes) for i in range(per_node)]
     place = place_ranks(members, per_node_max)
 
+    where = f" from node {first}" if first else ""
     print(f"# mpsim collective: {args.op} on {system.name}, {ranks} ranks on {nodes} node"
-          f"{'s' if nodes > 1 else ''} ({per_node} per node)")
+          f"{'s' if nodes > 1 else ''}{where} ({per_node} per node)")
+    if nodes > 1:
+        climbed = levels_of(place, system)
+        levels = system.scale_out.levels
+        crossed = ("one switch level joins all nodes" if climbed is None else
+                   "inside one leaf group" if climbed == 0 else
+                   f"crosses the uplinks of {', '.join(level.name for level in levels[:climbed])}")
+        print(f"# network: {crossed}; oversubscription felt {network_taper_of(place, system):g}:1")
     print(f"# {'size':>12s} {'count':>12s} {'type':>6s} {'redop':>6s} {'time':>10s} {'algbw':>8s} {'busbw':>8s}  algorithm")
     print(f"# {'(B)':>12s} {'(elements)':>12s} {'':>6s} {'':>6s} {'(us)':>10s} {'(GB/s)':>8s} {'(GB/s)':>8s}")
     redop = "sum" if args.op in ("all-reduce", "reduce-scatter") else "none"
@@ -115,6 +143,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--op", default="all-reduce", help="all-reduce, all-gather, reduce-scatter or all-to-all")
     parser.add_argument("--ranks", required=True, help="ranks in the group")
     parser.add_argument("--nodes", help="nodes the ranks spread over (default: as few as fit)")
+    parser.add_argument("--first-node", help="index of the first of those nodes on the network (default 0)")
     parser.add_argument("--size", default="1MB..1GB", help="size, list (a,b) or doubling range (a..b), e.g. 1MiB..1GiB")
     parser.add_argument("--algorithm", help="force an algorithm (ring, tree, nvls, ...) like NCCL_ALGO")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",

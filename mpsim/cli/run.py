@@ -11,6 +11,7 @@ from mpsim.errors import InputError
 
 def _run(args: argparse.Namespace) -> int:
     from mpsim.results import format_summary, summarize, summary_json
+    from mpsim.results.report import placement_warning
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
 
@@ -22,6 +23,9 @@ def _run(args: argparse.Namespace) -> int:
     reference = bubble_reference(result)
     summary = summarize(result, reference)
     print(summary_json(summary) if args.json else format_summary(summary))
+    warning = placement_warning(result.layout, result.scenario.cluster.system)
+    if warning:
+        print(warning, file=sys.stderr)
     if args.trace:
         from mpsim.results.trace import write_trace
 

@@ -11,7 +11,12 @@ This module decides what a group spans and hands it to the right model:
 What a group spans follows the plan's rank order (``topology.py``): how many nodes it
 touches, how many members share a node (the scale-up links they use), which fat-tree
 levels it climbs (the oversubscription it feels), and on a torus which axes it covers.
-Every algorithm runs at the pace of the slowest link it uses.
+Every algorithm runs at the pace of the slowest link it uses. A group of a layout stands
+for all its copies in the job (they run at once and the step waits for the slowest), so
+it is priced as its slowest copy; a group written as a list of ranks (``mpsim
+collective``) is priced where it sits. Collectives, ``mpsim collective`` and pipeline
+transfers all reach the network through :func:`network_link`, the one place the fat
+tree's oversubscription is applied.
 
 Message sizes are nccl-tests sizes: the buffer of an all-reduce, the gathered (total)
 size of an all-gather or reduce-scatter, the per-rank send buffer of an all-to-all.
@@ -23,20 +28,42 @@ from mpsim.cost import nccl, torus
 from mpsim.cost.links import (LinkCost, in_switch_link, network_taper, scale_out_link, scale_up_link,
                               transfer_s)
 from mpsim.cost.nccl import KINDS, Estimate, GpuGroup
-from mpsim.cost.topology import GroupPlacement, levels_climbed, torus_extent
+from mpsim.cost.topology import GroupPlacement, copy_shapes, levels_climbed, torus_extent
 from mpsim.specs.system import SystemSpec
 
-__all__ = ["KINDS", "Estimate", "LinkCost", "choose_algorithm", "collective_time", "p2p_time", "scale_out_link",
-           "scale_up_link"]
+__all__ = ["KINDS", "Estimate", "LinkCost", "choose_algorithm", "collective_time", "network_link", "network_taper_of",
+           "p2p_time", "priced_copies", "scale_out_link", "scale_up_link"]
 
 
-def _taper(place: GroupPlacement, system: SystemSpec) -> float:
-    """Oversubscription felt by a group that spans several nodes."""
+def levels_of(place: GroupPlacement, system: SystemSpec) -> int | None:
+    """Fat-tree levels a group climbs above the leaf (None on a network without levels)."""
     levels = system.scale_out.levels
     if not levels:
-        return network_taper(system, None)
-    climbed = levels_climbed(place.node_ids(system.devices_per_node), [level.nodes for level in levels])
-    return network_taper(system, climbed)
+        return None
+    return levels_climbed(place.node_ids(system.devices_per_node), [level.nodes for level in levels])
+
+
+def network_taper_of(place: GroupPlacement, system: SystemSpec) -> float:
+    """Oversubscription felt by the traffic of a group (or pair) between its nodes; 1 inside one node."""
+    if place.nodes <= 1:
+        return 1.0
+    return network_taper(system, levels_of(place, system))
+
+
+def network_link(place: GroupPlacement, system: SystemSpec) -> LinkCost:
+    """Per-rank link across nodes for a group's traffic: its share of the NICs after the taper it feels."""
+    return scale_out_link(system, network_taper_of(place, system))
+
+
+def priced_copies(place: GroupPlacement, system: SystemSpec) -> tuple[GroupPlacement, ...]:
+    """The copies of a group that sit differently on nodes and fat-tree levels (just the group when it has none).
+
+    Inside a TPU slice the group is priced where it sits: every copy of a layout's group covers
+    the same torus extent.
+    """
+    if not place.world or system.scale_up.topology == "torus":
+        return (place,)
+    return copy_shapes(place, system.devices_per_node, tuple(level.nodes for level in system.scale_out.levels))
 
 
 def gpu_group(place: GroupPlacement, system: SystemSpec) -> GpuGroup:
@@ -46,7 +73,7 @@ def gpu_group(place: GroupPlacement, system: SystemSpec) -> GpuGroup:
     return GpuGroup(
         size=place.size, nodes=place.nodes, per_node=place.per_node,
         intra=scale_up_link(system, place.per_node),
-        inter=scale_out_link(system, _taper(place, system) if place.nodes > 1 else 1.0),
+        inter=network_link(place, system),
         base_latency_s=system.collective_base_latency,
         in_switch=nvls,
         in_switch_latency_s=up.in_switch_reduction.latency if up.in_switch_reduction else 0.0,
@@ -76,7 +103,7 @@ def _torus_estimates(kind: str, message_bytes: float, place: GroupPlacement, sys
     ici = torus_group(place, system)
     if place.nodes == 1:
         return [Estimate("torus", torus.collective_s(kind, message_bytes, ici))]
-    dcn = scale_out_link(system, _taper(place, system))
+    dcn = network_link(place, system)
     k, g, base = place.nodes, place.per_node, system.collective_base_latency
     if kind == "all-to-all":
         remote = (place.size - g) / place.size * message_bytes
@@ -103,12 +130,16 @@ def algorithm_estimates(kind: str, message_bytes: float, place: GroupPlacement, 
 
 
 def choose_algorithm(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> Estimate:
-    """The fastest algorithm for this collective, group and size (what NCCL's tuner would pick)."""
+    """The fastest algorithm for this collective, group and size (what NCCL's tuner would pick).
+
+    A group standing for its copies gets the estimate of its slowest copy.
+    """
     if place.size <= 1 or message_bytes <= 0:
         if kind not in KINDS:
             raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
         return Estimate("none", 0.0)
-    return min(algorithm_estimates(kind, message_bytes, place, system), key=lambda estimate: estimate.time_s)
+    return max((min(algorithm_estimates(kind, message_bytes, copy, system), key=lambda estimate: estimate.time_s)
+                for copy in priced_copies(place, system)), key=lambda estimate: estimate.time_s)
 
 
 def collective_time(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> float:
@@ -116,21 +147,32 @@ def collective_time(kind: str, message_bytes: float, place: GroupPlacement, syst
     return choose_algorithm(kind, message_bytes, place, system).time_s
 
 
-def p2p_time(message_bytes: float, same_node: bool, system: SystemSpec) -> float:
+def p2p_time(message_bytes: float, pair: GroupPlacement | bool, system: SystemSpec) -> float:
     """A point-to-point send between two ranks (pipeline activations and gradients).
 
-    Inside a node it uses the link between the two devices: the device's whole fabric
-    behind a switch, one peer link on a full mesh or a torus (pipeline neighbours are
-    taken to be torus neighbours). Across nodes it uses the sender's share of the NICs;
-    neighbouring nodes hang below one leaf switch, so only a network without levels
-    applies its oversubscription.
+    ``pair``: the placement of the two ranks (:func:`~mpsim.cost.topology.pipeline_pair`
+    for two pipeline stages, standing for the same pair in every replica: the slowest copy
+    sets the time), or only whether they share a node. Inside a node the send uses the
+    link between the two devices: the device's whole fabric behind a switch, one peer link
+    on a full mesh or a torus (pipeline neighbours are taken to be torus neighbours).
+    Across nodes it uses the sender's share of the NICs through :func:`network_link`, with
+    the taper of the levels the two nodes climb. Given only ``False``, the two nodes are
+    taken to hang below one leaf switch.
     """
     if message_bytes <= 0:
         return 0.0
+    if isinstance(pair, GroupPlacement):
+        return max(_p2p_s(message_bytes, copy.nodes == 1, copy, system) for copy in priced_copies(pair, system))
+    return _p2p_s(message_bytes, pair, None, system)
+
+
+def _p2p_s(message_bytes: float, same_node: bool, pair: GroupPlacement | None, system: SystemSpec) -> float:
     up = system.scale_up
     if same_node:
         bandwidth = up.bandwidth_per_device if up.topology == "switch" else up.link_bandwidth
         link = LinkCost(bandwidth * up.efficiency, up.step_latency)
+    elif pair is not None:
+        link = network_link(pair, system)
     else:
         link = scale_out_link(system, network_taper(system, None if not system.scale_out.levels else 0))
     return system.collective_base_latency + link.step_latency_s + message_bytes / link.bandwidth

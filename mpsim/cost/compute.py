@@ -4,9 +4,14 @@ An op takes the longer of its compute time and its memory time, plus a fixed ker
 overhead. The compute side is not one efficiency number:
 
 * GEMMs reach the device's best measured matmul throughput (its "MAMF") scaled by
-  how well the output tiles fill the chip. A GEMM is cut into output tiles that run in
-  waves over the SMs; a last, partly filled wave runs at the speed of a full one
-  (tile and wave quantization, NVIDIA's *Matrix Multiplication Background* guide).
+  how well the output tiles fill the chip and how long each tile computes between its
+  fixed phases. A GEMM is cut into output tiles that run in waves over the SMs; a last,
+  partly filled wave runs at the speed of a full one (tile and wave quantization,
+  NVIDIA's *Matrix Multiplication Background* guide). Each tile then walks K in steps of
+  ``gemm_tile_k``: before its first step it loads one step's operand tiles, after its
+  last it writes its output tile (and reads it first when it accumulates), and during
+  both the SM's tensor cores wait (:func:`tile_fill_efficiency`). A GEMM with a short K,
+  as tensor parallelism makes them, spends a larger share of its time there.
 * Fused attention kernels reach their own published fraction of peak.
 * Memory-bound ops (norms, activations, softmax, optimizer) stream at the achieved
   fraction of HBM bandwidth.
@@ -17,7 +22,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from mpsim.specs.accelerator import AcceleratorSpec
+from mpsim.specs.accelerator import BYTES_PER_ELEMENT, AcceleratorSpec
 from mpsim.workload.ops import Op
 
 
@@ -31,6 +36,25 @@ def wave_efficiency(batch: int, m: int, n: int, tile: tuple[int, int], units: in
     return best
 
 
+def tile_fill_efficiency(k: int, tile: tuple[int, int], tile_k: int, operand_bytes: int, epilogue_bytes: int,
+                         unit_flops: float, unit_bandwidth: float) -> float:
+    """Share of a tile's time its tensor cores compute: main-loop steps over steps plus the fixed phases.
+
+    One step multiplies a (rows x tile_k) by a (tile_k x cols) block at the SM's share of
+    the matmul rate; the load before the first step moves one step's operand blocks and
+    the store after the last moves the output tile, both at the SM's share of the
+    achieved memory bandwidth, since every SM of a wave loads and stores in the same
+    phase. K is padded to whole steps.
+    """
+    rows, cols = tile
+    steps = math.ceil(k / tile_k)
+    step_s = 2.0 * rows * cols * tile_k / unit_flops
+    load_s = (rows + cols) * tile_k * operand_bytes / unit_bandwidth
+    store_s = rows * cols * epilogue_bytes / unit_bandwidth
+    useful_s = 2.0 * rows * cols * k / unit_flops
+    return useful_s / (steps * step_s + load_s + store_s)
+
+
 class ComputeModel:
     """Prices compute ops for one accelerator and compute dtype."""
 
@@ -39,7 +63,7 @@ class ComputeModel:
         self.dtype = dtype
         eff = accelerator.efficiency
         self.peak_flops = accelerator.peak(dtype)
-        self.gemm_flops = self.peak_flops * eff.gemm
+        self.gemm_flops = self._gemm_flops(dtype)
         self.memory_bandwidth = accelerator.memory.bandwidth * eff.memory
         self.overhead_s = eff.kernel_overhead
         # measured seconds per op (mpsim/cost/calibrated.py CalibratedCosts) replace the roofline
@@ -49,22 +73,37 @@ class ComputeModel:
             self.memory_bandwidth = calibration.stream_bandwidth
         self.time = lru_cache(maxsize=None)(self._time)
 
+    def _gemm_flops(self, dtype: str) -> float:
+        """Best measured matmul rate in ``dtype``."""
+        eff = self.accelerator.efficiency
+        fraction = eff.gemm_fp8 if dtype == "fp8" and eff.gemm_fp8 is not None else eff.gemm
+        return self.accelerator.peak(dtype) * fraction
+
     def _time(self, op: Op) -> float:
         if self.calibration is not None:
             return self.calibration.op_seconds(op)
         memory_s = op.bytes / self.memory_bandwidth
+        dtype = op.dtype or self.dtype
+        eff = self.accelerator.efficiency
         if op.kind == "gemm":
             assert op.shape is not None
-            batch, m, n, _ = op.shape
-            eff = self.accelerator.efficiency
-            compute_s = op.flops / (self.gemm_flops * wave_efficiency(batch, m, n, eff.gemm_tile,
-                                                                     self.accelerator.compute_units))
+            batch, m, n, k = op.shape
+            gemm_flops = self._gemm_flops(dtype)
+            units = self.accelerator.compute_units
+            element_bytes = BYTES_PER_ELEMENT[dtype]
+            filled = wave_efficiency(batch, m, n, eff.gemm_tile, units)
+            steps = 1.0 if eff.gemm_tile_k is None else tile_fill_efficiency(
+                k, eff.gemm_tile, eff.gemm_tile_k, element_bytes, op.epilogue_bytes or element_bytes,
+                gemm_flops / units, self.memory_bandwidth / units)
+            compute_s = op.flops / (gemm_flops * filled * steps)
         elif op.kind == "attention":
-            eff = self.accelerator.efficiency
             fraction = eff.attention_forward if op.direction == "forward" else eff.attention_backward
-            compute_s = op.flops / (self.peak_flops * fraction)
+            compute_s = op.flops / (self.accelerator.peak(dtype) * fraction)
         elif op.kind == "memory":
             compute_s = 0.0
         else:
             raise ValueError(f"{op.name} is a {op.kind}, not a compute op")
-        return max(compute_s, memory_s) + self.overhead_s
+        seconds = max(compute_s, memory_s) + self.overhead_s
+        if op.cast_bytes:  # the fp8 cast before the GEMM: a memory-bound kernel of its own
+            seconds += op.cast_bytes / self.memory_bandwidth + self.overhead_s
+        return seconds

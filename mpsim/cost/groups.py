@@ -41,5 +41,6 @@ def group_ranks(layout: Layout) -> dict[str, list[int]]:
 
 
 def group_placements(layout: Layout) -> dict[str, GroupPlacement]:
-    """Placement on nodes of every named group."""
-    return {name: place_ranks(ranks, layout.devices_per_node) for name, ranks in group_ranks(layout).items()}
+    """Placement on nodes of every named group, standing for its copies in the job."""
+    return {name: place_ranks(ranks, layout.devices_per_node, layout.devices)
+            for name, ranks in group_ranks(layout).items()}

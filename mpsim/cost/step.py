@@ -12,7 +12,20 @@ Data-parallel gradient reduction depends on the ZeRO stage (Rajbhandari et al. 2
   (``actions.py``); nothing after the step.
 
 With hybrid sharding the shards are also all-reduced across the replica groups at the
-end. Expert gradients are reduced over the expert data-parallel group.
+end. Expert gradients are reduced over the expert data-parallel group. A ZeRO shard
+spans the data-parallel ranks times the context-parallel ranks (``Layout.shard_ranks``:
+Megatron-Core's distributed optimizer shards over the DP x CP group), in memory, in the
+optimizer step and in the collectives alike.
+
+Buckets follow Megatron-Core: ``max(40M, 1M x DP x CP)`` parameters each, filled in
+backward order (the last layers' gradients first), and only the first model chunk of
+pipeline rank 0 is split into buckets; every other chunk reduces as one bucket, since
+its reduction is off the critical path (``megatron/training/training.py``:
+``resolve_ddp_bucket_size``, ``per_chunk_disable_bucketing``;
+``megatron/core/distributed/param_and_grad_buffer.py``: parameters laid out in reverse).
+
+With ``training.overlap_param_gather`` the distributed optimizer's parameter all-gather
+leaves the optimizer step for the next step's forward (``param_gather_exposed_s``).
 
 A layer block that several pipeline ranks hold (the bidirectional DualPipe keeps block
 ``k`` on ranks ``k`` and ``p-1-k``) must have its copies' gradients summed; as in
@@ -23,11 +36,10 @@ group twice as large, which may span more nodes.
 
 from __future__ import annotations
 
-import math
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import collective_time, p2p_time
-from mpsim.cost.topology import GroupPlacement, pipeline_neighbours_share_node, place_ranks
+from mpsim.cost.topology import GroupPlacement, pipeline_neighbours_share_node, pipeline_pair, place_ranks
 from mpsim.workload.stage_work import StageWork, Workload
 
 # Optimizer step per parameter. Adam (Megatron mixed precision): read the fp32 grad for the
@@ -51,70 +63,184 @@ def copies_placement(model: CostModel, group: str, copy_ranks: tuple[int, ...]) 
     return place_ranks([rank + pp_rank * stride for pp_rank in copy_ranks for rank in base], layout.devices_per_node)
 
 
+# Megatron-Core's default bucket: max(40M, 1M x data-parallel size) parameters, the size taken
+# over the DP x CP group (resolve_ddp_bucket_size, megatron/training/training.py; the field's
+# doc in megatron/core/distributed/distributed_data_parallel_config.py)
+BUCKET_MIN_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+PARAM_GATHER_BYTES = 2  # the bf16 model weights the distributed optimizer all-gathers
+
+
+def grad_bytes_per_param(model: CostModel) -> int:
+    """Bytes of one gradient element in the reduction buffer (fp32 main grads, or bf16)."""
+    return 4 if model.scenario.training.fp32_grad_accumulation else 2
+
+
+def bucket_params(model: CostModel) -> float:
+    """Parameters per gradient bucket: ``training.grad_reduce_bucket_bytes`` or Megatron-Core's default."""
+    given = model.scenario.training.grad_reduce_bucket_bytes
+    if given is not None:
+        return given / grad_bytes_per_param(model)
+    layout = model.layout
+    return float(max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * layout.dp * layout.cp))
+
+
+def bucket_sizes(params: float, model: CostModel, bucketed: bool = True) -> tuple[float, ...]:
+    """Parameters of each bucket in the order the backward fills them: full buckets, then the rest.
+
+    Megatron-Core closes a bucket once it holds the bucket size (parameters in reverse
+    order, so the last layers' bucket is first); ``bucketed`` False is one bucket.
+    """
+    if params <= 0:
+        return ()
+    size = bucket_params(model)
+    if not bucketed or params <= size:
+        return (params,)
+    full = int(params // size)
+    rest = params - full * size
+    return (size,) * full + ((rest,) if rest > 0 else ())
+
+
 def _buckets(grad_bytes: float, kind: str, group: str, model: CostModel, label: str,
-             copy_ranks: tuple[int, ...] = ()) -> tuple[Bucket, ...]:
-    """Equal buckets of a gradient reduction, ready in backward order.
+             copy_ranks: tuple[int, ...] = (), bucketed: bool = True, bytes_per_param: float = 0.0,
+             units: int = 0) -> tuple[Bucket, ...]:
+    """Buckets of a gradient reduction, ready in backward order.
 
     ``copy_ranks``: the pipeline ranks holding a copy of the stage's block when there are
-    several; the reduction then spans the group on all of them.
+    several; the reduction then spans the group on all of them. ``bytes_per_param``: bytes
+    each parameter of a bucket adds to this reduction (a gradient, or its shard).
+    ``units``: that many equal buckets instead of the bucket size (one per layer).
     """
     place = model.placements[group] if len(copy_ranks) < 2 else copies_placement(model, group, copy_ranks)
     if grad_bytes <= 0 or place.size <= 1:
         return ()
-    count = max(1, math.ceil(grad_bytes / model.scenario.training.grad_reduce_bucket_bytes))
-    seconds = collective_time(kind, grad_bytes / count, place, model.system)
+    per_param = bytes_per_param or grad_bytes_per_param(model)
+    params = grad_bytes / per_param
+    sizes = (params / units,) * units if units else bucket_sizes(params, model, bucketed)
+    total = sum(sizes)
+    count = len(sizes)
     where = group if len(copy_ranks) < 2 else place
-    return tuple(((i + 1) / count, seconds, f"{label} {i + 1}/{count}", where) for i in range(count))
+    buckets: list[Bucket] = []
+    done = 0.0
+    for i, params in enumerate(sizes):
+        done += params
+        seconds = collective_time(kind, params * per_param, place, model.system)
+        buckets.append((done / total, seconds, f"{label} {i + 1}/{count}", where))
+    return tuple(buckets)
 
 
-def final_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int, ...] = ()) -> tuple[Bucket, ...]:
+def final_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int, ...] = (), bucketed: bool = True
+                       ) -> tuple[Bucket, ...]:
     """Reductions launched during a stage's last backward (ZeRO 0/1; hybrid-shard replicas).
 
     ``copy_ranks``: pipeline ranks holding copies of the stage's block (DualPipe), whose
-    gradients the DP reduction sums too.
+    gradients the DP reduction sums too. ``bucketed``: split into Megatron-Core's buckets
+    (pipeline rank 0's first chunk), else one bucket.
     """
     layout = model.layout
-    grad_bytes = 4 if model.scenario.training.fp32_grad_accumulation else 2
+    grad_bytes = grad_bytes_per_param(model)
     dense = work.params * grad_bytes
     buckets: tuple[Bucket, ...] = ()
     if layout.zero_stage == 0:
-        buckets += _buckets(dense, "all-reduce", "dp", model, "grad all-reduce", copy_ranks)
+        buckets += _buckets(dense, "all-reduce", "dp", model, "grad all-reduce", copy_ranks, bucketed)
     elif layout.zero_stage == 1:
-        buckets += _buckets(dense, "reduce-scatter", "zero", model, "grad reduce-scatter", copy_ranks)
+        buckets += _buckets(dense, "reduce-scatter", "zero", model, "grad reduce-scatter", copy_ranks, bucketed)
     if layout.zero_stage >= 1:
-        shard = dense / layout.zero_shard_size
-        buckets += _buckets(shard, "all-reduce", "zero-replica", model, "grad shard all-reduce across replicas")
+        # each bucket's shard (1/shard_ranks of it) is all-reduced across the replica groups
+        shard = dense / layout.shard_ranks
+        buckets += _buckets(shard, "all-reduce", "zero-replica", model, "grad shard all-reduce across replicas",
+                            bucketed=bucketed, bytes_per_param=grad_bytes / layout.shard_ranks)
     expert_kind = "all-reduce" if layout.zero_stage == 0 else "reduce-scatter"
     buckets += _buckets(work.expert_params * grad_bytes, expert_kind, "edp", model, f"expert grad {expert_kind}",
-                        copy_ranks)
+                        copy_ranks, bucketed)
     return buckets
 
 
 def microbatch_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int, ...] = ()
                             ) -> tuple[Bucket, ...]:
-    """ZeRO-2: every backward of the stage reduce-scatters the gradients it produced."""
+    """ZeRO-2: every backward of the stage reduce-scatters the gradients it produced.
+
+    Sharded gradients are FSDP's SHARD_GRAD_OP (FSDP2 without ``reshard_after_forward``),
+    which reduce-scatters each wrapped unit's gradients when its backward produces them:
+    one bucket per layer, unless ``training.grad_reduce_bucket_bytes`` sets a size.
+    """
     if model.layout.zero_stage != 2:
         return ()
-    grad_bytes = 4 if model.scenario.training.fp32_grad_accumulation else 2
-    return _buckets(work.params * grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter",
-                    copy_ranks)
+    grad_bytes = work.params * grad_bytes_per_param(model)
+    if model.scenario.training.grad_reduce_bucket_bytes is not None:
+        return _buckets(grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter", copy_ranks)
+    return _buckets(grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter", copy_ranks,
+                    units=max(1, work.layers))
 
 
-def optimizer_s(works: list[StageWork], model: CostModel) -> float:
-    """Seconds of one rank's optimizer step (and the parameter all-gather when it is sharded)."""
+def optimizer_update_s(works: list[StageWork], model: CostModel) -> float:
+    """Seconds of the optimizer's update on one rank: memory-bound over the parameters it owns.
+
+    Sharded (ZeRO >= 1), a rank updates its ``1 / shard_ranks`` of the dense parameters
+    (DP x CP) and its ``1 / expert_dp`` of the expert parameters.
+    """
     layout, training = model.layout, model.scenario.training
     dense = sum(w.params for w in works)
     experts = sum(w.expert_params for w in works)
     sharded = layout.zero_stage >= 1
-    updated = dense / layout.zero_shard_size + experts / layout.expert_dp if sharded else dense + experts
+    updated = dense / layout.shard_ranks + experts / layout.expert_dp if sharded else dense + experts
     unsharded_grads = 0.0 if layout.zero_stage >= 2 else dense + experts
-    seconds = (updated * OPTIMIZER_STEP_BYTES_PER_PARAM[training.optimizer]
-               + unsharded_grads * GRAD_ZERO_BYTES_PER_PARAM) / model.compute.memory_bandwidth
-    if layout.zero_stage in (1, 2):
-        seconds += collective_time("all-gather", dense * 2, model.placements["zero"], model.system)
-    if sharded and experts:
-        seconds += collective_time("all-gather", experts * 2, model.placements["edp"], model.system)
+    return (updated * OPTIMIZER_STEP_BYTES_PER_PARAM[training.optimizer]
+            + unsharded_grads * GRAD_ZERO_BYTES_PER_PARAM) / model.compute.memory_bandwidth
+
+
+def param_gather_s(works: list[StageWork], model: CostModel) -> float:
+    """Seconds of the all-gather of the updated parameters after a sharded optimizer (ZeRO-1/2)."""
+    layout = model.layout
+    if layout.zero_stage not in (1, 2):
+        return 0.0
+    dense = sum(w.params for w in works)
+    experts = sum(w.expert_params for w in works)
+    seconds = collective_time("all-gather", dense * PARAM_GATHER_BYTES, model.placements["zero"], model.system)
+    if experts:
+        seconds += collective_time("all-gather", experts * PARAM_GATHER_BYTES, model.placements["edp"],
+                                   model.system)
     return seconds
+
+
+def optimizer_s(works: list[StageWork], model: CostModel) -> float:
+    """Seconds of one rank's optimizer step, with the parameter all-gather when it is sharded and
+    not overlapped with the next forward (``training.overlap_param_gather``)."""
+    seconds = optimizer_update_s(works, model)
+    if not model.scenario.training.overlap_param_gather:
+        seconds += param_gather_s(works, model)
+    return seconds
+
+
+def param_gather_exposed_s(work: StageWork, model: CostModel, forward_compute_s: float, bucketed: bool,
+                           aligned: bool, head_s: float = 0.0) -> float:
+    """Seconds a stage's first forward of the step waits for the parameter all-gather when it
+    is overlapped with the forward (Megatron-Core's ``--overlap-param-gather``).
+
+    The buckets are gathered in forward order (the reverse of the backward's). Megatron-Core
+    waits for a bucket in the forward pre-hook of its first module, and that wait dispatches
+    the next bucket's all-gather (``finish_param_sync``,
+    megatron/core/distributed/param_and_grad_buffer.py), so gather ``i`` runs beside the
+    compute of bucket ``i - 1``'s layers. With ``aligned`` (interleaved schedules:
+    ``align_param_gather``) every bucket is dispatched at the start of the step, one after
+    the other, while the stage waits ``head_s`` for its first input anyway. A bucket's
+    share of the forward is its share of the stage's parameters.
+    """
+    sizes = bucket_sizes(work.params, model, bucketed)
+    total = sum(sizes)
+    if total <= 0 or model.placements["zero"].size <= 1:
+        return 0.0
+    place = model.placements["zero"]
+    gather_end = compute_start = 0.0
+    compute_end = head_s if aligned else 0.0
+    for index, params in enumerate(sizes):
+        seconds = collective_time("all-gather", params * PARAM_GATHER_BYTES, place, model.system)
+        # chained: dispatched when the previous bucket's compute was about to start
+        gather_start = gather_end if aligned or index == 0 else max(gather_end, compute_start)
+        gather_end = gather_start + seconds
+        compute_start = max(compute_end, gather_end)
+        compute_end = compute_start + forward_compute_s * params / total
+    return max(0.0, compute_end - (head_s if aligned else 0.0) - forward_compute_s)
 
 
 def pipeline_transfer_s(workload: Workload, model: CostModel, rank_a: int, rank_b: int,
@@ -123,8 +249,7 @@ def pipeline_transfer_s(workload: Workload, model: CostModel, rank_a: int, rank_
     across the cut after stage ``cut`` (None: the largest cut's size)."""
     if rank_a == rank_b:
         return 0.0
-    same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
-    return p2p_time(workload.boundary_bytes(cut), same_node, model.system)
+    return p2p_time(workload.boundary_bytes(cut), pipeline_pair(model.layout, rank_a, rank_b), model.system)
 
 
 def pipeline_transfer_spec(workload: Workload, model: CostModel, rank_a: int, rank_b: int, cut: int | None = None
@@ -136,7 +261,7 @@ def pipeline_transfer_spec(workload: Workload, model: CostModel, rank_a: int, ra
     """
     total = pipeline_transfer_s(workload, model, rank_a, rank_b, cut)
     same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
-    latency = min(total, p2p_time(1.0, same_node, model.system))  # a one-byte message is all latency
+    latency = min(total, p2p_time(1.0, pipeline_pair(model.layout, rank_a, rank_b), model.system))  # all latency
     kind = "nvl" if same_node else "nic"
     return latency, total - latency, ((f"{kind}-out", rank_a), (f"{kind}-in", rank_b))
 

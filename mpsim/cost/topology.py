@@ -10,12 +10,21 @@ TPU slice, chip ``r % chips`` sits at torus coordinates with the first axis fast
 A group's collective runs at the pace of the slowest links it spans: the scale-up fabric
 when it stays in a node, the network when it leaves one, and the uplinks of every fat-tree
 level it has to climb.
+
+One group stands for all its copies (the symmetry collapse: TP group 0 for every TP group
+of the job). Copies need not sit alike: with 72-GPU NVLink domains a TP group of 16
+straddles two domains every so often, and with scalable units of 20 nodes a DP group of
+8 nodes sometimes spans two leaf groups. A placement built with the job's size knows its
+copies (:func:`copy_shapes`), and the cost layer prices the slowest of them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
 
 from mpsim.specs.layout import Layout
 
@@ -35,6 +44,11 @@ class GroupPlacement:
     per_node: int  # most members on one node
     ranks: tuple[int, ...] = field(default=(), repr=False)
     devices_per_node: int = 0
+    # the job's ranks (0: the group stands only for itself) and the rank dimensions, as
+    # (stride, extent), that the group runs along: its copies are its ranks shifted by every
+    # rank of the job whose coordinate along each of them is 0
+    world: int = field(default=0, repr=False)
+    along: tuple[tuple[int, int], ...] = field(default=(), repr=False)
 
     def member_ranks(self, devices_per_node: int) -> tuple[int, ...]:
         """Global ranks of the members (a contiguous block when the placement has none)."""
@@ -49,10 +63,90 @@ class GroupPlacement:
         return sorted({rank // per_node for rank in self.member_ranks(per_node)})
 
 
-def place_ranks(ranks: list[int], devices_per_node: int) -> GroupPlacement:
-    """Placement of an explicit list of global ranks."""
+def place_ranks(ranks: list[int], devices_per_node: int, world: int = 0,
+                along: tuple[tuple[int, int], ...] | None = None) -> GroupPlacement:
+    """Placement of an explicit list of global ranks.
+
+    With ``world`` (the job's ranks) the placement also stands for the group's copies in the
+    job: the groups along the same rank dimensions (``along``; by default read off the ranks,
+    which must then contain rank 0 and form a lattice, as every group of a layout does).
+    """
     counts = Counter(rank // devices_per_node for rank in ranks)
-    return GroupPlacement(len(ranks), len(counts), max(counts.values()), tuple(ranks), devices_per_node)
+    if world and along is None:
+        along = lattice_dims(ranks)
+        if along and world % (along[-1][0] * along[-1][1]):
+            along = ()  # the copies would not tile the job
+    if not world or not along:
+        world, along = 0, ()
+    return GroupPlacement(len(ranks), len(counts), max(counts.values()), tuple(ranks), devices_per_node, world,
+                          along)
+
+
+def lattice_dims(ranks: list[int]) -> tuple[tuple[int, int], ...]:
+    """(stride, extent) of each rank dimension a group containing rank 0 runs along; () if it is no lattice.
+
+    A group of a layout is ``{sum_i c_i s_i : 0 <= c_i < n_i}``: the smallest member not yet
+    reached is the next stride, and its extent how many steps of it stay in the group.
+    """
+    members = set(ranks)
+    if 0 not in members or len(members) != len(ranks):
+        return ()
+    reached = [0]
+    dims: list[tuple[int, int]] = []
+    while len(reached) < len(members):
+        stride = min(members.difference(reached))
+        extent = 1
+        while all(rank + extent * stride in members for rank in reached):
+            extent += 1
+        if dims and stride % (dims[-1][0] * dims[-1][1]):
+            return ()  # not a mixed-radix dimension of the rank numbering
+        dims.append((stride, extent))
+        reached = [rank + step * stride for step in range(extent) for rank in reached]
+    return tuple(dims) if set(reached) == members else ()
+
+
+def copy_offsets(place: GroupPlacement) -> np.ndarray:
+    """Shifts from the group to each of its copies (0, the group itself, first)."""
+    offsets = np.arange(place.world)
+    keep = np.ones(place.world, dtype=bool)
+    for stride, extent in place.along:
+        keep &= (offsets // stride) % extent == 0
+    return offsets[keep]
+
+
+@lru_cache(maxsize=1024)
+def copy_shapes(place: GroupPlacement, devices_per_node: int, level_nodes: tuple[int | None, ...] = ()
+                ) -> tuple[GroupPlacement, ...]:
+    """One copy of the group for each distinct way its copies sit on nodes and fat-tree levels.
+
+    Two copies sit alike when their members are spread over nodes the same way (relative to
+    their first node) and they climb the same number of levels (``level_nodes`` as in
+    :func:`levels_climbed`). The group itself comes first; without copies it is all there is.
+    """
+    if not place.world:
+        return (place,)
+    base = np.asarray(place.member_ranks(devices_per_node))
+    ranks = copy_offsets(place)[:, None] + base[None, :]
+    if ranks.size == 0 or ranks.max() >= place.world:
+        return (place,)  # the copies do not fit the job: price the group alone
+    nodes = np.sort(ranks // devices_per_node, axis=1)
+    climbed = np.full(len(nodes), len(level_nodes))
+    for index in reversed(range(len(level_nodes))):
+        block = level_nodes[index]
+        same = np.ones(len(nodes), dtype=bool) if block is None else nodes[:, 0] // block == nodes[:, -1] // block
+        climbed = np.where(same, index, climbed)
+    signature = np.concatenate([nodes - nodes[:, :1], climbed[:, None]], axis=1)
+    _, first = np.unique(signature, axis=0, return_index=True)
+    shapes = [place_ranks([int(rank) for rank in ranks[row]], devices_per_node) for row in sorted(first)]
+    return tuple([place] + shapes[1:]) if sorted(first)[0] == 0 else tuple(shapes)
+
+
+def pipeline_pair(layout: Layout, rank: int, other: int) -> GroupPlacement:
+    """Pipeline ranks ``rank`` and ``other`` (of TP rank 0, DP rank 0), standing for the same pair
+    in every replica: a transfer between two stages happens in each of them at once."""
+    stride = layout.stride("pp")
+    return place_ranks([rank * stride, other * stride], layout.devices_per_node, layout.devices,
+                       ((stride, layout.pp),))
 
 
 def pipeline_neighbours_share_node(layout: Layout, rank: int, other: int) -> bool:
@@ -87,3 +181,36 @@ def torus_extent(chips: list[int], dims: list[int]) -> list[int]:
     """Distinct coordinates a set of chips takes along each torus axis."""
     points = [torus_coordinates(chip, dims) for chip in chips]
     return [len({p[axis] for p in points}) for axis in range(len(dims))]
+
+
+# groups that must stay inside one scale-up domain to run at its speed, and their names in warnings
+FAST_GROUPS = {"tp": "TP", "etp": "expert TP", "ep": "EP"}
+
+
+def placement_warnings(devices: int, devices_per_node: int, system_name: str,
+                       placements: dict[str, GroupPlacement]) -> list[str]:
+    """What a job's placement on scale-up domains (nodes) does that the user may not mean.
+
+    * The job's devices are not a whole number of domains: the last one is partly used
+      (a rack-scale domain such as a 72-GPU NVL72 is given out whole). A job on part of one
+      server of 8 or fewer devices is ordinary and says nothing.
+    * A TP or EP group that fits in one domain has copies that straddle two (a TP group of
+      16 on 72-GPU domains): those copies run over the network, and every group is priced
+      as its slowest copy.
+    """
+    found = []
+    spare = devices % devices_per_node
+    if spare and (devices > devices_per_node or devices_per_node > 8):
+        found.append(f"{devices} devices are not a whole number of {system_name}'s {devices_per_node}-device "
+                     f"scale-up domains: one domain has only {spare} of its {devices_per_node} devices in the job")
+    for name, label in FAST_GROUPS.items():
+        place = placements.get(name)
+        if place is None or place.size <= 1:
+            continue
+        needed = -(-place.size // devices_per_node)
+        widest = max(copy.nodes for copy in copy_shapes(place, devices_per_node))
+        if widest > needed:
+            found.append(f"{label} groups of {place.size} do not fit the {devices_per_node}-device scale-up domains "
+                         f"evenly: some span {widest} domains and reach each other over the network, which sets the "
+                         f"time of every {label} collective (a group size that divides {devices_per_node} avoids it)")
+    return found

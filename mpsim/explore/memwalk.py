@@ -7,8 +7,10 @@ costs to price.
 stage's activations, a backward frees them, an input-gradient backward swaps them for
 the weight-gradient buffer that its ``W`` frees. What a rank holds after each action
 is a *state*: how many activations and buffers of each of its stages it holds. The
-bytes held are a sum over the state's counts, so the peak is the largest such sum over
-the states the walk passes through, whatever the bytes per stage are.
+bytes held are a function of the state (a sum over its counts, plus, for ZeRO-3 without
+``reshard_after_forward``, the gathered parameters of each stage whose count is above
+zero), so the peak is the largest such value over the states the walk passes through,
+whatever the bytes per stage are.
 
 Bytes are never negative, so the level rises only in ``F`` and ``I``, and a state
 followed by another ``F`` holds less than the next one: the peak is at one of the

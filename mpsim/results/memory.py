@@ -1,9 +1,11 @@
 """Peak memory per pipeline rank, by category, and activation memory over time.
 
-Categories: weights, gradients and optimizer state (sharded per the ZeRO stage),
-activations as the schedule holds them, temporary communication buffers, the
-framework's reserved memory and allocator fragmentation (both configurable in
-``training``).
+Categories: weights, gradients and optimizer state (sharded per the ZeRO stage over
+DP x CP ranks), activations as the schedule holds them, temporary communication buffers
+(with FSDP's ``reshard_after_forward`` off: the gathered parameters of every stage with a
+microbatch between its forward and its backward), the memory the process reserves
+outside its tensors (CUDA context, cuBLAS workspace, NCCL buffers:
+``workload.memory.reserved_parts``) and allocator fragmentation.
 
 Activations are counted by walking the rank's action list: a forward adds the stage's
 per-microbatch activations, a full backward frees them, an input-gradient backward frees
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from mpsim.schedules.actions import Schedule, flat, parts
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
-from mpsim.workload.memory import model_state_bytes
+from mpsim.workload.memory import model_state_bytes, reserved_parts
 from mpsim.workload.stage_work import Workload
 
 
@@ -41,6 +43,8 @@ class RankMemory:
     capacity_bytes: float
     layer_state_bytes: float = 0.0  # weights + gradients + optimizer of the transformer layers only
     layer_activations_peak_bytes: float = 0.0  # peak of the transformer layers' activations only
+    reserved_parts: tuple[tuple[str, float], ...] = ()  # what reserved_bytes is made of: (name, bytes)
+    gathered_params_bytes: float = 0.0  # of the buffers: ZeRO-3 parameters held from forward to backward
 
     @property
     def model_state_bytes(self) -> float:
@@ -92,11 +96,27 @@ def activation_timeline(timeline, workload: Workload, rank: int) -> list[tuple[f
     return points
 
 
-def activation_walk(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False
-                    ) -> tuple[float, int]:
-    """(peak activation bytes, forwards in flight at the peak) over the rank's action list."""
-    level = peak = 0.0
+GATHERED_PARAM_BYTES = 2  # ZeRO-3 / FSDP gathers the bf16 weights
+
+
+def held_params(layout: Layout) -> bool:
+    """Whether gathered ZeRO-3 parameters stay from a stage's forward to its backward."""
+    return layout.zero_stage >= 3 and not layout.reshard_after_forward
+
+
+def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False,
+              hold_params: bool = False) -> tuple[float, int, float]:
+    """(peak bytes, forwards in flight at the peak, gathered parameters held at the peak) over the
+    rank's action list.
+
+    The bytes are the activations the schedule holds and, with ``hold_params``, the
+    unsharded parameters of every stage that has a microbatch between its forward and its
+    backward (FSDP without ``reshard_after_forward``: gathered for the first such forward,
+    freed after the backward that leaves none).
+    """
+    level = peak = held = held_at_peak = 0.0
     in_flight = peak_count = 0
+    open_forwards: dict[int, int] = {}
     for stage, kind, _ in flat(schedule.actions[rank]):
         work = workload.stages[stage]
         delta, count = _activation_deltas(work, kind)
@@ -104,18 +124,38 @@ def activation_walk(schedule: Schedule, rank: int, workload: Workload, layers_on
             # the layers' share only (weight-gradient buffers are the layers' anyway)
             delta = {"F": work.layer_activation_bytes, "B": -work.layer_activation_bytes,
                      "I": work.weight_grad_buffer_bytes - work.layer_activation_bytes}[kind]
+        if hold_params and count:
+            before = open_forwards.get(stage, 0)
+            open_forwards[stage] = before + count
+            if before == 0 and count > 0 or before + count == 0:
+                params = (work.params + work.expert_params) * GATHERED_PARAM_BYTES
+                held += params if count > 0 else -params
+                delta += params if count > 0 else -params
         level += delta
         in_flight += count
         if level > peak:
-            peak, peak_count = level, in_flight
-    return peak, peak_count
+            peak, peak_count, held_at_peak = level, in_flight, held
+    return peak, peak_count, held_at_peak
+
+
+def activation_walk(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False
+                    ) -> tuple[float, int]:
+    """(peak activation bytes, forwards in flight at the peak) over the rank's action list."""
+    peak, count, _ = walk_peak(schedule, rank, workload, layers_only)
+    return peak, count
 
 
 def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
-    """Transient communication buffers at the peak: the largest of them is live at a time."""
+    """Transient communication buffers at the peak: the largest of them is live at a time.
+
+    Under ZeRO-3 two layers are gathered at a time (the one computing and the one
+    prefetched); with the parameters held from forward to backward those are part of
+    what the walk holds (``walk_peak``).
+    """
     ctx = workload.context
     gathered_input = ctx.activation_message if layout.tp > 1 and layout.sequence_parallel else 0.0
-    zero3_layers = 2 * max((w.largest_layer_params for w in works), default=0.0) * 2 if layout.zero_stage >= 3 else 0.0
+    largest = max((w.largest_layer_params for w in works), default=0.0)
+    zero3_layers = 2 * largest * GATHERED_PARAM_BYTES if layout.zero_stage >= 3 and not held_params(layout) else 0.0
     return gathered_input + zero3_layers
 
 
@@ -124,6 +164,9 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
     training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
     grad_bytes = 4 if training.fp32_grad_accumulation else 2
+    reserved = reserved_parts(scenario, layout)
+    reserved_total = sum(size for _, size in reserved)
+    hold = held_params(layout)
     result = []
     for rank in range(schedule.num_ranks):
         stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
@@ -131,16 +174,18 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
         dense = sum(w.params for w in works)
         experts = sum(w.expert_params for w in works)
         kwargs = dict(grad_bytes=grad_bytes, zero_stage=layout.zero_stage, optimizer=training.optimizer)
-        state = model_state_bytes(dense, shard=layout.zero_shard_size, **kwargs)
+        # dense parameters shard over DP x CP (Layout.shard_ranks), experts over their replicas
+        state = model_state_bytes(dense, shard=layout.shard_ranks, **kwargs)
         expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
-        layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.zero_shard_size, **kwargs)
-        peak, count = activation_walk(schedule, rank, workload)
+        layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.shard_ranks, **kwargs)
+        peak, count, gathered = walk_peak(schedule, rank, workload, hold_params=hold)
+        peak -= gathered  # the held parameters are reported with the buffers
         layer_peak, _ = activation_walk(schedule, rank, workload, layers_only=True)
-        buffers = _buffers_bytes(works, workload, layout)
+        buffers = _buffers_bytes(works, workload, layout) + gathered
         allocated = state.total_bytes + expert_state.total_bytes + peak + buffers
         result.append(RankMemory(
             rank, stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
             state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,
-            peak, count, buffers, training.memory_reserved, allocated * training.memory_fragmentation, capacity,
-            layers.total_bytes, layer_peak))
+            peak, count, buffers, reserved_total, allocated * training.memory_fragmentation, capacity,
+            layers.total_bytes, layer_peak, reserved, gathered))
     return result

@@ -70,7 +70,9 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
     m = memory[rank]
     frames = lambda name: [{"filename": "mpsim", "line": 0, "name": name}]  # noqa: E731
     resident = [("weights", m.weights_bytes), ("gradients", m.grads_bytes), ("optimizer state", m.optimizer_bytes),
-                ("communication buffers", m.buffers_bytes), ("reserved", m.reserved_bytes)]
+                ("communication buffers", m.buffers_bytes),
+                *(((f"reserved: {name}", size) for name, size in m.reserved_parts) if m.reserved_parts
+                  else (("reserved", m.reserved_bytes),))]
     address = 0
     blocks = []
     for name, size in resident:

@@ -23,7 +23,7 @@ def _memory_rows(summary: Summary) -> list[str]:
         worst = max(range(len(memory)), key=lambda r: memory[r].peak_memory_bytes)
         shown = sorted({0, 1, len(memory) - 2, len(memory) - 1, worst})
     header = f"    {'rank':>4}  {'stages':<12} {'weights':>11} {'grads':>11} {'optimizer':>11} " \
-             f"{'activations':>11} {'in flight':>9} {'buffers':>11} {'other':>10} {'total':>11}"
+             f"{'activations':>11} {'in flight':>9} {'buffers':>11} {'reserved':>10} {'fragment.':>10} {'total':>11}"
     rows = [header]
     previous = -1
     for r in shown:
@@ -37,9 +37,12 @@ def _memory_rows(summary: Summary) -> list[str]:
         rows.append(f"    {m.rank:>4}  {stages:<12} {format_bytes(m.weights_bytes):>11} {format_bytes(m.grads_bytes):>11} "
                     f"{format_bytes(m.optimizer_bytes):>11} {format_bytes(m.activations_peak_bytes):>11} "
                     f"{m.peak_in_flight:>9} {format_bytes(m.buffers_bytes):>11} "
-                    f"{format_bytes(m.reserved_bytes + m.fragmentation_bytes):>10} "
+                    f"{format_bytes(m.reserved_bytes):>10} {format_bytes(m.fragmentation_bytes):>10} "
                     f"{format_bytes(m.peak_memory_bytes):>11}{flag}")
         previous = r
+    parts = memory[0].reserved_parts if memory else ()
+    if parts:
+        rows.append("    reserved per device: " + " + ".join(f"{name} {format_bytes(size)}" for name, size in parts))
     return rows
 
 
@@ -101,6 +104,19 @@ def format_summary(summary: Summary) -> str:
                      f"needs {format_bytes(worst.peak_memory_bytes)} of {format_bytes(worst.capacity_bytes)} "
                      f"(largest: {worst.largest_category})")
     return "\n".join(lines)
+
+
+def placement_warning(layout, system) -> str | None:
+    """One line for stderr about how the job sits on the system's scale-up domains, or None.
+
+    The conditions are the cost layer's (:func:`mpsim.cost.topology.placement_warnings`);
+    several are joined into the one line.
+    """
+    from mpsim.cost.groups import group_placements
+    from mpsim.cost.topology import placement_warnings
+
+    found = placement_warnings(layout.devices, layout.devices_per_node, system.name, group_placements(layout))
+    return f"warning: {'; '.join(found)}" if found else None
 
 
 def summary_dict(summary: Summary) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Peak numbers are dense (no 2:4 sparsity). The ``efficiency`` block says how much of
 the peak real kernels reach, per kind of op, because one number is not enough: GEMMs
 follow the best measured matmul throughput scaled by how well the output tiles fill the
-chip (wave quantization), memory-bound ops follow the HBM bandwidth, fused attention
-kernels have their own published fraction of peak.
+chip (wave quantization) and how long each tile's main loop runs against its fixed load
+and store phases (``gemm_tile_k``), memory-bound ops follow the HBM bandwidth, fused
+attention kernels have their own published fraction of peak.
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ class EfficiencySpec(Spec):
     """Fractions of peak that real kernels reach on this device."""
 
     gemm: float = Field(gt=0, le=1, description="best measured matmul throughput / peak")
+    gemm_fp8: float | None = Field(None, gt=0, le=1, description="the same for fp8 GEMMs / fp8 peak; absent: "
+                                                                 "as gemm")
     gemm_tile: tuple[int, int] = Field(
         (128, 256), description="output tile (rows, cols) of large-GEMM kernels, for wave quantization"
     )
+    gemm_tile_k: int | None = Field(64, gt=0, description="depth along K of one main-loop step of those kernels: "
+                                                          "a tile's operands are loaded this many columns at a "
+                                                          "time; null: tiles are fed from caches (a CPU), no "
+                                                          "load and store phases")
     memory: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth for streaming ops")
     attention_forward: float = Field(gt=0, le=1, description="fused attention forward, fraction of peak")
     attention_backward: float = Field(gt=0, le=1, description="fused attention backward, fraction of peak")

@@ -1,4 +1,4 @@
-"""Model files from Hugging Face ``config.json`` (Llama, Mistral/Mixtral, Qwen2/Qwen2-MoE, DeepSeek-V3).
+"""Model files from Hugging Face ``config.json`` (Llama, Mistral/Mixtral, Qwen2/Qwen2-MoE, DeepSeek-V3, Nemotron).
 
 A scenario's ``model:`` may point at a ``config.json`` (or ``hf:PATH``); its fields are
 mapped onto :class:`~mpsim.specs.model.TransformerSpec` names. The training sequence
@@ -12,8 +12,14 @@ from typing import Any
 
 from mpsim.errors import InputError
 
-SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v2")
-GATED_ACTIVATIONS = ("silu", "swish", "swiglu")
+SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v2",
+             "nemotron")
+# transformers' ACT2FN names (activations.py) -> ffn_type. The decoder models above gate their FFN
+# with silu (SwiGLU); Nemotron's "relu2" is squared ReLU (NemotronConfig's default hidden_act)
+FFN_TYPES = {"silu": "swiglu", "swish": "swiglu", "swiglu": "swiglu", "relu2": "squared_relu", "relu": "relu",
+             "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu",
+             "gelu_python": "gelu", "quick_gelu": "gelu"}
+DEFAULT_ACTIVATION = {"nemotron": "relu2"}
 
 
 def looks_like_hf(data: Any) -> bool:
@@ -34,17 +40,21 @@ def from_hf_config(config: dict, name: str, label: str) -> dict[str, Any]:
         raise InputError(f"model_type {kind!r} is not supported; supported: {', '.join(SUPPORTED)}", label)
     heads = _require(config, "num_attention_heads", label)
     hidden = _require(config, "hidden_size", label)
-    act = config.get("hidden_act", "silu")
+    act = config.get("hidden_act", DEFAULT_ACTIVATION.get(kind, "silu"))
+    if act not in FFN_TYPES:
+        raise InputError(f"{act!r} is not a known FFN activation; known: {', '.join(FFN_TYPES)}",
+                         label, "hidden_act")
     tree: dict[str, Any] = {
         "name": name,
         "description": f"from a Hugging Face config ({kind})",
         "num_layers": _require(config, "num_hidden_layers", label),
         "hidden_size": hidden,
         "ffn_hidden_size": _require(config, "intermediate_size", label),
-        "ffn_type": "swiglu" if act in GATED_ACTIVATIONS else "gelu",
+        "ffn_type": FFN_TYPES[act],
         "num_attention_heads": heads,
         "vocab_size": _require(config, "vocab_size", label),
         "seq_length": _require(config, "max_position_embeddings", label),
+        # Nemotron names its epsilon norm_eps: LayerNorm ("layernorm1p"), not RMSNorm
         "norm": "rmsnorm" if "rms_norm_eps" in config else "layernorm",
         "position_embedding": "rope",
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),

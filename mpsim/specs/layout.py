@@ -52,6 +52,21 @@ class Layout:
     sequence_parallel: bool
     layer_split: str = "even"  # how layers_per_chunk was chosen: even, given or auto
     chains: tuple[int, ...] = ()  # stage chains of the schedule (mpsim/schedules/chains.py); (): one
+    reshard_after_forward: bool = True  # ZeRO-3 / FSDP: gather the parameters again for the backward
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks one ZeRO shard of the dense parameters spans: ``zero_shard_size`` DP ranks x CP.
+
+        Dense parameters are replicated over data and context parallelism, and Megatron-Core's
+        distributed optimizer shards each gradient bucket over that whole group
+        (``intra_dp_cp_group``, ``get_data_parallel_group(with_context_parallel=True)``:
+        megatron/core/distributed/distributed_data_parallel.py and
+        megatron/core/optimizer/distrib_optimizer.py); torchtitan's FSDP shards over its
+        ``dp_shard_cp`` mesh the same way. The optimizer state, its step and the
+        reduce-scatter / all-gather all use this one shard.
+        """
+        return self.zero_shard_size * self.cp
 
     @property
     def expert_dp(self) -> int:
@@ -117,6 +132,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
         sequence_parallel=plan.sequence_parallel and plan.tp > 1,
         layer_split=split,
         chains=chains,
+        reshard_after_forward=plan.reshard_after_forward,
     )
 
 
@@ -233,6 +249,7 @@ def _layers_per_chunk(scenario: Scenario, chains: tuple[int, ...]) -> tuple[tupl
     split = "even" if plan.layers_per_stage is None else "auto" if plan.layers_per_stage == "auto" else "given"
     stack = isinstance(model, LayerStackSpec)
     what = "pipeline units (top-level layers, block repetitions)" if stack else "layers"
+    ends = _embedding_and_loss_as_layers(scenario, split, stack)
     if split == "auto" and chains:
         raise _fail("parallel.layers_per_stage", f"auto balancing splits one pipeline; {plan.schedule} runs "
                                                  f"{len(chains)}, so give {num_chunks} block sizes or omit it")
@@ -243,6 +260,8 @@ def _layers_per_chunk(scenario: Scenario, chains: tuple[int, ...]) -> tuple[tupl
         # a provisional even split; mpsim/resolve.py replaces it once the layout can be priced
         base, extra = divmod(model.num_layers, num_chunks)
         layers = tuple(base + (1 if k < extra else 0) for k in range(num_chunks))
+    elif split == "even" and ends != (0, 0):
+        layers = _split_with_ends(model.num_layers, num_chunks, ends, plan.vpp if not chains else 1)
     elif split == "even":
         if model.num_layers % num_chunks:
             raise _fail("parallel.pp", f"{model.num_layers} {what} do not split evenly over "
@@ -264,6 +283,51 @@ def _layers_per_chunk(scenario: Scenario, chains: tuple[int, ...]) -> tuple[tupl
     if chains:
         layers = tuple(layers[k] for length in chains for k in range(length))  # every chain holds every block
     return layers, split
+
+
+EMBEDDING_FIELD = "parallel.account_for_embedding_in_pipeline_split"
+LOSS_FIELD = "parallel.account_for_loss_in_pipeline_split"
+
+
+def _embedding_and_loss_as_layers(scenario: Scenario, split: str, stack: bool) -> tuple[int, int]:
+    """(1 if the embedding counts as a layer, 1 if the loss does) for the even split; checks the combinations."""
+    plan = scenario.parallel
+    ends = (int(plan.account_for_embedding_in_pipeline_split), int(plan.account_for_loss_in_pipeline_split))
+    if ends == (0, 0):
+        return ends
+    field = EMBEDDING_FIELD if ends[0] else LOSS_FIELD
+    if stack:
+        raise _fail(field, "a layer stack's embedding and loss are pipeline units of their own already; "
+                           "set it to false")
+    if split != "even":
+        # Megatron-Core refuses it with an explicit layout too (TransformerConfig.__post_init__)
+        raise _fail(field, f"applies to the even split only; parallel.layers_per_stage is {split} here, so "
+                           f"put the lighter first/last chunks into that list or omit it")
+    return ends
+
+
+def _split_with_ends(num_layers: int, num_chunks: int, ends: tuple[int, int], vpp: int) -> tuple[int, ...]:
+    """Megatron-Core's even split with the embedding and/or loss counted as layers.
+
+    As ``get_num_layers_to_build`` (megatron/core/transformer/transformer_block.py): the
+    layers plus one per counted end divide evenly over the pipeline ranks and then over
+    each rank's ``vpp`` chunks; the first chunk builds one layer less for the embedding,
+    the last one less for the loss.
+    """
+    total = num_layers + sum(ends)
+    field = EMBEDDING_FIELD if ends[0] else LOSS_FIELD
+    counted = " + ".join(["the embedding"] * ends[0] + ["the loss"] * ends[1])
+    ranks = num_chunks // vpp
+    if total % ranks or (total // ranks) % vpp:
+        raise _fail(field, f"{num_layers} layers + {counted} = {total} do not split evenly over {num_chunks} model "
+                           f"chunks ({ranks} pipeline ranks x {vpp}); change pp/vpp or set it to false")
+    per_chunk = total // num_chunks
+    layers = [per_chunk] * num_chunks
+    layers[0] -= ends[0]
+    layers[-1] -= ends[1]
+    if min(layers) < 0:
+        raise _fail(field, f"a model chunk of {per_chunk} layers cannot give one up for {counted}")
+    return tuple(layers)
 
 
 def _rank_order(scenario: Scenario) -> tuple[str, ...]:

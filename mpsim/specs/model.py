@@ -64,7 +64,9 @@ class TransformerSpec(Spec):
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     ffn_hidden_size: int = Field(gt=0)
-    ffn_type: Literal["gelu", "swiglu"] = "gelu"
+    ffn_type: Literal["gelu", "swiglu", "squared_relu", "relu"] = Field(
+        "gelu", description="the FFN's activation: gelu (GPT), swiglu (gated: Llama, Mixtral), squared_relu "
+                            "(Nemotron-4, Hugging Face's relu2), relu (OPT); only swiglu has a gated, two-part FC1")
     num_attention_heads: int = Field(gt=0)
     num_query_groups: int | None = Field(None, gt=0, description="KV heads (GQA); default: one per head")
     head_dim: int | None = Field(None, gt=0, description="default: hidden_size / num_attention_heads")
@@ -108,6 +110,11 @@ class TransformerSpec(Spec):
     def gated_ffn(self) -> bool:
         """True when the MLP's first projection produces a gate and a value (SwiGLU)."""
         return self.ffn_type == "swiglu"
+
+    @property
+    def ffn_activation(self) -> str:
+        """The FFN's activation (``ffn_type``): gelu, swiglu, squared_relu or relu."""
+        return self.ffn_type
 
 
 ModelSpec = Union[TransformerSpec, LayerStackSpec]

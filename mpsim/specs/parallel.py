@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from mpsim.specs.accelerator import DType
 from mpsim.specs.base import Spec
-from mpsim.units import Bytes
+from mpsim.units import Bytes, parse_quantity
 
 
 class ParallelPlan(Spec):
@@ -33,6 +33,12 @@ class ParallelPlan(Spec):
         0, description="shard optimizer state (1), + gradients (2), + parameters (3, FSDP full shard) over DP")
     zero_shard_size: int | None = Field(
         None, gt=0, description="shard within groups of this many DP ranks and replicate across them (hybrid shard)")
+    # FSDP2's fully_shard(reshard_after_forward=True) is PyTorch's default
+    # (torch/distributed/fsdp/_fully_shard/_fully_shard.py); Llama 3 ran with False (Llama 3
+    # report, Sec. 3.3.2: parameters not resharded after the forward, saving the backward's gather)
+    reshard_after_forward: bool = Field(
+        True, description="ZeRO-3 / FSDP: free the gathered parameters after the forward and gather them again "
+                          "for the backward (FSDP2 default); false keeps them from forward to backward")
     vpp: int = Field(1, gt=0, description="virtual pipeline stages (model chunks) per pipeline rank")
     microbatch_size: int = Field(1, gt=0)
     global_batch_size: int = Field(gt=0, description="sequences per optimizer step, over all replicas")
@@ -44,6 +50,15 @@ class ParallelPlan(Spec):
                           "stage order; 'auto' balances the slowest stage within the memory limit; even by default"
     )
     order: str = Field("tp-cp-dp-pp", description="rank order, innermost first (Megatron's default is tp-cp-dp-pp)")
+    # Megatron-Core's options of the same names (TransformerConfig; applied in get_num_layers_to_build,
+    # megatron/core/transformer/transformer_block.py): the embedding (the loss) counts as one more
+    # layer when the layers are split evenly, and the first (last) model chunk builds one layer less
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="count the embedding as one layer when splitting layers evenly over the model chunks: "
+                           "the first chunk gets one transformer layer less (Megatron-Core)")
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="count the LM head and loss as one layer when splitting layers evenly over the model "
+                           "chunks: the last chunk gets one transformer layer less (Megatron-Core)")
     allow_tp_across_nodes: bool = False
 
     @field_validator("layers_per_stage", mode="before")
@@ -57,17 +72,46 @@ class ParallelPlan(Spec):
 class TrainingOptions(Spec):
     """Framework behaviours; the defaults are Megatron-LM's."""
 
-    dtype: DType = Field("bf16", description="compute dtype of GEMMs and activations")
+    dtype: DType = Field("bf16", description="compute dtype of GEMMs and activations; fp8 runs the layers' "
+                                               "linear GEMMs in fp8 as Transformer Engine does, the rest in bf16")
+    # Transformer Engine keeps dot-product attention in bf16 unless fp8_dpa is set (its
+    # DelayedScaling recipe; NeMo's fp8 recipes leave it off)
+    fp8_attention: bool = Field(False, description="with dtype fp8, run the attention core in fp8 too "
+                                                   "(Transformer Engine's fp8_dpa)")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="fused FlashAttention-style kernel, or Megatron's unfused QK^T/softmax/dropout/AV path"
     )
     tp_comm_overlap_backward: bool = Field(
         True, description="overlap the input-gradient TP collective with the weight-gradient GEMM (Megatron default)"
     )
-    overlap_grad_reduce: bool = Field(True, description="reduce DP gradients in buckets during the last backward pass")
-    grad_reduce_bucket_bytes: Bytes = Field(
-        "160 MB", gt=0, description="DP gradient bucket (Megatron: 40M fp32 gradients)"
-    )
+    # Megatron-LM's --overlap-grad-reduce is off unless given (megatron/training/arguments.py), but
+    # its example launch scripts (e.g. examples/llama/train_llama3_8b_h100_fp8.sh) and the runs
+    # the shipped scenarios model pass it: on here
+    overlap_grad_reduce: bool = Field(
+        True, description="reduce DP gradients in buckets during the last backward pass (Megatron's "
+                          "--overlap-grad-reduce, which its example launch scripts set)")
+    # Megatron-Core: a bucket holds max(40M, 1M x DP x CP) parameters (resolve_ddp_bucket_size in
+    # megatron/training/training.py; DistributedDataParallelConfig.bucket_size), in the gradient
+    # buffer's dtype; only pipeline rank 0's first model chunk is bucketed, the others reduce as one
+    # bucket (megatron/training/training.py, per_chunk_disable_bucketing)
+    grad_reduce_bucket_bytes: Bytes | None = Field(
+        None, gt=0, description="DP gradient bucket; default: Megatron-Core's max(40M, 1M x dp x cp) gradients "
+                                "(160 MB of fp32 gradients up to 40 data-parallel ranks)")
+    # Megatron's --overlap-param-gather (off unless given; megatron/training/arguments.py): the
+    # distributed optimizer's parameter all-gather runs bucket by bucket in the next step's forward,
+    # each bucket waited for in the forward pre-hook of its first module, which starts the next
+    # one (megatron/core/distributed/distributed_data_parallel.py, param_and_grad_buffer.py)
+    overlap_param_gather: bool = Field(
+        False, description="ZeRO-1/2 (distributed optimizer): all-gather the updated parameters bucket by bucket "
+                           "during the next forward instead of after the optimizer step (Megatron's "
+                           "--overlap-param-gather)")
+    # DeepSeek-V3 (technical report, Sec. 3.2.1) overlaps a forward chunk's and a backward chunk's
+    # compute with each other's all-to-all and pipeline communication; PyTorch's ScheduleDualPipeV
+    # runs the two halves of an OVERLAP_F_B action one after the other unless a custom function is
+    # registered for it (torch/distributed/pipelining/schedules.py, _PipelineScheduleRuntime)
+    overlap_paired_passes: bool = Field(
+        False, description="DualPipe/DualPipeV: the paired forward and backward hide each other's exposed "
+                           "communication (DeepSeek's implementation); false runs them back to back (PyTorch)")
     pp_scatter_gather: bool = Field(
         True, description="each TP rank sends 1/tp of the activation between stages (Megatron default)"
     )
@@ -81,7 +125,24 @@ class TrainingOptions(Spec):
     fp32_grad_accumulation: bool = Field(True, description="gradients accumulated in fp32 (Megatron main_grad)")
     optimizer: Literal["adam", "adam-bf16"] = Field(
         "adam", description="adam: fp32 master weights, m and v (12 B/param); adam-bf16: bf16 m and v, no master (4 B)")
-    memory_reserved: Bytes = Field(
-        "0 B", ge=0, description="memory the framework holds outside tensors (CUDA context, NCCL, workspaces)")
+    memory_reserved: Literal["auto"] | float = Field(
+        "auto", description="memory the process holds outside the model's tensors; auto: CUDA context, cuBLAS "
+                            "workspace and NCCL buffers estimated from the system and layout (docs/parallelism.md)")
     memory_fragmentation: float = Field(
         0.0, ge=0, lt=1, description="fraction of the allocator's peak lost to fragmentation")
+
+    @field_validator("memory_reserved", mode="before")
+    @classmethod
+    def _reserved(cls, value: object) -> object:
+        """``auto``, or a size with its unit (``2 GiB``) that is not negative."""
+        if value == "auto":
+            return value
+        try:
+            size = parse_quantity(value, "bytes")
+        except ValueError as exc:
+            message = str(exc.args[0])
+            raise ValueError(f"expected auto or {message[len('expected '):]}" if message.startswith("expected ")
+                             else f"{message} (or auto)") from None
+        if size < 0:
+            raise ValueError(f"must be auto or a size of at least 0 B, got {value!r}")
+        return size

@@ -56,26 +56,26 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
         out_bytes = queries * heads * d_v * e
         lse_bytes = b * heads * (queries // b) * 4
         fwd = Op("attn.flash", "attention", flops=fwd_flops, bytes=qkv_bytes + out_bytes + lse_bytes,
-                 direction="forward")
+                 direction="forward", dtype=ctx.attention_dtype)
         bwd = Op("attn.flash.grad", "attention", flops=fwd_flops * FLASH_BACKWARD_FLOPS_RATIO,
-                 bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward")
+                 bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward", dtype=ctx.attention_dtype)
         return [fwd], [bwd], float(lse_bytes)
     # Megatron's unfused path: the full s x s scores are computed, written, then masked
     batch = b * heads
     scores = batch * s * s
     mask = 1 if ctx.dropout else 0
-    fwd: list[Item] = [gemm("attn.scores", s, s, d_qk, batch=batch, in_bytes=e, out_bytes=e),
+    fwd: list[Item] = [gemm("attn.scores", s, s, d_qk, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype),
                        memory_op("attn.softmax", scores * 2 * e)]
     if ctx.dropout:
         fwd.append(memory_op("attn.dropout", scores * (2 * e + mask)))
-    fwd.append(gemm("attn.context", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e))
-    bwd: list[Item] = [gemm("attn.context.grad_probs", s, s, d_v, batch=batch, in_bytes=e, out_bytes=e),
-                       gemm("attn.context.grad_v", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e)]
+    fwd.append(gemm("attn.context", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype))
+    bwd: list[Item] = [gemm("attn.context.grad_probs", s, s, d_v, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype),
+                       gemm("attn.context.grad_v", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype)]
     if ctx.dropout:
         bwd.append(memory_op("attn.dropout.grad", scores * (2 * e + mask)))
     bwd += [memory_op("attn.softmax.grad", scores * 3 * e),
-            gemm("attn.scores.grad_q", s, d_qk, s, batch=batch, in_bytes=e, out_bytes=e),
-            gemm("attn.scores.grad_k", s, d_qk, s, batch=batch, in_bytes=e, out_bytes=e)]
+            gemm("attn.scores.grad_q", s, d_qk, s, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype),
+            gemm("attn.scores.grad_k", s, d_qk, s, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype)]
     saved = scores * (e + (mask + e if ctx.dropout else 0))  # probs (+ dropout mask and output)
     return fwd, bwd, float(saved)
 

@@ -42,6 +42,18 @@ class LayerContext:
     ep: int = 1
     etp: int = 1
     causal: bool = True  # decoder self-attention masks future keys; encoders (ViT, wav2vec) attend to all
+    fp8_attention: bool = False  # an fp8 run's attention core in fp8 too (Transformer Engine's fp8_dpa)
+    ffn_activation: str = ""  # gelu, swiglu, squared_relu or relu ("": swiglu when gated, else gelu)
+
+    @property
+    def fp8(self) -> bool:
+        """An fp8 run: the layers' linear GEMMs take fp8 operands."""
+        return self.gemm_in_bytes == 1
+
+    @property
+    def attention_dtype(self) -> str:
+        """The attention core's precision: bf16 in an fp8 run unless fp8 attention is asked for."""
+        return "bf16" if self.fp8 and not self.fp8_attention else ""
 
     @property
     def tokens(self) -> int:
@@ -123,13 +135,30 @@ def bias_dropout_add(ctx: LayerContext, name: str, backward: bool = False) -> Op
     return memory_op(f"{name}{'.grad' if backward else ''}", elems * (3 * ctx.act_bytes + mask))
 
 
-def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1) -> tuple[Op, Op, Op]:
-    """(forward, input-gradient, weight-gradient) GEMMs of Y[m,n] = X[m,k] W[k,n]."""
-    e = ctx.gemm_in_bytes
-    fwd = gemm(name, m, n, k, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes)
-    dgrad = gemm(f"{name}.dgrad", m, k, n, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes)
+def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
+           fp8: bool = True) -> tuple[Op, Op, Op]:
+    """(forward, input-gradient, weight-gradient) GEMMs of Y[m,n] = X[m,k] W[k,n].
+
+    In an fp8 run a layer's linear GEMMs run in fp8 as Transformer Engine runs them. The
+    forward's input arrives in fp8 from the kernel before it (Transformer Engine fuses the
+    cast into the norm or activation that produces it); the input gradient first casts the
+    bf16 output gradient to fp8 with a transposed copy for the weight gradient, a kernel of
+    its own (``cast_transpose``: read 2 bytes, write 1 + 1 per element); the weight gradient
+    reuses the copies. The weights' cast happens once per step and is left out.
+    ``fp8=False`` keeps a GEMM in bf16 (the LM head and the router, which Megatron does
+    not run through Transformer Engine).
+    """
+    if ctx.fp8 and fp8:
+        e, dtype = 1, ""
+        x_cast, dy_cast = 0.0, 4.0 * batch * m * n
+    else:
+        e, dtype = (ctx.act_bytes, "bf16") if ctx.fp8 else (ctx.gemm_in_bytes, "")
+        x_cast = dy_cast = 0.0
+    fwd = gemm(name, m, n, k, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes, dtype=dtype, cast_bytes=x_cast)
+    dgrad = gemm(f"{name}.dgrad", m, k, n, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes, dtype=dtype,
+                 cast_bytes=dy_cast)
     wgrad = gemm(f"{name}.wgrad", k, n, m, batch=batch, in_bytes=e, out_bytes=0,
-                 accumulate_bytes=ctx.wgrad_accumulate_bytes)
+                 accumulate_bytes=ctx.wgrad_accumulate_bytes, dtype=dtype)
     return fwd, dgrad, wgrad
 
 

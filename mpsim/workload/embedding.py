@@ -59,7 +59,7 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
     ``with_weights`` is False when the LM head shares the embedding's table on this rank.
     """
     tokens, e = ctx.tokens, ctx.act_bytes
-    logits, dgrad, wgrad = linear(ctx, "head.logits", tokens, vocab_local, ctx.hidden)
+    logits, dgrad, wgrad = linear(ctx, "head.logits", tokens, vocab_local, ctx.hidden, fp8=False)
     gather = None
     forward: list[Item] = [norm(ctx, "head.norm")]
     if ctx.tp > 1 and ctx.sequence_parallel:

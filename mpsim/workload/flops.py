@@ -5,13 +5,16 @@ unmasked attention score matrix and no recompute (Korthikanti et al. 2022, eq. 7
 NVIDIA NeMo's formula for GQA/SwiGLU models). For a GPT model with a 4h GeLU FFN this is
 ``72*B*L*s*h^2*(1 + s/(6h) + V/(12*h*L))``. Mixture-of-experts layers count the router,
 the top-k routed experts and the shared experts a token goes through (active
-parameters). Hardware FLOPs (for HFU) are what the simulated ranks actually executed,
+parameters). A dense FFN is its GEMMs: three of ``h x ffn`` when gated (SwiGLU), two
+otherwise (GeLU, squared ReLU, ReLU); the activation between them is not counted, as
+PyTorch's FLOP counter does not count it. Hardware FLOPs (for HFU) are what the simulated ranks actually executed,
 recompute included, summed from the ops.
 """
 
 from __future__ import annotations
 
 from mpsim.specs.model import TransformerSpec
+from mpsim.workload.mlp import FFN_ACTIVATIONS
 
 
 def _attention_flops_per_token(model: TransformerSpec) -> float:
@@ -33,7 +36,8 @@ def _attention_flops_per_token(model: TransformerSpec) -> float:
 
 def _ffn_flops_per_token(model: TransformerSpec, dense: bool) -> float:
     """Forward FLOPs per token of one layer's dense MLP or MoE block."""
-    h, mult = model.hidden_size, 3 if model.gated_ffn else 2
+    # FC1's up projections (two when gated) and FC2
+    h, mult = model.hidden_size, FFN_ACTIVATIONS[model.ffn_activation].up_projections + 1
     if dense or model.moe is None:
         return 2 * h * model.ffn_hidden_size * mult
     moe = model.moe

@@ -121,7 +121,8 @@ def stack_options(scenario: Scenario, layout: Layout) -> StageOptions:
     """The stage options a stack uses (recompute and ZeRO); the transformer-only ones stay empty."""
     return StageOptions(recompute=scenario.parallel.recompute, vocab_local=0, learned_positions=False, norm_params=0,
                         bias=False, tied_embeddings=False, mla=None, moe=None, zero_stage=layout.zero_stage,
-                        grad_bytes=4 if scenario.training.fp32_grad_accumulation else 2)
+                        grad_bytes=4 if scenario.training.fp32_grad_accumulation else 2,
+                        reshard_after_forward=layout.reshard_after_forward)
 
 
 def _widest_context(stack: LayerStackSpec, env: StackEnv) -> LayerContext:

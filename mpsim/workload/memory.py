@@ -9,12 +9,18 @@ selective recompute, ``2*s*b*h`` (``/t`` with SP) with full recompute.
 Model state under ZeRO (Rajbhandari et al. 2020) shards over the ``shard`` data-parallel
 ranks: stage 1 the optimizer state, stage 2 also the gradients, stage 3 (FSDP full
 shard) also the weights.
+
+Memory a training process holds besides its tensors (``reserved_parts``): the CUDA
+context, cuBLAS's workspace and NCCL's communication buffers, each a named part with its
+source, summed into ``training.memory_reserved: auto``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpsim.specs.layout import Layout
+from mpsim.specs.scenario import Scenario
 from mpsim.workload.transformer import LayerContext, layer_work
 
 # optimizer state per parameter: fp32 master weight + Adam m and v, or bf16 m and v only
@@ -47,3 +53,67 @@ def model_state_bytes(params: float, *, weight_bytes: int = 2, grad_bytes: int =
     grads = params * grad_bytes / (shard if zero_stage >= 2 else 1)
     weights = params * weight_bytes / (shard if zero_stage >= 3 else 1)
     return ModelStateBytes(params, weights, grads, optimizer_bytes)
+
+
+MiB = 2**20
+
+# CUDA context of a PyTorch process with CUDA's lazy module loading (PyTorch's default since
+# 1.13, pytorch/pytorch#86509): 287,047,680 bytes measured in that change (666,632,192 loading
+# every kernel eagerly); ~300 MB confirmed by a PyTorch maintainer in pytorch/pytorch#107667
+CUDA_CONTEXT_BYTES = 287_047_680
+# cuBLAS workspace PyTorch allocates per handle and stream: 4096 KiB x 8 = 32 MiB on Hopper and
+# newer, 8.125 MiB before (parseChosenWorkspaceSize, aten/src/ATen/cuda/CublasHandlePool.cpp);
+# the larger one, for the compute stream
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
+# NCCL's buffers per connection, one set per protocol (src/init.cc, DEFAULT_*_BUFFSIZE, with
+# the constants of src/include/device.h): LL 8 lines x 512 threads x 8 steps x 16 B = 512 KiB,
+# LL128 120 elements x 640 threads x 8 steps x 8 B = 4,915,200 B, Simple NCCL_BUFFSIZE = 4 MiB
+# (its documented default, NCCL's environment-variable reference)
+NCCL_LL_BUFFER_BYTES = 8 * 512 * 8 * 16
+NCCL_LL128_BUFFER_BYTES = 120 * 640 * 8 * 8
+NCCL_SIMPLE_BUFFER_BYTES = 4 * MiB
+NCCL_CONNECTION_BYTES = NCCL_LL_BUFFER_BYTES + NCCL_LL128_BUFFER_BYTES + NCCL_SIMPLE_BUFFER_BYTES
+
+
+def communicators(layout: Layout, moe: bool) -> tuple[tuple[str, int], ...]:
+    """(name, size) of every process group a rank runs collectives or sends in, size > 1."""
+    groups = [("tensor parallel", layout.tp), ("context parallel", layout.cp),
+              ("data parallel", layout.dp * layout.cp), ("pipeline", layout.pp)]
+    if layout.zero_stage >= 1 and layout.zero_shard_size < layout.dp:
+        groups.append(("ZeRO replicas", layout.dp // layout.zero_shard_size))
+    if moe:
+        groups += [("expert parallel", layout.ep), ("expert data parallel", layout.expert_dp)]
+        if layout.etp != layout.tp:
+            groups.append(("expert tensor parallel", layout.etp))
+    return tuple((name, size) for name, size in groups if size > 1)
+
+
+def reserved_parts(scenario: Scenario, layout: Layout) -> tuple[tuple[str, float], ...]:
+    """The memory a training process holds outside its tensors, part by part (name, bytes).
+
+    ``training.memory_reserved`` set to a size is one part of that size. ``auto``: on
+    NVIDIA devices the CUDA context and cuBLAS's workspace; on any system whose collectives
+    run NCCL-style channels (``collective_channels`` > 0, NCCL or RCCL), one receive
+    connection of LL, LL128 and Simple buffers per channel for each communicator the layout
+    uses (a ring: each rank receives from one peer per channel). All-to-all groups connect
+    to more peers and NVLink SHARP adds buffers of its own, so this is a floor for them.
+    TPUs and other devices without such measurements get 0.
+    """
+    training, system = scenario.training, scenario.cluster.system
+    if training.memory_reserved != "auto":
+        return (("memory_reserved", float(training.memory_reserved)),)
+    parts: list[tuple[str, float]] = []
+    if system.accelerator.vendor.lower() == "nvidia":
+        parts += [("CUDA context", float(CUDA_CONTEXT_BYTES)), ("cuBLAS workspace", float(CUBLAS_WORKSPACE_BYTES))]
+    channels = system.collective_channels
+    groups = communicators(layout, scenario.model.moe is not None)
+    if channels and groups:
+        names = ", ".join(name for name, _ in groups)
+        parts.append((f"NCCL buffers ({len(groups)} communicators: {names}; {channels} channels each)",
+                      float(len(groups) * channels * NCCL_CONNECTION_BYTES)))
+    return tuple(parts)
+
+
+def reserved_bytes(scenario: Scenario, layout: Layout) -> float:
+    """The sum of ``reserved_parts``."""
+    return sum(size for _, size in reserved_parts(scenario, layout))

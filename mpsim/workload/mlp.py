@@ -3,13 +3,56 @@
 FC1 is column-parallel and FC2 row-parallel, so the block needs one collective before
 (an all-gather under sequence parallelism) and one after (all-reduce, or reduce-scatter
 with sequence parallelism). SwiGLU's FC1 produces a gate and a value, twice the width.
+
+The activation between them is one memory-bound kernel (fused, as Megatron-LM's
+``bias_gelu`` / ``bias_swiglu`` and Transformer Engine's ``gelu`` / ``srelu`` / ``swiglu``
+kernels are): what it reads and writes, and what it keeps for the backward pass, is in
+:data:`FFN_ACTIVATIONS`. Its arithmetic is a few operations per element and is not
+counted, as PyTorch's FLOP counter and the papers' model FLOPs do not count it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, grad_gather, linear,
                                    norm, present, tp_collectives)
 from mpsim.workload.ops import Item, memory_op
+
+
+@dataclass(frozen=True)
+class FfnActivation:
+    """An FFN activation per element of the FFN width on one rank, in activation-sized elements."""
+
+    up_projections: int  # FC1 outputs per FFN column: 2 when gated (a gate and a value), else 1
+    forward_traffic: int  # elements the fused forward kernel reads and writes
+    backward_traffic: int  # elements its backward reads and writes
+    saved: int  # elements kept for the backward pass, FC2's input (the activation's output) included
+
+
+FFN_ACTIVATIONS = {
+    # y = gelu(x): read x, write y; backward reads x and dy, writes dx; keeps x (for gelu'(x)) and y
+    "gelu": FfnActivation(1, 2, 3, 2),
+    # y = relu(x)^2 (So et al. 2021, Primer; Nemotron-4): dy/dx = 2 relu(x) needs the input, so the same
+    # traffic and tensors as GeLU (Megatron-LM's squared_relu, Transformer Engine's srelu / dsrelu)
+    "squared_relu": FfnActivation(1, 2, 3, 2),
+    # y = relu(x): PyTorch's backward reads only the output (threshold_backward on the result), which
+    # FC2 keeps as its input anyway, so one tensor is kept
+    "relu": FfnActivation(1, 2, 3, 1),
+    # y = silu(gate) * value: read both halves, write y; backward reads both and dy, writes both
+    # gradients; keeps both halves and y
+    "swiglu": FfnActivation(2, 3, 5, 3),
+}
+
+
+def ffn_activation(ctx: LayerContext) -> FfnActivation:
+    """The activation of a layer's dense FFN.
+
+    A context that names its activation (``ffn_activation``) gets that one; otherwise the
+    gated flag decides between SwiGLU and GeLU, whose costs squared ReLU shares.
+    """
+    name = ctx.ffn_activation or ("swiglu" if ctx.gated_ffn else "gelu")
+    return FFN_ACTIVATIONS[name]
 
 
 def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None = None
@@ -20,12 +63,13 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     saved bytes, weight-gradient buffer bytes), without the norm and residual around it.
     """
     t, h, e = tokens or ctx.tokens, ctx.hidden, ctx.act_bytes
-    fc1_width = ffn_local * (2 if ctx.gated_ffn else 1)
+    activation = ffn_activation(ctx)
+    fc1_width = ffn_local * activation.up_projections
     gather, reduce = tp_collectives(ctx, name)
     fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, fc1_width, h)
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local)
-    act = memory_op(f"{name}.act", t * ffn_local * e * (3 if ctx.gated_ffn else 2))
-    act_grad = memory_op(f"{name}.act.grad", t * ffn_local * e * (5 if ctx.gated_ffn else 3))
+    act = memory_op(f"{name}.act", t * ffn_local * e * activation.forward_traffic)
+    act_grad = memory_op(f"{name}.act.grad", t * ffn_local * e * activation.backward_traffic)
     fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
     head = [*grad_gather(ctx, f"{name}.fc2"), fc2_dgrad]
     forward = [*present(gather), fc1, act, fc2, *present(reduce)]
@@ -33,7 +77,7 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     backward_input = [*head, act_grad, *fc1_i]
     backward_weight = [fc2_wgrad, *fc1_w]
     params = h * fc1_width + ffn_local * h
-    saved = t * fc1_width * e + t * ffn_local * e  # activation input, FC2 input
+    saved = t * ffn_local * e * activation.saved  # what the activation keeps, FC2's input
     wbuf = t * (h + ffn_local) * e + t * (fc1_width + h) * e  # GEMM inputs, output gradients
     return forward, backward, backward_input, backward_weight, float(params), float(saved), float(wbuf)
 
@@ -43,7 +87,7 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     forward, backward, backward_input, backward_weight, params, saved, wbuf = mlp_items(ctx, "mlp", ctx.ffn_local)
     h, local, e = ctx.hidden, ctx.norm_tokens, ctx.act_bytes
     mask = 1 if ctx.dropout else 0
-    fc1_width = ctx.ffn_local * (2 if ctx.gated_ffn else 1)
+    fc1_width = ctx.ffn_local * ffn_activation(ctx).up_projections
     params += (fc1_width + h if bias else 0) + norm_params * h
     saved += 2 * local * h * e + local * h * mask  # norm input, FC1 input, dropout mask
     return BlockWork(

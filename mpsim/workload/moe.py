@@ -51,7 +51,7 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     fc1_width = moe.expert_ffn * (2 if ctx.gated_ffn else 1) // ctx.etp
     ffn_local = moe.expert_ffn // ctx.etp
 
-    router, router_dgrad, router_wgrad = linear(ctx, "moe.router", tokens, moe.num_experts, h)
+    router, router_dgrad, router_wgrad = linear(ctx, "moe.router", tokens, moe.num_experts, h, fp8=False)
     routing = memory_op("moe.topk", tokens * moe.num_experts * 4 * 3)
     routing_grad = memory_op("moe.topk.grad", tokens * moe.num_experts * 4 * 3)
     permute = memory_op("moe.permute", routed * h * e * 2)

@@ -27,6 +27,16 @@ class Op:
     bytes: float = 0.0  # HBM traffic: bytes read + written
     # GEMMs: (batch, m, n, k) of C[m, n] = A[m, k] @ B[k, n]
     shape: tuple[int, int, int, int] | None = None
+    # the precision it runs in when that is not the run's compute dtype: an fp8 run keeps
+    # attention and the LM head in bf16, as Transformer Engine does ("" = the run's dtype)
+    dtype: str = ""
+    # fp8 GEMMs: bytes the kernel before it moves to cast its bf16 operand to fp8 (and keep
+    # a transposed copy for the weight gradient), priced as a memory-bound kernel of its own
+    cast_bytes: float = 0.0
+    # GEMMs: bytes per element of C the kernel's epilogue moves: written, plus read back when it
+    # accumulates into an existing buffer (a weight gradient into fp32 main_grad); 0: one element
+    # of the compute dtype
+    epilogue_bytes: int = 0
     # attention kernels: "forward" or "backward"
     direction: str = ""
     # collectives: what, over which group, payload as nccl-tests counts it
@@ -67,11 +77,12 @@ Pass = tuple[Block, ...]
 
 
 def gemm(name: str, m: int, n: int, k: int, *, batch: int = 1, in_bytes: int = 2, out_bytes: int = 2,
-         accumulate_bytes: int = 0) -> Op:
+         accumulate_bytes: int = 0, dtype: str = "", cast_bytes: float = 0.0) -> Op:
     """A (batched) GEMM C[m,n] = A[m,k] B[k,n]; ``accumulate_bytes`` adds a read-modify-write of C."""
     flops = 2.0 * batch * m * n * k
     traffic = batch * (in_bytes * (m * k + k * n) + out_bytes * m * n + 2 * accumulate_bytes * m * n)
-    return Op(name, "gemm", flops=flops, bytes=float(traffic), shape=(batch, m, n, k))
+    return Op(name, "gemm", flops=flops, bytes=float(traffic), shape=(batch, m, n, k), dtype=dtype,
+              cast_bytes=float(cast_bytes), epilogue_bytes=out_bytes + 2 * accumulate_bytes)
 
 
 def memory_op(name: str, bytes_moved: float, flops: float = 0.0) -> Op:

@@ -30,6 +30,7 @@ class StageOptions:
     moe: MoEShape | None
     zero_stage: int
     grad_bytes: int  # bytes per gradient element when reduced
+    reshard_after_forward: bool = True  # ZeRO-3: gather the parameters again before the backward
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,16 +88,19 @@ def unit_blocks(label: str, params: float, forward, backward, backward_input, ba
 
     Recompute re-runs the forward (full) or the attention core (selective) just before the
     backward, as Megatron's per-layer checkpointing does. Under ZeRO-3 the parameters are
-    gathered for the forward and again for the backward (FSDP reshards after forward), and
-    the gradients scattered after the backward that completes them.
+    gathered for the forward and, when FSDP reshards after the forward (its default), again
+    for the backward; with ``reshard_after_forward`` off they stay gathered from the forward
+    to the backward, which gathers nothing (the memory report holds them meanwhile). The
+    gradients are scattered after the backward that completes them.
     """
     gather, release = _fsdp(label, params, options)
+    again = gather if options.reshard_after_forward else None
     fwd = Block(label, "forward", forward, gather)
     if redo:
-        first = Block(label, "recompute", redo, gather)
+        first = Block(label, "recompute", redo, again)
         bwd = (first, Block(label, "backward", backward, None, release))
         bwd_in = (first, Block(label, "backward", backward_input))
     else:
-        bwd = (Block(label, "backward", backward, gather, release),)
-        bwd_in = (Block(label, "backward", backward_input, gather),)
-    return fwd, bwd, bwd_in, Block(label, "weight-grad", backward_weight, gather, release)
+        bwd = (Block(label, "backward", backward, again, release),)
+        bwd_in = (Block(label, "backward", backward_input, again),)
+    return fwd, bwd, bwd_in, Block(label, "weight-grad", backward_weight, again, release)

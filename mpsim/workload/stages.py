@@ -49,6 +49,8 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         gemm_in_bytes=gemm_bytes,
         wgrad_accumulate_bytes=4 if training.fp32_grad_accumulation else 2,
         tp_overlap_backward=training.tp_comm_overlap_backward,
+        fp8_attention=training.fp8_attention,
+        ffn_activation=model.ffn_activation,
         v_head_dim=None if mla is None else mla.v_head_dim,
         cp=layout.cp,
         cp_comm=layout.cp_comm,
@@ -113,7 +115,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         recompute=scenario.parallel.recompute, vocab_local=vocab // layout.tp,
         learned_positions=model.position_embedding == "learned", norm_params=2 if model.norm == "layernorm" else 1,
         bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
-        zero_stage=layout.zero_stage, grad_bytes=4 if training.fp32_grad_accumulation else 2)
+        zero_stage=layout.zero_stage, grad_bytes=4 if training.fp32_grad_accumulation else 2,
+        reshard_after_forward=layout.reshard_after_forward)
 
 
 def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:

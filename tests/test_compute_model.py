@@ -1,0 +1,114 @@
+"""The compute model's GEMM and precision rules, against hand computation and physics' direction.
+
+A GEMM runs at the device's best measured matmul rate, scaled by wave quantization and
+by the share of each output tile's time its main loop runs (the tile's load before the
+first K step and its store after the last are not hidden). An fp8 run prices the
+layers' linear GEMMs in fp8 with Transformer Engine's cast kernels, and attention and
+the LM head in bf16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mpsim.cost.actions import CostModel
+from mpsim.cost.compute import ComputeModel, tile_fill_efficiency
+from mpsim.resolve import resolve
+from mpsim.specs import load_scenario
+from mpsim.specs.catalog import load_accelerator
+from mpsim.workload import build_workload
+from mpsim.workload.ops import compute_ops, gemm
+from tests.conftest import SCENARIOS
+
+A100 = load_accelerator("a100-sxm-80gb")
+
+
+def test_tile_fill_by_hand_on_an_a100_tile():
+    # 128 x 256 tile, 64 deep: one step is 2*128*256*64 FLOP at the SM's share of 0.869 * 312 TFLOP/s;
+    # the load moves (128 + 256) * 64 bf16 elements, the store 128 * 256, at the SM's share of
+    # 0.90 * 2039 GB/s
+    units = 108
+    unit_flops = 0.869 * 312e12 / units
+    unit_bandwidth = 0.90 * 2039e9 / units
+    step_s = 2 * 128 * 256 * 64 / unit_flops
+    load_s = (128 + 256) * 64 * 2 / unit_bandwidth
+    store_s = 128 * 256 * 2 / unit_bandwidth
+    for k in (768, 3072, 6144, 8192):
+        steps = k // 64
+        expected = steps * step_s / (steps * step_s + load_s + store_s)
+        assert tile_fill_efficiency(k, (128, 256), 64, 2, 2, unit_flops, unit_bandwidth) == pytest.approx(expected)
+    # a K that is not a whole number of steps pays for the last step in full
+    padded = tile_fill_efficiency(100, (128, 256), 64, 2, 2, unit_flops, unit_bandwidth)
+    assert padded == pytest.approx((100 / 128) * tile_fill_efficiency(128, (128, 256), 64, 2, 2, unit_flops,
+                                                                      unit_bandwidth))
+
+
+def test_a_longer_k_computes_a_larger_share_of_the_tile():
+    shares = [tile_fill_efficiency(k, (128, 256), 64, 2, 2, 2.5e12, 17e9) for k in (256, 1024, 4096, 16384, 65536)]
+    assert shares == sorted(shares) and shares[-1] > 0.99 and shares[0] < 0.5
+
+
+def test_tensor_parallel_gemms_of_equal_flops_run_slower_with_the_shorter_k():
+    model = ComputeModel(A100, "bf16")
+    long_k = gemm("long", 8192, 768, 6144)  # column-parallel: K is the full hidden size
+    short_k = gemm("short", 8192, 6144, 768)  # row-parallel under TP 8: K is 1/8 of it
+    assert long_k.flops == short_k.flops
+    assert model.time(short_k) > 1.2 * model.time(long_k)
+
+
+def test_more_memory_bandwidth_never_slows_a_gemm_and_speeds_a_short_k_one():
+    faster = A100.model_copy(update={"memory": A100.memory.model_copy(update={"bandwidth": 2 * A100.memory.bandwidth})})
+    for shape in ((8192, 6144, 768), (8192, 3072, 6144), (6144, 3072, 8192)):
+        op = gemm("g", *shape)
+        assert ComputeModel(faster, "bf16").time(op) <= ComputeModel(A100, "bf16").time(op)
+    op = gemm("short", 8192, 6144, 768)
+    assert ComputeModel(faster, "bf16").time(op) < 0.95 * ComputeModel(A100, "bf16").time(op)
+
+
+def test_accumulating_a_weight_gradient_in_fp32_costs_more_than_writing_it_in_bf16():
+    model = ComputeModel(A100, "bf16")
+    plain = gemm("wgrad", 6144, 3072, 8192, out_bytes=2)
+    accumulated = gemm("wgrad", 6144, 3072, 8192, out_bytes=0, accumulate_bytes=4)  # read + write fp32 main_grad
+    assert model.time(accumulated) > model.time(plain)
+
+
+def _ops(overrides: list[str]) -> dict[str, float]:
+    scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml", overrides).scenario
+    layout = resolve(scenario)
+    model = CostModel(scenario, layout)
+    work = build_workload(scenario, layout).stages[-1]
+    seconds = {}
+    for block in work.forward + work.backward:
+        for op in compute_ops(block.items):
+            seconds[op.name] = seconds.get(op.name, 0.0) + model.compute.time(op)
+    return seconds
+
+
+def test_an_fp8_run_keeps_attention_and_the_lm_head_in_bf16():
+    bf16, fp8 = _ops([]), _ops(["training.dtype=fp8"])
+    for name in ("attn.flash", "attn.flash.grad", "head.logits", "head.logits.dgrad", "head.logits.wgrad"):
+        assert fp8[name] == pytest.approx(bf16[name], rel=1e-12), name
+    for name in ("mlp.fc1", "mlp.fc2", "attn.qkv", "attn.proj"):
+        assert fp8[name] < 0.8 * bf16[name], name  # twice the peak at a lower measured fraction
+    for name in ("mlp.fc1.dgrad", "mlp.fc2.dgrad"):  # these also cast the output gradient first
+        assert fp8[name] < bf16[name], name
+
+
+def test_fp8_attention_is_faster_only_when_asked_for():
+    fp8, fp8_attention = _ops(["training.dtype=fp8"]), _ops(["training.dtype=fp8", "training.fp8_attention=true"])
+    assert fp8_attention["attn.flash"] < 0.6 * fp8["attn.flash"]
+    assert fp8_attention["mlp.fc1"] == fp8["mlp.fc1"]
+
+
+def test_an_fp8_gemm_pays_for_its_input_cast():
+    h100 = load_accelerator("h100-sxm-80gb")
+    model = ComputeModel(h100, "fp8")
+    m, n, k = 8192, 14336, 4096
+    plain = gemm("fc1.dgrad", m, k, n, in_bytes=1)
+    cast = gemm("fc1.dgrad", m, k, n, in_bytes=1, cast_bytes=4.0 * m * n)  # read bf16 dY, write fp8 dY and dY^T
+    bandwidth = h100.memory.bandwidth * h100.efficiency.memory
+    extra = model.time(cast) - model.time(plain)
+    assert extra == pytest.approx(4.0 * m * n / bandwidth + h100.efficiency.kernel_overhead, rel=1e-9)
+    assert math.isclose(model._gemm_flops("fp8"), h100.peak("fp8") * h100.efficiency.gemm_fp8)

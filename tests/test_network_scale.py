@@ -1,0 +1,200 @@
+"""The network at scale: oversubscription, where groups and their copies sit, a RoCE cluster, partly filled domains.
+
+``mpsim collective``, the simulator's collectives and pipeline sends reach the network through one
+function (``collectives.network_link``); a group of a layout stands for all its copies and is priced
+as the slowest of them.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mpsim.cost.collectives import collective_time, network_taper_of, p2p_time, priced_copies
+from mpsim.cost.groups import group_placements
+from mpsim.cost.topology import copy_shapes, lattice_dims, pipeline_pair, place_ranks, placement_warnings
+from mpsim.resolve import resolve
+from mpsim.results import summarize
+from mpsim.simulate import simulate
+from mpsim.specs import load_scenario
+from mpsim.specs.catalog import load_system
+from tests.conftest import ROOT, SCENARIOS
+
+DP_HEAVY = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
+GPT3 = SCENARIOS / "gpt3_175b_64xa100.yaml"
+ONE_BUCKET = "training.grad_reduce_bucket_bytes=1 TB"  # the whole gradient in one all-reduce
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def cli_seconds(output: str) -> list[float]:
+    """The time column of ``mpsim collective``'s rows, in seconds."""
+    return [float(line.split()[4]) * 1e-6 for line in output.splitlines() if line and not line.startswith("#")]
+
+
+def layout_of(path, *overrides: str):
+    scenario = load_scenario(path, list(overrides)).scenario
+    return scenario, resolve(scenario)
+
+
+# --- one code path for the CLI and the simulator ----------------------------------------------------------
+
+@pytest.mark.parametrize("oversubscription", [1, 4])
+def test_collective_cli_and_the_simulator_price_a_dp_bucket_alike(oversubscription):
+    taper = f"scale_out.oversubscription={oversubscription}"
+    result = simulate(load_scenario(DP_HEAVY, ["cluster.nodes=64", "parallel.dp=64", "parallel.global_batch_size=512",
+                                               ONE_BUCKET, f"cluster.system.{taper}"]).scenario)
+    buckets = result.engine_input.grad_buckets[0]
+    assert len(buckets) == 1
+    grad_bytes = result.workload.stages[0].params * 4  # fp32 gradients of the rank's parameters
+    cli = run_cli("collective", "--system", "dgx-h100", "--op", "all-reduce", "--ranks", "64", "--nodes", "64",
+                  "--size", f"{grad_bytes:.0f}B", "--set", taper)
+    assert cli.returncode == 0, cli.stderr
+    assert f"oversubscription felt {oversubscription}:1" in cli.stdout  # 64 nodes span two scalable units of 32
+    assert cli_seconds(cli.stdout) == [pytest.approx(buckets[0].duration_s, rel=1e-5)]
+
+
+def test_a_tapered_network_slows_the_dp_bucket_by_the_taper():
+    seconds = {}
+    for oversubscription in (1, 4):
+        cli = run_cli("collective", "--system", "dgx-h100", "--ranks", "64", "--nodes", "64", "--size", "4GB",
+                      "--set", f"scale_out.oversubscription={oversubscription}")
+        seconds[oversubscription] = cli_seconds(cli.stdout)[0]
+    # a 4 GB all-reduce is bandwidth-bound: a quarter of the uplink bandwidth, about four times as long
+    assert seconds[4] / seconds[1] == pytest.approx(4, rel=0.05)
+
+
+# --- a group stands for its copies ------------------------------------------------------------------------
+
+def test_groups_know_their_copies():
+    assert lattice_dims([0, 8, 16, 24]) == ((8, 4),)
+    assert lattice_dims([0, 1, 2, 3, 64, 65, 66, 67]) == ((1, 4), (64, 2))
+    assert lattice_dims([0, 1, 2, 4, 5, 6]) == ()  # not a dimension of the rank numbering
+    # TP groups of 16 on 72-GPU domains: most sit in one domain, the one at ranks 64-79 spans two
+    tp16 = place_ranks(list(range(16)), 72, world=144)
+    assert [(copy.nodes, copy.per_node) for copy in copy_shapes(tp16, 72)] == [(1, 16), (2, 8)]
+    # without the job's size a group is priced where it sits, as mpsim collective places it
+    assert copy_shapes(place_ranks(list(range(16)), 72), 72) == (place_ranks(list(range(16)), 72),)
+
+
+def test_a_dp_group_inside_one_leaf_is_priced_as_its_copy_that_straddles_two():
+    # GPT-3 on 64 DGX A100 (TP 8 x PP 8 x DP 8): each stage's DP group spans 8 nodes; scalable units
+    # hold 20 nodes, so stage 0's group stays under one leaf while stage 2's (nodes 16-23) crosses
+    scenario, layout = layout_of(GPT3, "cluster.nodes=64", "cluster.system.scale_out.oversubscription=4")
+    system = scenario.cluster.system
+    dp = group_placements(layout)["dp"]
+    assert dp.node_ids(8) == list(range(8)) and network_taper_of(dp, system) == 1.0
+    assert max(network_taper_of(copy, system) for copy in priced_copies(dp, system)) == 4.0
+    alone = place_ranks(list(dp.ranks), 8)  # the same group without its copies
+    assert collective_time("all-reduce", 1e9, dp, system) > 3.5 * collective_time("all-reduce", 1e9, alone, system)
+    flat = load_system("dgx-a100")
+    assert collective_time("all-reduce", 1e9, dp, flat) == collective_time("all-reduce", 1e9, alone, flat)
+
+
+def test_a_multi_node_dp_step_is_slower_with_oversubscription():
+    runs = {o: summarize(simulate(load_scenario(GPT3, ["cluster.nodes=64",
+                                                       f"cluster.system.scale_out.oversubscription={o}"]).scenario))
+            for o in (1, 4)}
+    assert runs[4].dp == runs[1].dp == 8
+    # the gradient all-reduce of the straddling DP groups is four times as slow, and most of it shows
+    assert runs[4].exposed_dp_comm_s > 2 * runs[1].exposed_dp_comm_s
+    assert runs[4].step_time_s > runs[1].step_time_s + 0.5 * (runs[4].exposed_dp_comm_s - runs[1].exposed_dp_comm_s)
+    # inside one scalable unit nothing climbs: the taper changes nothing
+    small = [summarize(simulate(load_scenario(GPT3, [f"cluster.system.scale_out.oversubscription={o}"]).scenario))
+             .step_time_s for o in (1, 4)]
+    assert small[0] == small[1]
+
+
+# --- pipeline sends ---------------------------------------------------------------------------------------
+
+def test_pipeline_sends_across_scalable_units_feel_the_taper():
+    # Llama 3 70B on 64 DGX H100 (TP 8 x PP 4 x DP 16): stages 1 and 2 sit in different scalable units
+    flat_scenario, layout = layout_of(SCENARIOS / "llama3_70b_32xh100.yaml", "cluster.nodes=64")
+    flat = flat_scenario.cluster.system
+    tapered = load_system("dgx-h100", ["scale_out.oversubscription=4"])
+    size = 134e6  # one microbatch's activation, about
+    across, inside = pipeline_pair(layout, 1, 2), pipeline_pair(layout, 0, 1)
+    assert network_taper_of(across, tapered) == 4.0 and network_taper_of(inside, tapered) == 1.0
+    wire = size / (50e9 * 0.97)  # one rank's 400G NIC at NCCL's efficiency
+    assert p2p_time(size, across, tapered) - p2p_time(size, across, flat) == pytest.approx(3 * wire, rel=1e-9)
+    assert p2p_time(size, inside, tapered) == p2p_time(size, inside, flat) == p2p_time(size, False, tapered)
+    # neighbours in one node stay on NVLink
+    assert p2p_time(size, place_ranks([0, 1], 8), tapered) == p2p_time(size, True, tapered)
+
+
+# --- a RoCE cluster ---------------------------------------------------------------------------------------
+
+def test_roce_cluster_is_non_blocking_inside_a_pod_and_tapered_across_pods():
+    roce, ib = load_system("h100-roce-clos"), load_system("dgx-h100")
+    within = place_ranks([node * 8 for node in range(256)], 8)  # 256 nodes: inside one 384-node pod
+    across = place_ranks([node * 8 for node in range(512)], 8)  # 512 nodes: two pods
+    size = 4e9
+    assert collective_time("all-reduce", size, within, roce) == collective_time("all-reduce", size, within, ib)
+    assert network_taper_of(across, roce) == 7.0 and network_taper_of(across, ib) == 1.0
+    assert collective_time("all-reduce", size, across, roce) > 5 * collective_time("all-reduce", size, across, ib)
+
+
+def test_roce_cluster_in_a_whole_simulation():
+    def step(system: str, nodes: int) -> float:
+        scenario = load_scenario(DP_HEAVY, [f"cluster.system={system}", f"cluster.nodes={nodes}", f"parallel.dp={nodes}",
+                                            f"parallel.global_batch_size={8 * nodes}"]).scenario
+        return summarize(simulate(scenario)).step_time_s
+
+    assert step("h100-roce-clos", 256) == step("dgx-h100", 256)  # one pod: the same non-blocking network
+    assert step("h100-roce-clos", 512) > 1.5 * step("dgx-h100", 512)  # two pods: the 1:7 aggregation layer
+
+
+# --- jobs that partly fill NVL72 domains ------------------------------------------------------------------
+
+def test_placement_warnings():
+    def warnings(system: str, *overrides: str) -> list[str]:
+        scenario, layout = layout_of(SCENARIOS / "mixtral_8x7b_64xh100.yaml", f"cluster.system={system}", *overrides)
+        return placement_warnings(layout.devices, layout.devices_per_node, scenario.cluster.system.name,
+                                  group_placements(layout))
+
+    nvl = ["cluster.nodes=null", "parallel.pp=1", "parallel.tp=1", "parallel.etp=1"]
+    assert warnings("gb200-nvl72", *nvl, "cluster.num_devices=144", "parallel.ep=8",
+                    "parallel.global_batch_size=144") == []
+    partial = warnings("gb200-nvl72", *nvl, "cluster.num_devices=64", "parallel.ep=8", "parallel.global_batch_size=64")
+    assert len(partial) == 1 and "64 of its 72 devices" in partial[0]
+    straddle = warnings("gb200-nvl72", *nvl, "cluster.num_devices=144", "parallel.ep=16",
+                        "model.moe.num_experts=16", "parallel.global_batch_size=144")
+    assert len(straddle) == 1 and "EP groups of 16" in straddle[0] and "span 2 domains" in straddle[0]
+    # part of one 8-GPU server is an ordinary job
+    assert warnings("dgx-h100", *nvl, "cluster.num_devices=4", "parallel.ep=4", "parallel.global_batch_size=4") == []
+
+
+def test_run_prints_one_warning_line_on_stderr(tmp_path):
+    scenario = tmp_path / "nvl.yaml"
+    scenario.write_text(textwrap.dedent("""\
+        name: part of an NVL72 rack
+        cluster:
+          system: gb200-nvl72
+          num_devices: 64
+        model: mixtral-8x7b
+        parallel:
+          tp: 1
+          pp: 1
+          ep: 16
+          microbatch_size: 1
+          global_batch_size: 64
+          schedule: 1f1b
+        training:
+          dtype: bf16
+          attention: flash
+        """))
+    result = run_cli("run", str(scenario), "--set", "model.moe.num_experts=16", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ")
+    assert "64 of its 72 devices" in lines[0]
+    assert re.search(r'"step_time_s": [0-9.]+', result.stdout)  # the JSON on stdout is untouched
+    whole = run_cli("run", str(scenario), "--set", "cluster.num_devices=72", "--set", "parallel.ep=8",
+                    "--set", "parallel.global_batch_size=72")
+    assert whole.returncode == 0 and whole.stderr == ""
