@@ -12,6 +12,17 @@ from mpsim.schedules import Schedule
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
 
+# a 1.3B GPT: small enough that every layout fits on 8 A100 and a whole plan runs in seconds
+TINY_MODEL = """\
+name: gpt-1.3b
+num_layers: 24
+hidden_size: 2048
+ffn_hidden_size: 8192
+num_attention_heads: 16
+vocab_size: 51200
+seq_length: 2048
+"""
+
 
 def uniform_input(schedule: Schedule, forward_s: float = 1.0, backward_s: float = 2.0, weight_s: float | None = None,
                   transfer_s: float = 0.0, **options) -> EngineInput:

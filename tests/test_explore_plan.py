@@ -10,17 +10,8 @@ from mpsim.explore.planner import PlanEvaluator, plan, plan_identity
 from mpsim.explore.planreport import explain_losses, format_plan, matching, ranked
 from mpsim.results import summarize
 from mpsim.simulate import simulate
+from tests.conftest import TINY_MODEL
 
-# a 1.3B GPT: small enough that every layout fits on 8 A100 and the whole plan runs in seconds
-TINY_MODEL = """\
-name: gpt-1.3b
-num_layers: 24
-hidden_size: 2048
-ffn_hidden_size: 8192
-num_attention_heads: 16
-vocab_size: 51200
-seq_length: 2048
-"""
 SMALL = dict(top=5, max_microbatch_size=2, schedules=("1f1b", "interleaved-1f1b"), workers=1, progress=False)
 
 

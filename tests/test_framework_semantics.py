@@ -23,7 +23,7 @@ from mpsim.specs import load_scenario
 from mpsim.specs.layout import resolve_layout
 from mpsim.workload import build_workload
 from mpsim.workload.memory import NCCL_CONNECTION_BYTES, reserved_bytes, reserved_parts
-from tests.conftest import SCENARIOS
+from tests.conftest import SCENARIOS, TINY_MODEL
 
 LLAMA70 = SCENARIOS / "llama3_70b_32xh100.yaml"
 LLAMA8 = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
@@ -85,15 +85,6 @@ def test_dualpipev_step_is_longer_without_the_overlap():
     assert on < off
 
 
-TINY_MODEL = """\
-name: gpt-1.3b
-num_layers: 24
-hidden_size: 2048
-ffn_hidden_size: 8192
-num_attention_heads: 16
-vocab_size: 51200
-seq_length: 2048
-"""
 PLAN = dict(top=3, max_microbatch_size=1, max_vpp=2, schedules=("1f1b", "dualpipev"), zero_stages=(0,),
             workers=1, progress=False)
 
