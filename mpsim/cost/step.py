@@ -36,7 +36,6 @@ group twice as large, which may span more nodes.
 
 from __future__ import annotations
 
-
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.topology import GroupPlacement, pipeline_neighbours_share_node, pipeline_pair, place_ranks
@@ -71,16 +70,11 @@ BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 PARAM_GATHER_BYTES = 2  # the bf16 model weights the distributed optimizer all-gathers
 
 
-def grad_bytes_per_param(model: CostModel) -> int:
-    """Bytes of one gradient element in the reduction buffer (fp32 main grads, or bf16)."""
-    return 4 if model.scenario.training.fp32_grad_accumulation else 2
-
-
 def bucket_params(model: CostModel) -> float:
     """Parameters per gradient bucket: ``training.grad_reduce_bucket_bytes`` or Megatron-Core's default."""
     given = model.scenario.training.grad_reduce_bucket_bytes
     if given is not None:
-        return given / grad_bytes_per_param(model)
+        return given / model.scenario.training.grad_bytes
     layout = model.layout
     return float(max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * layout.dp * layout.cp))
 
@@ -114,7 +108,7 @@ def _buckets(grad_bytes: float, kind: str, group: str, model: CostModel, label: 
     place = model.placements[group] if len(copy_ranks) < 2 else copies_placement(model, group, copy_ranks)
     if grad_bytes <= 0 or place.size <= 1:
         return ()
-    per_param = bytes_per_param or grad_bytes_per_param(model)
+    per_param = bytes_per_param or model.scenario.training.grad_bytes
     params = grad_bytes / per_param
     sizes = (params / units,) * units if units else bucket_sizes(params, model, bucketed)
     total = sum(sizes)
@@ -138,7 +132,7 @@ def final_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int,
     (pipeline rank 0's first chunk), else one bucket.
     """
     layout = model.layout
-    grad_bytes = grad_bytes_per_param(model)
+    grad_bytes = model.scenario.training.grad_bytes
     dense = work.params * grad_bytes
     buckets: tuple[Bucket, ...] = ()
     if layout.zero_stage == 0:
@@ -166,11 +160,9 @@ def microbatch_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple
     """
     if model.layout.zero_stage != 2:
         return ()
-    grad_bytes = work.params * grad_bytes_per_param(model)
-    if model.scenario.training.grad_reduce_bucket_bytes is not None:
-        return _buckets(grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter", copy_ranks)
-    return _buckets(grad_bytes, "reduce-scatter", "zero", model, "ZeRO-2 grad reduce-scatter", copy_ranks,
-                    units=max(1, work.layers))
+    per_layer = model.scenario.training.grad_reduce_bucket_bytes is None
+    return _buckets(work.params * model.scenario.training.grad_bytes, "reduce-scatter", "zero", model,
+                    "ZeRO-2 grad reduce-scatter", copy_ranks, units=max(1, work.layers) if per_layer else 0)
 
 
 def optimizer_update_s(works: list[StageWork], model: CostModel) -> float:
@@ -261,7 +253,8 @@ def pipeline_transfer_spec(workload: Workload, model: CostModel, rank_a: int, ra
     """
     total = pipeline_transfer_s(workload, model, rank_a, rank_b, cut)
     same_node = pipeline_neighbours_share_node(model.layout, rank_a, rank_b)
-    latency = min(total, p2p_time(1.0, pipeline_pair(model.layout, rank_a, rank_b), model.system))  # all latency
+    pair = pipeline_pair(model.layout, rank_a, rank_b)
+    latency = min(total, p2p_time(1.0, pair, model.system))  # a one-byte message is all latency
     kind = "nvl" if same_node else "nic"
     return latency, total - latency, ((f"{kind}-out", rank_a), (f"{kind}-in", rank_b))
 

@@ -163,7 +163,7 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
     """Memory of every pipeline rank, by category."""
     training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
-    grad_bytes = 4 if training.fp32_grad_accumulation else 2
+    grad_bytes = training.grad_bytes
     reserved = reserved_parts(scenario, layout)
     reserved_total = sum(size for _, size in reserved)
     hold = held_params(layout)

@@ -131,6 +131,11 @@ class TrainingOptions(Spec):
     memory_fragmentation: float = Field(
         0.0, ge=0, lt=1, description="fraction of the allocator's peak lost to fragmentation")
 
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient element as accumulated and reduced: fp32 main grads, or bf16."""
+        return 4 if self.fp32_grad_accumulation else 2
+
     @field_validator("memory_reserved", mode="before")
     @classmethod
     def _reserved(cls, value: object) -> object:

@@ -46,7 +46,7 @@ def stack_env(scenario: Scenario, layout: Layout) -> StackEnv:
     gemm_bytes = BYTES_PER_ELEMENT[training.dtype]
     return StackEnv(microbatch_size=layout.microbatch_size, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                     flash_attention=training.attention == "flash", act_bytes=4 if gemm_bytes == 4 else 2,
-                    gemm_in_bytes=gemm_bytes, wgrad_accumulate_bytes=4 if training.fp32_grad_accumulation else 2,
+                    gemm_in_bytes=gemm_bytes, wgrad_accumulate_bytes=training.grad_bytes,
                     tp_overlap_backward=training.tp_comm_overlap_backward)
 
 
@@ -121,7 +121,7 @@ def stack_options(scenario: Scenario, layout: Layout) -> StageOptions:
     """The stage options a stack uses (recompute and ZeRO); the transformer-only ones stay empty."""
     return StageOptions(recompute=scenario.parallel.recompute, vocab_local=0, learned_positions=False, norm_params=0,
                         bias=False, tied_embeddings=False, mla=None, moe=None, zero_stage=layout.zero_stage,
-                        grad_bytes=4 if scenario.training.fp32_grad_accumulation else 2,
+                        grad_bytes=scenario.training.grad_bytes,
                         reshard_after_forward=layout.reshard_after_forward)
 
 

@@ -83,7 +83,7 @@ def _fsdp(label: str, params: float, options: StageOptions) -> tuple:
 
 
 def unit_blocks(label: str, params: float, forward, backward, backward_input, backward_weight, redo,
-            options: StageOptions) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
+                options: StageOptions) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
     """(forward, backward, backward_input, backward_weight) blocks of one layer, head or embedding.
 
     Recompute re-runs the forward (full) or the attention core (selective) just before the

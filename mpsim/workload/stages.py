@@ -47,7 +47,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         rope=model.position_embedding == "rope",
         act_bytes=4 if gemm_bytes == 4 else 2,  # fp8 GEMMs keep bf16 activations
         gemm_in_bytes=gemm_bytes,
-        wgrad_accumulate_bytes=4 if training.fp32_grad_accumulation else 2,
+        wgrad_accumulate_bytes=training.grad_bytes,
         tp_overlap_backward=training.tp_comm_overlap_backward,
         fp8_attention=training.fp8_attention,
         ffn_activation=model.ffn_activation,
@@ -115,7 +115,7 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         recompute=scenario.parallel.recompute, vocab_local=vocab // layout.tp,
         learned_positions=model.position_embedding == "learned", norm_params=2 if model.norm == "layernorm" else 1,
         bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
-        zero_stage=layout.zero_stage, grad_bytes=4 if training.fp32_grad_accumulation else 2,
+        zero_stage=layout.zero_stage, grad_bytes=training.grad_bytes,
         reshard_after_forward=layout.reshard_after_forward)
 
 
