@@ -24,3 +24,7 @@ class InputError(Exception):
 
 
 EXIT_INPUT_ERROR = 2
+# The input is valid but the simulated job does not fit: some rank's peak memory is above
+# its device's capacity (``mpsim run``, ``compare``), or no layout fits (``mpsim plan``).
+# The step is still simulated and printed; scripts can tell it apart from success.
+EXIT_OUT_OF_MEMORY = 3

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mpsim.errors import InputError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 # kind of reference -> folder under a data root
@@ -43,3 +45,19 @@ def display_path(path: Path) -> str:
 def normalize_name(name: str) -> str:
     """Names compare without case, and '-', '_', ' ' are the same."""
     return name.lower().replace("_", "-").replace(" ", "-")
+
+
+def read_text(path: Path) -> str:
+    """A file's text; a missing, unreadable or non-UTF-8 file is an :class:`InputError` naming it."""
+    label = display_path(path)
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise InputError("file not found", label) from None
+    except IsADirectoryError:
+        raise InputError("is a folder, not a file", label) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", label) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                         "save the file as UTF-8", label) from None

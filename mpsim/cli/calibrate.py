@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mpsim.cli.common import positive_int
 from mpsim.errors import InputError
 
 
@@ -12,7 +13,7 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``calibrate`` and ``validate``: device, ranks, and how to treat a busy machine."""
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="what to measure: CPU cores over gloo, or GPUs over NCCL (default cpu)")
-    parser.add_argument("--ranks", type=int, metavar="N",
+    parser.add_argument("--ranks", type=positive_int, metavar="N",
                         help="processes to run (default: 2 on a CPU with 2 cores or more, every GPU on cuda)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a field of the scenario measured (repeatable)")

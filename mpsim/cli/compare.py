@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import add_scenario_args
+from mpsim.cli.common import add_scenario_args, schedule_list
 from mpsim.errors import InputError
 
 
@@ -21,15 +21,12 @@ def schedule_vpp(name: str, vpp: int) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from mpsim.results import summarize
-    from mpsim.schedules import SCHEDULES, canonical_name
+    from mpsim.schedules import canonical_name
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
     from mpsim.units import format_bytes, format_seconds
 
-    names = [name.strip() for name in args.schedules.split(",") if name.strip()]
-    unknown = [name for name in names if canonical_name(name) not in SCHEDULES]
-    if unknown:
-        raise InputError(f"unknown schedule {unknown[0]!r}; known: {', '.join(SCHEDULES)}", "--schedules")
+    names = schedule_list(args.schedules)
     base = load_scenario(args.scenario, args.overrides)
     rows, panels, references = [], [], []
     for name in names:

@@ -105,6 +105,14 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_accelerator_file(path) -> bool:
+    """Whether a hardware file describes an accelerator (its peak FLOP/s) rather than a system."""
+    from mpsim.specs.loader import read_yaml
+
+    tree = read_yaml(path)
+    return isinstance(tree, dict) and "peak_flops" in tree and "accelerator" not in tree
+
+
 def _show(args: argparse.Namespace) -> int:
     from mpsim.paths import display_path
     from mpsim.specs.catalog import accelerator_file, load_accelerator, load_system, system_file
@@ -113,6 +121,8 @@ def _show(args: argparse.Namespace) -> int:
         path = system_file(args.name)
     except InputError:
         path = None
+    if path is not None and path.is_file() and _is_accelerator_file(path):
+        path = None  # a path to an accelerator file: shown below
     if path is not None:
         system = load_system(args.name)
         print("\n".join(_system_lines(system)))

@@ -7,6 +7,7 @@ import importlib
 import sys
 from typing import Sequence
 
+from mpsim.cli.common import Parser, check_output_paths
 from mpsim.errors import EXIT_INPUT_ERROR, InputError
 
 # one module per subcommand, each with register(commands)
@@ -15,8 +16,8 @@ COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.compare", "mpsim.cli.schedule", "
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mpsim`` argument parser."""
-    parser = argparse.ArgumentParser(prog="mpsim", description="Simulate model-parallel training before you run it.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = Parser(prog="mpsim", description="Simulate model-parallel training before you run it.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(commands)
     return parser
@@ -26,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mpsim`` console script."""
     args = build_parser().parse_args(argv)
     try:
+        check_output_paths(args)
         return args.handler(args)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mpsim.cli.common import no_layout_exit, positive_int, schedule_list
 from mpsim.cli.sweep import add_execution_args, add_plot_args, check_backend, interrupted
 from mpsim.errors import InputError
 
@@ -36,7 +37,7 @@ def _plan(args: argparse.Namespace) -> int:
     finds = [_find_filter(text) for text in args.find]
     scenario = base_scenario(args.model, args.cluster, args.devices, args.global_batch, args.seq, args.overrides)
     pinned = [".".join(parse_override(text)[0]) for text in args.overrides]
-    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()] if args.schedules else []
+    schedules = schedule_list(args.schedules) if args.schedules is not None else []
     try:
         zero_stages = sorted({int(s) for s in args.zero_stages.split(",") if s.strip()})
     except ValueError:
@@ -61,8 +62,10 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"  {layout_label(record['point'])}: {where}")
         if not found:
             print("  no enumerated layout matches")
-    _plots(args, result, ranked(result))
-    return 0
+    winners = ranked(result)
+    _plots(args, result, winners)
+    return 0 if winners else no_layout_exit(result.records)
+
 
 
 def _plots(args: argparse.Namespace, result, winners: list[dict]) -> None:
@@ -94,18 +97,18 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "the rest in order of a step-time lower bound, and print the best with why the others lost.")
     parser.add_argument("model", help="model file or name, e.g. gpt3-175b or scenarios/models/gpt3_175b.yaml")
     parser.add_argument("--cluster", metavar="SYSTEM", help="system file or name, e.g. dgx-a100")
-    parser.add_argument("--devices", type=int, metavar="N", help="accelerators in the job")
-    parser.add_argument("--global-batch", type=int, metavar="B", help="sequences per optimizer step")
-    parser.add_argument("--seq", type=int, metavar="S", help="sequence length (default: the model file's)")
+    parser.add_argument("--devices", type=positive_int, metavar="N", help="accelerators in the job")
+    parser.add_argument("--global-batch", type=positive_int, metavar="B", help="sequences per optimizer step")
+    parser.add_argument("--seq", type=positive_int, metavar="S", help="sequence length (default: the model file's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="fix a field (not enumerated), e.g. --set parallel.tp=8 or --set training.attention=flash")
-    parser.add_argument("--top", type=int, default=10, metavar="N", help="layouts to show (default 10)")
+    parser.add_argument("--top", type=positive_int, default=10, metavar="N", help="layouts to show (default 10)")
     parser.add_argument("--find", action="append", default=[], metavar="tp=8,pp=16,...",
                         help="also say where matching layouts landed and why (repeatable)")
-    parser.add_argument("--max-microbatch", type=int, default=8, metavar="N", help="largest microbatch (default 8)")
-    parser.add_argument("--max-vpp", type=int, default=8, metavar="N", help="most model chunks per rank (default 8)")
+    parser.add_argument("--max-microbatch", type=positive_int, default=8, metavar="N", help="largest microbatch (default 8)")
+    parser.add_argument("--max-vpp", type=positive_int, default=8, metavar="N", help="most model chunks per rank (default 8)")
     parser.add_argument("--schedules", metavar="A,B", help="only these schedules (default: every registered one but the searched zb-1p and zb-2p)")
-    parser.add_argument("--max-cp", type=int, default=1, metavar="N",
+    parser.add_argument("--max-cp", type=positive_int, default=1, metavar="N",
                         help="search context parallelism up to N (default 1: off; it pays at long sequences)")
     parser.add_argument("--zero-stages", default="0,1", metavar="S,S",
                         help="ZeRO stages to search (default 0,1; 2 and 3 trade time for memory)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import add_scenario_args
-from mpsim.errors import InputError
+from mpsim.cli.common import add_scenario_args, non_negative_int
+from mpsim.errors import EXIT_OUT_OF_MEMORY, InputError
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -14,6 +14,7 @@ def _run(args: argparse.Namespace) -> int:
     from mpsim.results.report import placement_warning
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
+    from mpsim.units import format_bytes
 
     loaded = load_scenario(args.scenario, args.overrides)
     try:
@@ -49,6 +50,10 @@ def _run(args: argparse.Namespace) -> int:
 
         plot_timeline(result, summary, args.plot, reference=reference)
         print(f"timeline written to {args.plot}", file=sys.stderr)
+    if summary.out_of_memory:
+        print(f"out of memory: the busiest rank peaks at {format_bytes(summary.peak_memory_bytes)} of "
+              f"{format_bytes(summary.capacity_bytes)} (exit code {EXIT_OUT_OF_MEMORY})", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
     return 0
 
 
@@ -63,6 +68,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--memory-plot", metavar="FILE", help="write memory per device over the step")
     run.add_argument("--memory-snapshot", metavar="FILE",
                      help="write a PyTorch memory snapshot (pickle) of one rank, for pytorch.org/memory_viz")
-    run.add_argument("--memory-snapshot-rank", type=int, default=0, metavar="RANK",
+    run.add_argument("--memory-snapshot-rank", type=non_negative_int, default=0, metavar="RANK",
                      help="pipeline rank of --memory-snapshot (default 0)")
     run.set_defaults(handler=_run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mpsim.cli.common import positive_int
 from mpsim.errors import InputError
 
 
@@ -47,8 +48,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "schedule", help="print a schedule's per-rank actions (torch.distributed.pipelining notation) or check a file")
     parser.add_argument("name", help="schedule name (e.g. zbv), or a schedule file to check")
-    parser.add_argument("--pp", type=int, help="pipeline ranks")
-    parser.add_argument("--vpp", type=int, default=1, help="chunks per rank (default 1)")
-    parser.add_argument("--microbatches", type=int, help="microbatches per step")
+    parser.add_argument("--pp", type=positive_int, help="pipeline ranks")
+    parser.add_argument("--vpp", type=positive_int, default=1, help="chunks per rank (default 1)")
+    parser.add_argument("--microbatches", type=positive_int, help="microbatches per step")
     parser.add_argument("--out", metavar="FILE", help="write the text form to FILE instead of printing it")
     parser.set_defaults(handler=_schedule)

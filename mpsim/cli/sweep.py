@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import add_scenario_args
+from mpsim.cli.common import add_scenario_args, no_layout_exit, non_negative_int, positive_int
 from mpsim.errors import InputError
 
 INTERRUPTED_EXIT = 130
@@ -18,7 +18,7 @@ def add_execution_args(parser: argparse.ArgumentParser) -> None:
                        help="append one JSON record per point as it finishes; rerunning resumes (docs/explore.md)")
     group.add_argument("--backend", choices=("local", "ray"), default="local",
                        help="local: a process pool on this machine (default); ray: a Ray cluster")
-    group.add_argument("--workers", type=int, metavar="N", help="worker processes (default: all local cores)")
+    group.add_argument("--workers", type=positive_int, metavar="N", help="worker processes (default: all local cores)")
     group.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to join (default: start a local one)")
     group.add_argument("--engine", choices=("fast", "simpy"), default="fast",
                        help="fast: longest-path evaluation (same step time); simpy: the event engine")
@@ -56,6 +56,9 @@ def _sweep(args: argparse.Namespace) -> int:
         return interrupted(args.out)
     print(format_sweep(result, args.sort, args.top))
     _plots(args, result)
+    done = [r for r in result.report.records if r is not None]
+    if done and all(r["status"] == "invalid" for r in done):
+        return no_layout_exit(done)  # every point invalid: a typo in a field or a value, said in one line
     return 0
 
 
@@ -114,11 +117,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     sweep.add_argument("--zip", action="append", default=[], metavar="FIELD=VALUES",
                        help="fields that vary together, e.g. --zip cluster.system=dgx-a100,dgx-h100 "
                             "--zip cluster.nodes=16,8 (all --zip fields form one axis)")
-    sweep.add_argument("--limit", type=int, metavar="N", help="compute at most N new points, then stop")
+    sweep.add_argument("--limit", type=non_negative_int, metavar="N", help="compute at most N new points, then stop")
     sweep.add_argument("--retry-failed", action="store_true", help="recompute points recorded as failed")
     sweep.add_argument("--sort", metavar="METRIC", help="sort the table: tokens_per_s, mfu, step_time_s, "
                                                          "peak_memory_bytes")
-    sweep.add_argument("--top", type=int, metavar="N", help="show only the first N rows")
+    sweep.add_argument("--top", type=positive_int, metavar="N", help="show only the first N rows")
     add_execution_args(sweep)
     add_plot_args(sweep, sweep=True)
     sweep.set_defaults(handler=_sweep)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from mpsim.cli.calibrate import add_measure_args
+from mpsim.cli.common import non_negative_int, positive_int
 from mpsim.errors import InputError
 
 
@@ -54,8 +55,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES), metavar="A,B,...",
                         help=f"schedules to run (default {','.join(DEFAULT_SCHEDULES)}; 1f1b, the fit schedule, "
                              f"is always run)")
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per schedule (default 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="warm-up steps per schedule (default 1)")
+    parser.add_argument("--steps", type=positive_int, default=5, help="measured steps per schedule (default 5)")
+    parser.add_argument("--warmup", type=non_negative_int, default=1, help="warm-up steps per schedule (default 1)")
     parser.add_argument("--scenario", metavar="FILE",
                         help="the job to run and simulate (default scenarios/validation_2xcpu.yaml)")
     parser.add_argument("--system", metavar="NAME",

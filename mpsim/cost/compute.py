@@ -12,7 +12,12 @@ overhead. The compute side is not one efficiency number:
   last it writes its output tile (and reads it first when it accumulates), and during
   both the SM's tensor cores wait (:func:`tile_fill_efficiency`). A GEMM with a short K,
   as tensor parallelism makes them, spends a larger share of its time there.
-* Fused attention kernels reach their own published fraction of peak.
+* Fused attention kernels run at their published rate: where the accelerator carries a
+  sweep of the kernel over sequence lengths (``efficiency.attention_sweep``), the rate at
+  the keys per query one kernel call sees, masked and unmasked work priced apart (short
+  calls fill the SMs poorly and pay each query block's fixed load and store over fewer
+  key blocks; a causal mask adds partly masked diagonal blocks); else one fraction of
+  peak per pass.
 * Memory-bound ops (norms, activations, softmax, optimizer) stream at the achieved
   fraction of HBM bandwidth.
 """
@@ -79,6 +84,19 @@ class ComputeModel:
         fraction = eff.gemm_fp8 if dtype == "fp8" and eff.gemm_fp8 is not None else eff.gemm
         return self.accelerator.peak(dtype) * fraction
 
+    def _attention_s(self, op: Op, dtype: str) -> float:
+        """Compute seconds of a fused attention op: the published sweep's rate at the length
+        each kernel call sees, its masked and unmasked shares priced apart; else one fraction."""
+        eff = self.accelerator.efficiency
+        backward = op.direction != "forward"
+        sweep = eff.attention_sweep
+        if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16"):
+            fraction = eff.attention_backward if backward else eff.attention_forward
+            return op.flops / (self.accelerator.peak(dtype) * fraction)
+        masked = op.flops * op.causal_share
+        seconds = masked / sweep.rate(op.kernel_seq, backward, causal=True) if masked else 0.0
+        return seconds + (op.flops - masked) / sweep.rate(op.kernel_seq, backward, causal=False)
+
     def _time(self, op: Op) -> float:
         if self.calibration is not None:
             return self.calibration.op_seconds(op)
@@ -97,8 +115,7 @@ class ComputeModel:
                 gemm_flops / units, self.memory_bandwidth / units)
             compute_s = op.flops / (gemm_flops * filled * steps)
         elif op.kind == "attention":
-            fraction = eff.attention_forward if op.direction == "forward" else eff.attention_backward
-            compute_s = op.flops / (self.accelerator.peak(dtype) * fraction)
+            compute_s = self._attention_s(op, dtype)
         elif op.kind == "memory":
             compute_s = 0.0
         else:

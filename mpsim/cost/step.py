@@ -37,6 +37,8 @@ group twice as large, which may span more nodes.
 from __future__ import annotations
 
 from mpsim.cost.actions import CostModel
+from mpsim.errors import InputError
+from mpsim.units import format_bytes
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.topology import GroupPlacement, pipeline_neighbours_share_node, pipeline_pair, place_ranks
 from mpsim.workload.stage_work import StageWork, Workload
@@ -68,6 +70,9 @@ def copies_placement(model: CostModel, group: str, copy_ranks: tuple[int, ...]) 
 BUCKET_MIN_PARAMS = 40_000_000
 BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 PARAM_GATHER_BYTES = 2  # the bf16 model weights the distributed optimizer all-gathers
+# Each bucket is one collective on the DP stream; far more than any framework makes (a 1T
+# model in 25 MB buckets is about 160,000 per step over all stages, a few thousand per rank)
+MAX_BUCKETS = 100_000
 
 
 def bucket_params(model: CostModel) -> float:
@@ -90,6 +95,12 @@ def bucket_sizes(params: float, model: CostModel, bucketed: bool = True) -> tupl
     size = bucket_params(model)
     if not bucketed or params <= size:
         return (params,)
+    if params / size > MAX_BUCKETS:
+        grad_bytes = model.scenario.training.grad_bytes
+        raise InputError(f"{format_bytes(size * grad_bytes)} buckets make {params / size:.3g} gradient buckets per "
+                         f"step, more than the {MAX_BUCKETS:,} mpsim prices; use a bucket of at least "
+                         f"{format_bytes(params * grad_bytes / MAX_BUCKETS)} (frameworks use 25-200 MB)",
+                         field="training.grad_reduce_bucket_bytes")
     full = int(params // size)
     rest = params - full * size
     return (size,) * full + ((rest,) if rest > 0 else ())

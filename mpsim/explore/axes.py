@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -36,6 +37,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from mpsim.errors import InputError
+from mpsim.specs.loader import MAX_INTEGER_DIGITS, parse_yaml
 
 Point = tuple[tuple[str, Any], ...]  # ((field, value), ...) in axis order
 
@@ -82,12 +84,20 @@ def parse_values(text: str, label: str) -> list[Any]:
     text = text.strip()
     powers = _POWERS.match(text)
     if powers:
+        if any(len(group) > MAX_INTEGER_DIGITS for group in powers.groups()):
+            raise InputError(f"range {text!r}: a number of more than {MAX_INTEGER_DIGITS} digits is out of range", label)
         base, low, high = (int(g) for g in powers.groups())
         if high < low:
             raise InputError(f"empty range {text!r}: the last exponent is below the first", label)
+        if high - low + 1 > MAX_RANGE_VALUES:
+            raise InputError(f"range {text!r} has more than {MAX_RANGE_VALUES} values", label)
+        if base > 1 and high * math.log10(base) > MAX_INTEGER_DIGITS:
+            raise InputError(f"range {text!r}: {base}^{high} has more than {MAX_INTEGER_DIGITS} digits", label)
         return [base ** e for e in range(low, high + 1)]
     span = _RANGE.match(text)
     if span:
+        if any(len(group) > MAX_INTEGER_DIGITS for group in span.groups() if group):
+            raise InputError(f"range {text!r}: a bound of more than {MAX_INTEGER_DIGITS} digits is out of range", label)
         low, high, step = int(span.group(1)), int(span.group(2)), int(span.group(3) or 1)
         if step <= 0 or high < low:
             raise InputError(f"empty range {text!r}: write LOW..HIGH or LOW..HIGH:STEP with LOW <= HIGH", label)
@@ -99,7 +109,9 @@ def parse_values(text: str, label: str) -> list[Any]:
         if not part:
             raise InputError(f"empty value in {text!r}", label)
         try:
-            values.append(yaml.safe_load(part))
+            values.append(parse_yaml(part))
+        except yaml.constructor.ConstructorError as exc:
+            raise InputError(f"{part!r}: {exc.problem}", label) from None
         except yaml.YAMLError:
             values.append(part)
     return values

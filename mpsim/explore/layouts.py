@@ -61,7 +61,8 @@ class LayoutAxis:
 
 def divisors(n: int) -> list[int]:
     """Positive divisors of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def layer_split(num_layers: int, chunks: int) -> tuple[int, ...] | None | bool:
@@ -184,8 +185,8 @@ def _schedule(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
 def _microbatch(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
     dp = _dp(ctx, chosen)
     per_replica = ctx.scenario.parallel.global_batch_size // dp
-    for size in divisors(per_replica):
-        if size <= ctx.max_microbatch_size:
+    for size in range(1, min(per_replica, ctx.max_microbatch_size) + 1):
+        if per_replica % size == 0:
             yield {"parallel.microbatch_size": size}
 
 

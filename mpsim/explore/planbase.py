@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from pydantic import ValidationError
 
 from mpsim.errors import InputError
-from mpsim.specs.loader import Origins, apply_override, parse_override, resolve_references, validation_error
+from mpsim.specs.loader import override_label, Origins, apply_override, parse_override, resolve_references, validation_error
 from mpsim.specs.scenario import Scenario
 
 
@@ -33,7 +33,7 @@ def base_scenario(model: str, system: str, devices: int, global_batch_size: int,
     }
     origins = Origins({(): "plan", ("model",): "MODEL", ("cluster", "system"): "--cluster"})
     base_dirs = {(): Path.cwd()}
-    settings = [(parse_override(text), f"--set {text}") for text in overrides]
+    settings = [(parse_override(text), override_label(text)) for text in overrides]
     if seq_length is not None:
         settings.append(((("model", "seq_length"), seq_length), "--seq"))
     for (field_path, value), label in settings:

@@ -15,9 +15,8 @@ from mpsim.errors import InputError
 from mpsim.explore.axes import Axis, axes_from_args, axes_from_yaml
 from mpsim.paths import display_path
 from mpsim.specs import LoadedScenario
-from mpsim.specs.loader import read_scenario_file, scenario_from_tree
+from mpsim.specs.loader import SWEEP_KEY, load_scenario, read_scenario_file
 
-SWEEP_KEY = "sweep"
 
 
 def scenario_file(path: str | Path) -> Path:
@@ -35,9 +34,7 @@ def read_sweep(path: str | Path) -> list[Axis]:
 
 def load_point(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
     """Load a scenario file, ignoring its ``sweep:`` block, with ``overrides`` applied."""
-    file, tree = read_scenario_file(path)
-    tree = {key: value for key, value in tree.items() if key != SWEEP_KEY}
-    return scenario_from_tree(tree, file, overrides)
+    return load_scenario(path, overrides)
 
 
 def merge_axes(file_axes: list[Axis], grid: list[str], zip_: list[str]) -> list[Axis]:

@@ -21,6 +21,11 @@ def schedule_names() -> list[str]:
     return list(SCHEDULES)
 
 
+# Stage-microbatch pairs a schedule may hold: a few million actions, a minute or so of
+# simulation; real steps have at most tens of thousands (1,024 microbatches on 64 stages).
+MAX_STAGE_PASSES = 1_000_000
+
+
 def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir: Path | None = None,
                    check: bool = False, timer: Timer | None = None) -> Schedule:
     """A valid schedule; raises ScheduleError with a one-line reason.
@@ -29,6 +34,12 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
     Searched schedules (zb-1p, zb-2p) need ``timer``, the engine's timing of a fixed
     schedule (``mpsim.engine.rank_spans``): schedules are data and do not run the engine.
     """
+    passes = pp * vpp * num_microbatches
+    if passes > MAX_STAGE_PASSES:
+        raise ScheduleError(f"{pp} ranks x {vpp} chunks x {num_microbatches:,} microbatches is {passes:,} stage "
+                            f"passes, more than the {MAX_STAGE_PASSES:,} mpsim simulates; use fewer microbatches "
+                            f"(a larger parallel.microbatch_size, or a smaller parallel.global_batch_size per "
+                            f"replica)")
     if name.startswith("file:"):
         path = Path(name[5:])
         if base_dir is not None and not path.is_absolute() and (base_dir / path).is_file():

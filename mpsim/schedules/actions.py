@@ -20,6 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple, Union
 
+from mpsim.paths import read_text
 from mpsim.schedules.chains import StageChains
 
 KINDS = ("F", "B", "I", "W")
@@ -176,4 +177,4 @@ def schedule_from_text(text: str, name: str = "file") -> Schedule:
 
 def load_schedule_file(path: Path) -> Schedule:
     """Read a schedule text file."""
-    return schedule_from_text(path.read_text(), name=f"file:{path.name}")
+    return schedule_from_text(read_text(path), name=f"file:{path.name}")

@@ -5,14 +5,17 @@ the peak real kernels reach, per kind of op, because one number is not enough: G
 follow the best measured matmul throughput scaled by how well the output tiles fill the
 chip (wave quantization) and how long each tile's main loop runs against its fixed load
 and store phases (``gemm_tile_k``), memory-bound ops follow the HBM bandwidth, fused
-attention kernels have their own published fraction of peak.
+attention kernels have their own published fraction of peak, or, where a sweep of the
+kernel over sequence lengths is published, its measured rate at the length each call
+sees (``attention_sweep``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from mpsim.specs.base import Spec
 from mpsim.units import Bandwidth, Bytes, FlopRate, Seconds
@@ -29,13 +32,66 @@ class MemorySpec(Spec):
     bandwidth: Bandwidth = Field(gt=0)
 
 
+class AttentionSweepSpec(Spec):
+    """A fused attention kernel's published throughput against sequence length.
+
+    One series per pass and mask, measured at one head dimension in bf16/fp16 over a
+    sweep of sequence lengths (keys per query of one kernel call). Between two measured
+    lengths the rate is interpolated linearly in log2(length); outside the sweep the end
+    value holds. ``backward_causal`` is optional: where the source did not measure it, the
+    backward under a causal mask is the unmasked backward times the forward's
+    masked/unmasked ratio at that length (the mask costs both passes the same skipped and
+    partly masked blocks).
+    """
+
+    kernel: str = Field(min_length=1, description="the kernel measured (cuDNN fused attention, FlashAttention-2, ...)")
+    head_dim: int = Field(gt=0, description="head dimension of the sweep")
+    seq_lengths: tuple[int, ...] = Field(min_length=2, description="sequence lengths measured, increasing")
+    forward: tuple[FlopRate, ...] = Field(description="forward without a mask, FLOP/s at each length")
+    forward_causal: tuple[FlopRate, ...] = Field(description="forward with a causal mask, FLOP/s at each length")
+    backward: tuple[FlopRate, ...] = Field(description="backward without a mask, FLOP/s at each length")
+    backward_causal: tuple[FlopRate, ...] | None = Field(None, description="backward with a causal mask; absent: "
+                                                                             "inferred as the class docstring says")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AttentionSweepSpec":
+        if any(b <= a for a, b in zip(self.seq_lengths, self.seq_lengths[1:])) or self.seq_lengths[0] <= 0:
+            raise ValueError(f"seq_lengths must be positive and increasing, got {list(self.seq_lengths)}")
+        for name in ("forward", "forward_causal", "backward", "backward_causal"):
+            series = getattr(self, name)
+            if series is None:
+                continue
+            if len(series) != len(self.seq_lengths):
+                raise ValueError(f"{name} has {len(series)} values for {len(self.seq_lengths)} seq_lengths")
+            if any(not value > 0 for value in series):
+                raise ValueError(f"{name} must be positive FLOP/s at every length")
+        return self
+
+    def rate(self, seq: int, backward: bool, causal: bool) -> float:
+        """FLOP/s of one kernel call whose queries see ``seq`` keys."""
+        if backward and causal and self.backward_causal is None:
+            return self.rate(seq, True, False) * self.rate(seq, False, True) / self.rate(seq, False, False)
+        series = (self.backward_causal if causal else self.backward) if backward else \
+            (self.forward_causal if causal else self.forward)
+        assert series is not None
+        lengths = self.seq_lengths
+        if seq <= lengths[0]:
+            return series[0]
+        if seq >= lengths[-1]:
+            return series[-1]
+        upper = next(i for i, length in enumerate(lengths) if length >= seq)
+        lo, hi = lengths[upper - 1], lengths[upper]
+        weight = (math.log2(seq) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        return series[upper - 1] + weight * (series[upper] - series[upper - 1])
+
+
 class EfficiencySpec(Spec):
     """Fractions of peak that real kernels reach on this device."""
 
     gemm: float = Field(gt=0, le=1, description="best measured matmul throughput / peak")
     gemm_fp8: float | None = Field(None, gt=0, le=1, description="the same for fp8 GEMMs / fp8 peak; absent: "
                                                                  "as gemm")
-    gemm_tile: tuple[int, int] = Field(
+    gemm_tile: tuple[PositiveInt, PositiveInt] = Field(
         (128, 256), description="output tile (rows, cols) of large-GEMM kernels, for wave quantization"
     )
     gemm_tile_k: int | None = Field(64, gt=0, description="depth along K of one main-loop step of those kernels: "
@@ -45,6 +101,9 @@ class EfficiencySpec(Spec):
     memory: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth for streaming ops")
     attention_forward: float = Field(gt=0, le=1, description="fused attention forward, fraction of peak")
     attention_backward: float = Field(gt=0, le=1, description="fused attention backward, fraction of peak")
+    attention_sweep: AttentionSweepSpec | None = Field(
+        None, description="the fused attention kernel's published throughput by sequence length (bf16/fp16); "
+                          "absent: attention_forward/backward at every length")
     kernel_overhead: Seconds = Field(ge=0, description="fixed cost per kernel (launch gap)")
 
 
@@ -64,6 +123,16 @@ class AcceleratorSpec(Spec):
         for dtype, value in self.peak_flops.items():
             if value <= 0:
                 raise ValueError(f"peak_flops.{dtype} must be positive, got {value}")
+        sweep = self.efficiency.attention_sweep
+        if sweep is not None:
+            peak = self.peak_flops.get("bf16") or self.peak_flops.get("fp16")
+            if peak is None:
+                raise ValueError("efficiency.attention_sweep needs a bf16 or fp16 peak to be measured against")
+            fastest = max(max(series) for series in (sweep.forward, sweep.forward_causal, sweep.backward,
+                                                      sweep.backward_causal or (0.0,)))
+            if fastest > peak:
+                raise ValueError(f"efficiency.attention_sweep: {fastest / 1e12:.0f} TFLOP/s is above the 16-bit "
+                                 f"peak of {peak / 1e12:.0f} TFLOP/s")
         return self
 
     def peak(self, dtype: str) -> float:

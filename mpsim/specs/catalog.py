@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from mpsim.errors import InputError
 from mpsim.paths import display_path
 from mpsim.specs.accelerator import AcceleratorSpec
-from mpsim.specs.loader import Origins, apply_override, available, find_reference, parse_override, read_yaml, \
+from mpsim.specs.loader import override_label, Origins, apply_override, available, find_reference, parse_override, read_yaml, \
     validation_error
 from mpsim.specs.system import SystemSpec
 
@@ -76,5 +76,5 @@ def load_system(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Syste
         origins.sources[("accelerator",)] = display_path(accelerator_path)
     for text in overrides:
         field, value = parse_override(text)
-        apply_override(tree, field, value, origins, {}, f"--set {text}")
+        apply_override(tree, field, value, origins, {}, override_label(text))
     return _validate(SystemSpec, tree, origins)

@@ -28,20 +28,35 @@ def looks_like_hf(data: Any) -> bool:
 
 
 def _require(config: dict, key: str, label: str) -> Any:
+    """A positive whole number the config must have (sizes and counts)."""
     if key not in config:
         raise InputError(f"Hugging Face config has no {key!r}", label)
-    return config[key]
+    return _count(config, key, label)
+
+
+def _count(config: dict, key: str, label: str, least: int = 1) -> int:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"expected a whole number, got {value!r}", label, key)
+    if value < least:
+        raise InputError(f"must be {least} or more, got {value}", label, key)
+    return value
+
+
+def _optional(config: dict, key: str, label: str, least: int = 1) -> int | None:
+    """A whole number the config may leave out (or set to null)."""
+    return None if config.get(key) is None else _count(config, key, label, least)
 
 
 def from_hf_config(config: dict, name: str, label: str) -> dict[str, Any]:
     """A TransformerSpec tree (plain dict) from a Hugging Face config."""
     kind = config["model_type"]
-    if kind not in SUPPORTED:
+    if not isinstance(kind, str) or kind not in SUPPORTED:
         raise InputError(f"model_type {kind!r} is not supported; supported: {', '.join(SUPPORTED)}", label)
     heads = _require(config, "num_attention_heads", label)
     hidden = _require(config, "hidden_size", label)
     act = config.get("hidden_act", DEFAULT_ACTIVATION.get(kind, "silu"))
-    if act not in FFN_TYPES:
+    if not isinstance(act, str) or act not in FFN_TYPES:
         raise InputError(f"{act!r} is not a known FFN activation; known: {', '.join(FFN_TYPES)}",
                          label, "hidden_act")
     tree: dict[str, Any] = {
@@ -60,29 +75,35 @@ def from_hf_config(config: dict, name: str, label: str) -> dict[str, Any]:
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
         # Qwen2 has biases on the QKV projection only; they are too small to matter
         "linear_bias": bool(config.get("mlp_bias", False)),
-        "dropout": float(config.get("attention_dropout", 0.0) or 0.0),
+        "dropout": config.get("attention_dropout", 0.0) or 0.0,
     }
-    kv_heads = config.get("num_key_value_heads")
-    if kv_heads and kv_heads != heads:
+    kv_heads = _optional(config, "num_key_value_heads", label)
+    if kv_heads is not None and kv_heads != heads:
         tree["num_query_groups"] = kv_heads
-    if config.get("head_dim") and config["head_dim"] != hidden // heads:
-        tree["head_dim"] = config["head_dim"]
+    head_dim = _optional(config, "head_dim", label)
+    if head_dim is not None and head_dim != hidden // heads:
+        tree["head_dim"] = head_dim
     if kind in ("mixtral",):
-        tree["moe"] = {"num_experts": config["num_local_experts"], "top_k": config["num_experts_per_tok"],
-                       "expert_ffn_hidden_size": config["intermediate_size"]}
+        tree["moe"] = {"num_experts": _require(config, "num_local_experts", label),
+                       "top_k": _require(config, "num_experts_per_tok", label),
+                       "expert_ffn_hidden_size": _require(config, "intermediate_size", label)}
     elif kind in ("qwen2_moe", "qwen3_moe"):
-        tree["moe"] = {"num_experts": config["num_experts"], "top_k": config["num_experts_per_tok"],
-                       "expert_ffn_hidden_size": config["moe_intermediate_size"]}
-        shared = config.get("shared_expert_intermediate_size")
+        tree["moe"] = {"num_experts": _require(config, "num_experts", label),
+                       "top_k": _require(config, "num_experts_per_tok", label),
+                       "expert_ffn_hidden_size": _require(config, "moe_intermediate_size", label)}
+        shared = _optional(config, "shared_expert_intermediate_size", label, least=0)
         if shared:
             tree["moe"].update({"shared_experts": 1, "shared_expert_ffn_hidden_size": shared})
     elif kind in ("deepseek_v3", "deepseek_v2"):
-        tree["moe"] = {"num_experts": config["n_routed_experts"], "top_k": config["num_experts_per_tok"],
-                       "expert_ffn_hidden_size": config["moe_intermediate_size"],
-                       "shared_experts": config.get("n_shared_experts", 0) or 0,
-                       "dense_layers": config.get("first_k_dense_replace", 0)}
-        tree["mla"] = {"q_lora_rank": config.get("q_lora_rank"), "kv_lora_rank": config["kv_lora_rank"],
-                       "qk_nope_head_dim": config["qk_nope_head_dim"], "qk_rope_head_dim": config["qk_rope_head_dim"],
-                       "v_head_dim": config["v_head_dim"]}
+        tree["moe"] = {"num_experts": _require(config, "n_routed_experts", label),
+                       "top_k": _require(config, "num_experts_per_tok", label),
+                       "expert_ffn_hidden_size": _require(config, "moe_intermediate_size", label),
+                       "shared_experts": _optional(config, "n_shared_experts", label, least=0) or 0,
+                       "dense_layers": _optional(config, "first_k_dense_replace", label, least=0) or 0}
+        tree["mla"] = {"q_lora_rank": _optional(config, "q_lora_rank", label),
+                       "kv_lora_rank": _require(config, "kv_lora_rank", label),
+                       "qk_nope_head_dim": _require(config, "qk_nope_head_dim", label),
+                       "qk_rope_head_dim": _require(config, "qk_rope_head_dim", label),
+                       "v_head_dim": _require(config, "v_head_dim", label)}
         tree.pop("num_query_groups", None)
     return tree

@@ -10,6 +10,7 @@ overrides, and validates the whole tree with pydantic. Any problem becomes one
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from mpsim.errors import InputError
-from mpsim.paths import KIND_DIRS, data_roots, display_path, normalize_name
+from mpsim.paths import KIND_DIRS, data_roots, display_path, normalize_name, read_text
 from mpsim.specs.hf import from_hf_config, looks_like_hf
 from mpsim.specs.scenario import Scenario
 
@@ -52,7 +53,8 @@ class Origins:
             return error
         path = tuple(error.field.split("."))
         source, rest = self.file_for(path)
-        return InputError(error.message, source or None, ".".join(rest) or error.field)
+        named = source is not None and source.startswith("--set ")  # the --set already names the field
+        return InputError(error.message, source or None, ".".join(rest) or (None if named else error.field))
 
 
 @dataclass
@@ -64,22 +66,65 @@ class LoadedScenario:
     path: Path | None = None
 
 
+# The longest integer an input may spell out: 2^63 has 19 digits, more than any count,
+# size or rate a scenario can hold; longer ones are typing accidents (and Python refuses
+# to convert strings past 4,300 digits at all).
+MAX_INTEGER_DIGITS = 19
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, stricter where silence would change a run.
+
+    A key given twice in one mapping is an error (plain YAML keeps the last one without a
+    word), and so is an integer longer than :data:`MAX_INTEGER_DIGITS` digits.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader reports it below
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' given twice (lines {first} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        digits = sum(ch.isdigit() for ch in str(node.value))
+        if digits > MAX_INTEGER_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {digits} digits is out of range (at most {MAX_INTEGER_DIGITS})",
+                node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+StrictLoader.add_constructor("tag:yaml.org,2002:map", StrictLoader.construct_yaml_map)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text to Python values with :class:`StrictLoader`."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}{problem}"
+
+
 def read_yaml(path: Path) -> Any:
     """Parse a YAML (or JSON) file; a syntax error names the line."""
-    label = display_path(path)
+    text = read_text(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("file not found", label) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", label) from None
-    try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"malformed YAML: {where}{problem}", label) from None
+        raise InputError(f"malformed YAML: {_yaml_problem(exc)}", display_path(path)) from None
 
 
 def _index(kind: str) -> dict[str, Path]:
@@ -191,9 +236,14 @@ def resolve_references(tree: dict, origins: Origins, base_dirs: dict[Path_, Path
         _resolve_at(tree, path, origins, base_dirs)
 
 
+def override_label(text: str, width: int = 80) -> str:
+    """How a ``--set`` is named in a message; a very long one is cut, so the message stays one line."""
+    return f"--set {text if len(text) <= width else text[:width] + '...'}"
+
+
 def parse_override(text: str) -> tuple[Path_, Any]:
     """``a.b=value`` -> (('a', 'b'), value parsed as YAML)."""
-    label = f"--set {text}"
+    label = override_label(text)
     if "=" not in text:
         raise InputError("expected FIELD=VALUE, e.g. parallel.tp=4", label)
     key, raw = text.split("=", 1)
@@ -201,7 +251,9 @@ def parse_override(text: str) -> tuple[Path_, Any]:
     if not path:
         raise InputError("empty field name", label)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
+    except yaml.constructor.ConstructorError as exc:
+        raise InputError(exc.problem or "malformed value", label) from None
     except yaml.YAMLError:
         value = raw
     return path, value
@@ -246,7 +298,8 @@ def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
 
 def validation_error(exc: ValidationError, origins: Origins, root: type[BaseModel] = Scenario) -> InputError:
     """One line from pydantic's error list: the first problem, its file and field."""
-    errors = exc.errors()
+    # an unknown key first: a misspelt or look-alike key is usually why a required one is missing
+    errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
     first = errors[0]
     loc = tuple(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
@@ -255,10 +308,19 @@ def validation_error(exc: ValidationError, origins: Origins, root: type[BaseMode
     elif first["type"] == "extra_forbidden":
         known = _known_fields(root, loc[:-1])
         close = difflib.get_close_matches(loc[-1], known, n=1)
-        message = "unknown field" + (f"; did you mean '{close[0]}'?" if close else
-                                      (f"; known fields: {', '.join(known)}" if known else ""))
+        foreign = [ch for ch in loc[-1] if not ch.isascii()]
+        if foreign:
+            message = (f"unknown field: it contains the non-ASCII character '{foreign[0]}' "
+                       f"(U+{ord(foreign[0]):04X})")
+            close = difflib.get_close_matches(unicodedata.normalize("NFKD", loc[-1]).encode("ascii", "replace")
+                                              .decode().replace("?", "."), known, n=1)
+            message += f"; did you mean '{close[0]}'?" if close else ""
+        else:
+            message = "unknown field" + (f"; did you mean '{close[0]}'?" if close else
+                                          (f"; known fields: {', '.join(known)}" if known else ""))
     elif "input" in first and first["type"] not in ("value_error", "assertion_error"):
-        message = f"{message} (got {first['input']!r})"
+        shown = repr(first["input"])
+        message = f"{message} (got {shown if len(shown) <= 60 else shown[:60] + '...'})"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     source, rest = origins.file_for(loc)
@@ -284,7 +346,7 @@ def scenario_from_tree(tree: dict, file: Path, overrides: list[str] | tuple[str,
     """Apply ``--set`` overrides to a scenario tree read from ``file``, resolve references, validate."""
     origins = Origins({(): display_path(file)})
     base_dirs: dict[Path_, Path] = {(): file.parent}
-    parsed = [(parse_override(text), f"--set {text}") for text in overrides]
+    parsed = [(parse_override(text), override_label(text)) for text in overrides]
     for (opath, value), olabel in parsed:
         apply_override(tree, opath, value, origins, base_dirs, olabel)
     resolve_references(tree, origins, base_dirs)
@@ -295,7 +357,13 @@ def scenario_from_tree(tree: dict, file: Path, overrides: list[str] | tuple[str,
     return LoadedScenario(scenario, origins, file)
 
 
+# A scenario file may carry the axes ``mpsim sweep`` runs it over (docs/explore.md); every
+# other command simulates the scenario itself and leaves the block alone.
+SWEEP_KEY = "sweep"
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
-    """Load, resolve, override and validate a scenario file."""
+    """Load, resolve, override and validate a scenario file (without its ``sweep:`` block)."""
     file, tree = read_scenario_file(path)
+    tree = {key: value for key, value in tree.items() if key != SWEEP_KEY}
     return scenario_from_tree(tree, file, overrides)

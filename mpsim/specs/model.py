@@ -61,17 +61,21 @@ class TransformerSpec(Spec):
     kind: Literal["transformer"] = Field("transformer", exclude=True)
     name: str
     description: str = ""
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    ffn_hidden_size: int = Field(gt=0)
+    # no trained model has had more than a few hundred layers; a typo like 40000000 would
+    # build that many layers' work before any message
+    num_layers: int = Field(gt=0, le=100_000)
+    # the sizes below are bounded far above any model built (hidden 2^18, a 16M-token context,
+    # a 16M-word vocabulary) so that a slip of the keyboard is an error, not a 10^15 s step
+    hidden_size: int = Field(gt=0, le=1 << 18)
+    ffn_hidden_size: int = Field(gt=0, le=1 << 20)
     ffn_type: Literal["gelu", "swiglu", "squared_relu", "relu"] = Field(
         "gelu", description="the FFN's activation: gelu (GPT), swiglu (gated: Llama, Mixtral), squared_relu "
                             "(Nemotron-4, Hugging Face's relu2), relu (OPT); only swiglu has a gated, two-part FC1")
-    num_attention_heads: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0, le=1 << 16)
     num_query_groups: int | None = Field(None, gt=0, description="KV heads (GQA); default: one per head")
     head_dim: int | None = Field(None, gt=0, description="default: hidden_size / num_attention_heads")
-    vocab_size: int = Field(gt=0)
-    seq_length: int = Field(gt=0)
+    vocab_size: int = Field(gt=0, le=1 << 24)
+    seq_length: int = Field(gt=0, le=1 << 24)
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     position_embedding: Literal["learned", "rope"] = "learned"
     tied_embeddings: bool = False

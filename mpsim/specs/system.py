@@ -184,6 +184,10 @@ class SystemSpec(Spec):
 
     @model_validator(mode="after")
     def _fabric_fits_node(self) -> "SystemSpec":
+        if self.collective_channels > self.accelerator.compute_units:
+            raise ValueError(f"collective_channels={self.collective_channels} is more than the accelerator's "
+                             f"{self.accelerator.compute_units} SMs (compute_units); NCCL runs 1-32 channels, "
+                             f"one SM each")
         up = self.scale_up
         if up.torus is not None and up.torus.chips != self.devices_per_node:
             raise ValueError(f"scale_up.torus.dims {up.torus.dims} hold {up.torus.chips} chips, but devices_per_node is "
@@ -192,6 +196,12 @@ class SystemSpec(Spec):
             raise ValueError(f"a full mesh of {self.devices_per_node} devices needs at least "
                              f"{self.devices_per_node - 1} links per device, got links_per_device={up.links_per_device}")
         return self
+
+
+# The largest cluster a scenario may describe: 2^20 accelerators, about five times the
+# largest training clusters reported (100,000-200,000 GPUs); past it ranks, links and
+# layouts stop fitting in memory and time, and nothing real is that large.
+MAX_DEVICES = 1 << 20
 
 
 class ClusterSpec(Spec):
@@ -211,6 +221,10 @@ class ClusterSpec(Spec):
                 f"nodes={self.nodes} x {per_node} devices per node is {self.nodes * per_node}, "
                 f"not num_devices={self.num_devices}; give one of the two"
             )
+        devices = self.num_devices if self.num_devices is not None else (self.nodes or 0) * per_node
+        if devices > MAX_DEVICES:
+            raise ValueError(f"{devices:,} devices is beyond what mpsim simulates (at most {MAX_DEVICES:,}, five "
+                             f"times the largest clusters built); give fewer nodes")
         return self
 
     @property

@@ -40,6 +40,24 @@ class MLAShape:
     v_head_dim: int
 
 
+def _kernel_calls(ctx: LayerContext) -> tuple[int, float]:
+    """(keys per query in one fused kernel call, share of the FLOPs under a causal mask).
+
+    Without context parallelism, or with an all-gather of K/V (Llama 3) or Ulysses'
+    all-to-all, one call covers the whole sequence under the model's mask. A ring
+    (Megatron / Transformer Engine) makes ``cp`` calls over blocks of ``s / cp`` keys: the
+    first on the rank's own, load-balanced chunks under the causal mask, the others on a
+    block that is wholly visible (half its queries or half its keys), each with the same
+    FLOPs, so ``1 / cp`` of the work is masked.
+    """
+    s = ctx.seq_length
+    if not ctx.causal:
+        return s, 0.0
+    if ctx.cp > 1 and ctx.cp_comm == "ring":
+        return max(1, s // ctx.cp), 1.0 / ctx.cp
+    return s, 1.0
+
+
 def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
     """(forward items, backward items, saved bytes) of softmax(QK^T)V on one rank."""
     b, s, e = ctx.microbatch_size, ctx.seq_length, ctx.act_bytes
@@ -55,10 +73,12 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
         qkv_bytes = queries * (heads * d_qk + kv * (d_qk + d_v)) * e
         out_bytes = queries * heads * d_v * e
         lse_bytes = b * heads * (queries // b) * 4
+        kernel_seq, causal_share = _kernel_calls(ctx)
         fwd = Op("attn.flash", "attention", flops=fwd_flops, bytes=qkv_bytes + out_bytes + lse_bytes,
-                 direction="forward", dtype=ctx.attention_dtype)
+                 direction="forward", dtype=ctx.attention_dtype, kernel_seq=kernel_seq, causal_share=causal_share)
         bwd = Op("attn.flash.grad", "attention", flops=fwd_flops * FLASH_BACKWARD_FLOPS_RATIO,
-                 bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward", dtype=ctx.attention_dtype)
+                 bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward", dtype=ctx.attention_dtype,
+                 kernel_seq=kernel_seq, causal_share=causal_share)
         return [fwd], [bwd], float(lse_bytes)
     # Megatron's unfused path: the full s x s scores are computed, written, then masked
     batch = b * heads

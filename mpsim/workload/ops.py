@@ -39,6 +39,11 @@ class Op:
     epilogue_bytes: int = 0
     # attention kernels: "forward" or "backward"
     direction: str = ""
+    # fused attention kernels: keys each query sees in one kernel call (the rate of a
+    # published sweep is read at this length; 0: unknown) and the share of the op's FLOPs
+    # that run under a causal mask (the rest attend to every key they are given)
+    kernel_seq: int = 0
+    causal_share: float = 0.0
     # collectives: what, over which group, payload as nccl-tests counts it
     collective: CollectiveKind | None = None
     group: str = ""

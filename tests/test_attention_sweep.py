@@ -1,0 +1,121 @@
+"""Fused attention priced from the kernel's published sweep over sequence lengths.
+
+The H100 files carry cuDNN's fused-attention throughput from the FlashAttention-3 paper's
+benchmark (docs/hardware-sources.md, FA3-SWEEP). A kernel call is priced at the rate
+measured for the keys per query it sees, its masked and unmasked FLOPs apart; a context-
+parallel ring makes ``cp`` calls over ``s / cp`` keys, one of them masked.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mpsim.cost.compute import ComputeModel
+from mpsim.errors import InputError
+from mpsim.resolve import resolve
+from mpsim.specs import load_scenario
+from mpsim.specs.accelerator import AttentionSweepSpec
+from mpsim.specs.catalog import load_accelerator
+from mpsim.workload.attention import _kernel_calls
+from mpsim.workload import build_workload
+from mpsim.workload.ops import Op, compute_ops
+from mpsim.workload.stages import layer_context
+from tests.conftest import SCENARIOS
+
+H100 = load_accelerator("h100-sxm-80gb")
+SWEEP = H100.efficiency.attention_sweep
+TFLOPS = 1e12
+
+
+def _attention(flops: float, seq: int, causal_share: float, direction: str = "forward") -> Op:
+    return Op("attn.flash", "attention", flops=flops, direction=direction, kernel_seq=seq, causal_share=causal_share)
+
+
+def _compute_s(op: Op, dtype: str = "bf16") -> float:
+    model = ComputeModel(H100, dtype)
+    return model.time(op) - H100.efficiency.kernel_overhead  # bytes are 0: the compute side alone
+
+
+def test_at_a_measured_length_the_rate_is_the_published_one():
+    # FA3-SWEEP, cuDNN at 4k: forward 609 unmasked, 518 causal; backward 499 unmasked
+    flops = 1e12
+    assert _compute_s(_attention(flops, 4096, 0.0)) == pytest.approx(flops / (609 * TFLOPS), rel=1e-12)
+    assert _compute_s(_attention(flops, 4096, 1.0)) == pytest.approx(flops / (518 * TFLOPS), rel=1e-12)
+    assert _compute_s(_attention(flops, 4096, 0.0, "backward")) == pytest.approx(flops / (499 * TFLOPS), rel=1e-12)
+
+
+def test_between_lengths_the_rate_is_interpolated_in_log_length():
+    # 2896 ~ 2^11.5: halfway between 2k (484) and 4k (518) for the causal forward
+    assert SWEEP.rate(2896, backward=False, causal=True) == pytest.approx((484 + 518) / 2 * TFLOPS, rel=2e-3)
+    assert SWEEP.rate(256, backward=False, causal=True) == SWEEP.rate(512, backward=False, causal=True)
+    assert SWEEP.rate(1 << 20, backward=True, causal=False) == SWEEP.rate(16384, backward=True, causal=False)
+
+
+def test_the_causal_backward_takes_the_forward_mask_ratio():
+    for seq in SWEEP.seq_lengths:
+        ratio = SWEEP.rate(seq, False, True) / SWEEP.rate(seq, False, False)
+        assert SWEEP.rate(seq, True, True) == pytest.approx(SWEEP.rate(seq, True, False) * ratio, rel=1e-12)
+
+
+def test_short_sequences_and_causal_masks_cost_more_per_flop():
+    flops = 1e12
+    assert _compute_s(_attention(flops, 512, 1.0)) > 1.5 * _compute_s(_attention(flops, 8192, 1.0))
+    for seq in (512, 2048, 8192):
+        assert _compute_s(_attention(flops, seq, 1.0)) > _compute_s(_attention(flops, seq, 0.0))
+        assert _compute_s(_attention(flops, seq, 1.0, "backward")) > _compute_s(_attention(flops, seq, 0.0, "backward"))
+
+
+def test_masked_and_unmasked_shares_are_priced_apart():
+    flops = 1e12
+    mixed = _compute_s(_attention(flops, 4096, 0.25))
+    expected = 0.25 * flops / (518 * TFLOPS) + 0.75 * flops / (609 * TFLOPS)
+    assert mixed == pytest.approx(expected, rel=1e-12)
+
+
+def test_fp8_attention_and_unknown_lengths_use_the_single_fraction():
+    flops = 1e12
+    assert _compute_s(_attention(flops, 0, 1.0)) == pytest.approx(
+        flops / (H100.peak("bf16") * H100.efficiency.attention_forward), rel=1e-12)
+    assert _compute_s(_attention(flops, 4096, 1.0), "fp8") == pytest.approx(
+        flops / (H100.peak("fp8") * H100.efficiency.attention_forward), rel=1e-12)
+
+
+@pytest.mark.parametrize("cp_comm, cp, seq, share", [
+    ("ring", 1, 8192, 1.0), ("ring", 2, 4096, 0.5), ("ring", 4, 2048, 0.25),
+    ("all-gather", 4, 8192, 1.0), ("all-to-all", 4, 8192, 1.0),
+])
+def test_a_context_parallel_ring_calls_the_kernel_on_blocks_of_s_over_cp(cp_comm, cp, seq, share):
+    overrides = ["model.seq_length=8192", f"parallel.cp={cp}", f"parallel.cp_comm={cp_comm}", "parallel.tp=8",
+                 "parallel.pp=1", f"parallel.dp={8 // cp}"]
+    scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml", overrides).scenario
+    assert _kernel_calls(layer_context(scenario, resolve(scenario))) == (seq, share)
+
+
+def test_a_ring_of_two_prices_attention_slower_per_flop_than_one_call_over_the_whole_sequence():
+    # half the keys per call and half of the work unmasked: the ring's calls are shorter
+    # (slower) but mostly unmasked (faster); at 8k on H100 the shorter calls lose
+    whole = _compute_s(_attention(1e12, 8192, 1.0, "backward"))
+    ring = _compute_s(_attention(1e12, 4096, 0.5, "backward"))
+    assert ring == pytest.approx(0.5 * 1e12 / SWEEP.rate(4096, True, True) + 0.5 * 1e12 / (499 * TFLOPS), rel=1e-12)
+    assert whole != ring
+
+
+def test_a_sweep_must_be_increasing_consistent_and_below_peak(tmp_path):
+    with pytest.raises(ValueError, match="increasing"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(1024, 512), forward=(1, 1), forward_causal=(1, 1),
+                           backward=(1, 1))
+    with pytest.raises(ValueError, match="3 values for 2"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward=(1, 1, 1),
+                           forward_causal=(1, 1), backward=(1, 1))
+    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h100_sxm_80gb.yaml").read_text()
+    bad = tmp_path / "fast.yaml"
+    bad.write_text(text.replace('"595 TFLOP/s"]', '"5950 TFLOP/s"]'))
+    with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
+        load_accelerator(str(bad))
+
+
+def test_an_encoder_attends_without_a_mask():
+    scenario = load_scenario(SCENARIOS / "vit_22b_512xh100.yaml").scenario
+    workload = build_workload(scenario, resolve(scenario))
+    ops = [op for block in workload.stages[0].forward for op in compute_ops(block.items) if op.kind == "attention"]
+    assert ops and all(op.causal_share == 0.0 and op.kernel_seq > 0 for op in ops)
