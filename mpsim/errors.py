@@ -28,3 +28,6 @@ EXIT_INPUT_ERROR = 2
 # its device's capacity (``mpsim run``, ``compare``), or no layout fits (``mpsim plan``).
 # The step is still simulated and printed; scripts can tell it apart from success.
 EXIT_OUT_OF_MEMORY = 3
+# Stopped by Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention); sweeps and plans
+# have saved every finished point to their results file and a rerun resumes
+EXIT_INTERRUPTED = 130

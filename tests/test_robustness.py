@@ -134,3 +134,39 @@ def test_the_dualpipev_trace_is_the_same_on_every_run(tmp_path):
                        env={**os.environ, "PYTHONHASHSEED": seed})
         digests.add(hashlib.sha256(trace.read_bytes()).hexdigest())
     assert len(digests) == 1
+
+
+def test_compare_json_holds_each_schedules_summary_as_run_prints_it(capsys):
+    import json
+
+    scenario = str(SCENARIOS / "megatron_22b_8xa100.yaml")
+    assert main(["compare", scenario, "--schedules", "1f1b,gpipe", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [entry["schedule"] for entry in body["schedules"]] == ["1f1b", "gpipe"]
+    assert main(["run", scenario, "--json", "--set", "parallel.schedule=gpipe"]) == 0
+    assert body["schedules"][1]["summary"]["step_time_s"] == json.loads(capsys.readouterr().out)["step_time_s"]
+
+
+def test_plan_json_lists_the_best_layouts_with_their_metrics(tmp_path, capsys):
+    import json
+
+    from tests.conftest import TINY_MODEL
+
+    (tmp_path / "tiny.yaml").write_text(TINY_MODEL)
+    assert main(["plan", str(tmp_path / "tiny.yaml"), "--cluster", "dgx-a100", "--devices", "8", "--global-batch",
+                 "16", "--max-microbatch", "2", "--schedules", "1f1b", "--workers", "1", "--no-progress", "--top",
+                 "3", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert 1 <= len(body["best"]) <= 3 and sum(body["status_counts"].values()) == body["layouts"]
+    times = [entry["metrics"]["step_time_s"] for entry in body["best"]]
+    assert times == sorted(times)
+
+
+def test_a_job_that_does_not_fit_exits_3_after_printing_its_step(capsys):
+    from mpsim.errors import EXIT_OUT_OF_MEMORY
+
+    scenario = str(SCENARIOS / "llama3_70b_32xh100.yaml")
+    code = main(["run", scenario, "--set", "parallel.recompute=none", "--set", "parallel.microbatch_size=8"])
+    assert code == EXIT_OUT_OF_MEMORY == 3
+    assert "step time" in capsys.readouterr().out
+    assert main(["run", scenario]) == 0

@@ -109,3 +109,42 @@ def test_without_torch_the_command_says_how_to_install_it(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "error: PyTorch is needed to import a model: pip install 'mpsim[calibrate]' " \
                                     "(torch>=2.12)"
+
+
+HF_MODELS = [("llama", "cross_entropy", "model.layers."), ("gpt2", "cross_entropy", "transformer.h."),
+             ("bert", "none", "encoder.layer.")]
+
+
+@pytest.mark.parametrize("name,loss,blocks", HF_MODELS)
+def test_hugging_face_models_import_one_unit_per_block_with_torchs_flops(name, loss, blocks, tmp_path):
+    """LlamaForCausalLM, GPT-2 and BERT from their configs: each decoder/encoder block is one
+    layer of the stack (so a pipeline can cut between any two), the stack's forward FLOPs are
+    those of PyTorch's counter on the whole model, and the stack simulates."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mpsim.specs.stack import LayerStackSpec
+    from mpsim.workload.layer_stack import stack_units
+    from tests import hf_models
+
+    target = tmp_path / f"{name}.yaml"
+    made = run_cli("import-torch", f"tests/hf_models.py:{name}", "--input-shape", "128", "--token-ids", "--loss",
+                   loss, "-o", str(target), cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    stack = LayerStackSpec.model_validate(yaml.safe_load(target.read_text()))
+    names = [layer.name for layer in stack.layers]
+    assert [n for n in names if n.startswith(blocks)] == [f"{blocks}{i}" for i in range(4)]
+    with torch.device("meta"):
+        model = getattr(hf_models, name)()
+        ids = torch.zeros((3, 128), dtype=torch.long)
+    model.train()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(ids)
+    ours = sum(forward_flops_per_sample(placed) for unit in stack_units(stack) for placed in unit.layers)
+    assert ours == pytest.approx(counter.get_total_flops() / 3, rel=0.02)
+    ran = run_cli("run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), "--set", f"model={target}", "--json",
+                  cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    assert sum(json.loads(ran.stdout)["layers_per_stage"]) == len(names)

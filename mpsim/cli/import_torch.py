@@ -24,13 +24,22 @@ def _import(args: argparse.Namespace) -> int:
 
     require_torch()  # one line saying how to install it, before any of the user's code runs
     import yaml
+    from pydantic import ValidationError
 
     from mpsim.specs.stack import LayerStackSpec
     from mpsim.torchio.importer import import_model
 
     data = import_model(args.factory, _shape(args.input_shape), name=args.name, token_ids=args.token_ids,
                         loss=args.loss)
-    LayerStackSpec.model_validate(data)  # what we write must load
+    try:
+        LayerStackSpec.model_validate(data)  # what we write must load
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        layer = data["layers"][first["loc"][1]]["name"] if len(first["loc"]) > 1 and first["loc"][0] == "layers" \
+            and isinstance(first["loc"][1], int) else ""
+        raise InputError(f"cannot import module {layer or where!r}: {first['msg'].removeprefix('Value error, ')}",
+                         args.factory) from None
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)
     if args.output:
         Path(args.output).write_text(text)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import Sequence
 
 from mpsim.cli.common import Parser, check_output_paths
-from mpsim.errors import EXIT_INPUT_ERROR, InputError
+from mpsim.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, InputError
 
 # one module per subcommand, each with register(commands)
 COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.compare", "mpsim.cli.schedule", "mpsim.cli.hardware", "mpsim.cli.collective", "mpsim.cli.sweep", "mpsim.cli.plan", "mpsim.cli.calibrate", "mpsim.cli.validate", "mpsim.cli.import_torch"]
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mpsim`` console script."""
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         check_output_paths(args)
         return args.handler(args)
@@ -34,6 +36,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INPUT_ERROR
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside the commands that save their progress
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM stops a command the way Ctrl-C does: sweeps and plans keep every finished
+    point, stop their workers and exit; nothing is left running."""
+    raise KeyboardInterrupt
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

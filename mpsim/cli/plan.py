@@ -21,6 +21,30 @@ def _find_filter(text: str) -> dict[str, str]:
     return wanted
 
 
+def plan_json(result, top: int, finds: list[dict[str, str]]) -> str:
+    """The plan as one JSON object: counts by status, the best layouts (each its point and
+    metrics), why the others lost, and where each ``--find`` landed."""
+    import json
+
+    from mpsim.explore.planreport import explain_losses, matching, ranked, status_counts
+
+    winners = ranked(result)
+    body = {
+        "model": result.scenario.model.name, "system": result.scenario.cluster.system.name,
+        "devices": result.scenario.cluster.devices,
+        "global_batch_size": result.scenario.parallel.global_batch_size,
+        "layouts": len(result.points), "status_counts": dict(sorted(status_counts(result).items())),
+        "elapsed_s": result.elapsed_s,
+        "best": [{"rank": i, "point": r["point"], "metrics": r["metrics"]} for i, r in enumerate(winners[:top], 1)],
+        "losses": [{"reason": loss.reason, "count": loss.count, "example": loss.example["point"],
+                    "detail": loss.detail} for loss in explain_losses(result, top)],
+        "found": [{"filter": wanted, "layouts": [{"where": where, "point": record["point"]}
+                                                 for where, record in matching(result, wanted)[:top]]}
+                  for wanted in finds],
+    }
+    return json.dumps(body, indent=2, default=str)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from mpsim.explore.planbase import base_scenario
     from mpsim.explore.planner import layout_label, plan
@@ -54,6 +78,11 @@ def _plan(args: argparse.Namespace) -> int:
                       progress=args.progress)
     except KeyboardInterrupt:
         return interrupted(args.out)
+    if args.json:
+        print(plan_json(result, args.top, finds))
+        winners = ranked(result)
+        _plots(args, result, winners)
+        return 0 if winners else no_layout_exit(result.records)
     print(format_plan(result, args.top))
     for wanted in finds:
         found = matching(result, wanted)
@@ -103,6 +132,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="fix a field (not enumerated), e.g. --set parallel.tp=8 or --set training.attention=flash")
     parser.add_argument("--top", type=positive_int, default=10, metavar="N", help="layouts to show (default 10)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: counts, the best layouts with their metrics, why the rest lost")
     parser.add_argument("--find", action="append", default=[], metavar="tp=8,pp=16,...",
                         help="also say where matching layouts landed and why (repeatable)")
     parser.add_argument("--max-microbatch", type=positive_int, default=8, metavar="N", help="largest microbatch (default 8)")

@@ -6,9 +6,8 @@ import argparse
 import sys
 
 from mpsim.cli.common import add_scenario_args, no_layout_exit, non_negative_int, positive_int
-from mpsim.errors import InputError
+from mpsim.errors import EXIT_INTERRUPTED, InputError
 
-INTERRUPTED_EXIT = 130
 
 
 def add_execution_args(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +38,7 @@ def check_backend(args: argparse.Namespace) -> None:
 def interrupted(out: str | None) -> int:
     where = f"; finished points are in {out}, rerun the same command to continue" if out else ""
     print(f"interrupted{where}", file=sys.stderr)
-    return INTERRUPTED_EXIT
+    return EXIT_INTERRUPTED
 
 
 def _sweep(args: argparse.Namespace) -> int:

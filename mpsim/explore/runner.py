@@ -24,6 +24,7 @@ import concurrent.futures as futures
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -38,6 +39,8 @@ BACKENDS = ("local", "ray")
 RAY_INSTALL_HINT = "--backend ray needs Ray: pip install 'mpsim[ray]' (or pip install ray)"
 CHUNKS_IN_FLIGHT_PER_WORKER = 2
 MAX_CHUNK = 32
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal the kernel sends when the parent dies
+PARENT_POLL_S = 1.0
 
 
 class Evaluator(Protocol):
@@ -80,9 +83,35 @@ class _SerialPool:
         pass
 
 
-def _ignore_interrupt() -> None:
-    """Workers leave Ctrl-C to the main process, which saves what is done and stops them."""
+def _worker_start(parent: int) -> None:
+    """Set up a pool worker: Ctrl-C is the main process's to handle (it saves what is done
+    and stops the workers), and the worker dies with its parent, however the parent ends
+    (SIGKILL included), instead of waiting forever for work that will not come."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the kernel kills us when the parent dies
+        except (OSError, AttributeError):
+            _watch_parent(parent)
+    else:
+        _watch_parent(parent)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    """Where the kernel cannot be asked: a thread that ends the worker once the parent is gone."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="mpsim-parent-watch").start()
 
 
 class _LocalPool:
@@ -91,7 +120,8 @@ class _LocalPool:
     def __init__(self, workers: int):
         self.workers = workers
         self.in_flight = workers * CHUNKS_IN_FLIGHT_PER_WORKER
-        self.executor = futures.ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupt)
+        self.executor = futures.ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
+                                                    initargs=(os.getpid(),))
 
     def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
         return self.executor.submit(evaluate_chunk, evaluator, chunk)
@@ -102,7 +132,17 @@ class _LocalPool:
         return [(f, f.result()) for f in pending if f in done]
 
     def close(self, cancel: bool) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=cancel)
+        if not cancel:
+            self.executor.shutdown(wait=True)
+            return
+        # interrupted: the points in flight are lost either way, so stop their workers now
+        # rather than wait for them (seconds per chunk); finished points are already saved
+        processes = list(getattr(self.executor, "_processes", {}).values())
+        for process in processes:
+            process.kill()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.join(timeout=1.0)
 
 
 class _RayPool:

@@ -39,12 +39,16 @@ class Origins:
     """Which file (or ``--set``) each subtree of the config came from."""
 
     sources: dict[Path_, str] = field(default_factory=dict)
+    # subtrees written inside another file's tree (the fields beside ``base:``): where that
+    # file's own root is, so a field is named by its path in that file
+    roots: dict[Path_, Path_] = field(default_factory=dict)
 
     def file_for(self, path: Path_) -> tuple[str, Path_]:
         """The source of ``path`` and the path relative to that source."""
         for cut in range(len(path), -1, -1):
             if path[:cut] in self.sources:
-                return self.sources[path[:cut]], path[cut:]
+                root = self.roots.get(path[:cut], path[:cut])
+                return self.sources[path[:cut]], path[len(root):]
         return "", path
 
     def locate(self, error: InputError) -> InputError:
@@ -207,6 +211,7 @@ def _resolve_at(tree: dict, path: Path_, origins: Origins, base_dirs: dict[Path_
         return
     kind = REFERENCE_FIELDS[path]
     source, rel = origins.file_for(path)
+    source_root = path[:len(path) - len(rel)]
     base = None
     for cut in range(len(path), -1, -1):
         if path[:cut] in base_dirs:
@@ -227,6 +232,7 @@ def _resolve_at(tree: dict, path: Path_, origins: Origins, base_dirs: dict[Path_
     origins.sources[path] = display_path(file)
     for key in changes:  # fields set beside ``base`` belong to the referencing file
         origins.sources[(*path, key)] = source
+        origins.roots[(*path, key)] = source_root
     base_dirs[path] = file.parent
 
 

@@ -76,7 +76,9 @@ class Call:
         return self.flops_after - self.flops_before
 
     def in_shape(self, batch: int) -> tuple[int, ...]:
-        tensors = _tensors(self.args)
+        # the first tensor passed, positionally or by keyword (Hugging Face models pass
+        # input_ids= and hidden_states= by name)
+        tensors = _tensors(self.args) or _tensors(self.kwargs)
         return sample_shape(tensors[0], batch) if tensors else ()
 
     def out_shape(self, batch: int) -> tuple[int, ...]:
@@ -145,11 +147,26 @@ def trace_calls(model, sample) -> tuple[list[Call], list[Glue | None], tuple[int
 
 
 def _expand(call: Call) -> list[Call]:
-    """The calls a module makes, with ``nn.Sequential`` containers opened up."""
+    """The calls a module makes, with ``nn.Sequential`` containers and backbones opened up.
+
+    A backbone is a module that runs a stack of repeated blocks from an ``nn.ModuleList``
+    (a Hugging Face ``LlamaModel``, ``GPT2Model`` or ``BertEncoder``, a timm ViT's blocks):
+    its blocks become the units, one per block, so the stack can be cut between any two.
+    """
     out: list[Call] = []
     for child in call.children:
-        out += _expand(child) if isinstance(child.module, nn.Sequential) else [child]
+        out += _expand(child) if isinstance(child.module, nn.Sequential) or _runs_block_stack(child) else [child]
     return out
+
+
+def _runs_block_stack(call: Call) -> bool:
+    """Whether ``call`` (or a module it calls) runs two or more blocks of one class held in an ``nn.ModuleList``."""
+    listed = {id(block): type(block) for module in call.module.modules() if isinstance(module, nn.ModuleList)
+              for block in module}
+    kinds = [listed[id(child.module)] for child in call.children if id(child.module) in listed]
+    return any(kinds.count(kind) >= 2 for kind in set(kinds)) or any(
+        _runs_block_stack(child) for child in call.children if not isinstance(child.module, nn.ModuleList)
+        and any(isinstance(m, nn.ModuleList) for m in child.module.modules()))
 
 
 def _glue(level: Call | None, units: list[Call], batch: int) -> list[Glue | None]:

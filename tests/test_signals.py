@@ -1,0 +1,94 @@
+"""Stopping a sweep or a plan: nothing left running, every finished point kept, a rerun resumes.
+
+SIGINT and SIGTERM stop the command within a second with exit code 130, the points
+already computed saved in the results file; SIGKILL of the command takes its pool workers
+with it (they ask the kernel to kill them when their parent dies). The workers are found
+by the results file's path in their command line (forked workers share it).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCENARIOS
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def _sweep(out: Path) -> list[str]:
+    return [sys.executable, "-m", "mpsim", "sweep", str(SCENARIOS / "megatron_22b_8xa100.yaml"), "--sweep",
+            "parallel.global_batch_size=4..160:4", "--engine", "simpy", "--workers", "2", "--out", str(out),
+            "--no-progress"]
+
+
+def _start_and_wait_for_points(command: list[str], out: Path) -> subprocess.Popen:
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.stat().st_size == 0) and time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"finished before it could be stopped: {process.stderr.read()}")
+        time.sleep(0.05)
+    return process
+
+
+def _gone(out: Path, within_s: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while _processes_naming(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _processes_naming(str(out))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_sweep_stops_within_a_second_keeps_its_points_and_resumes(tmp_path, signum):
+    out = tmp_path / "results.jsonl"
+    process = _start_and_wait_for_points(_sweep(out), out)
+    sent = time.monotonic()
+    process.send_signal(signum)
+    assert process.wait(timeout=30) == 130
+    assert time.monotonic() - sent < 1.5
+    assert "rerun the same command to continue" in process.stderr.read()
+    assert _gone(out) == []
+    saved = [json.loads(line) for line in out.read_text().splitlines()]
+    assert saved and all(record["status"] == "ok" for record in saved)
+    rerun = subprocess.run(_sweep(out), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{len(saved)} reused from the results file" in rerun.stdout
+    assert len(out.read_text().splitlines()) == 40  # every point once: nothing lost, nothing twice
+
+
+def test_a_killed_sweep_leaves_no_worker_behind(tmp_path):
+    out = tmp_path / "results.jsonl"
+    process = _start_and_wait_for_points(_sweep(out), out)
+    assert len(_processes_naming(str(out))) >= 2  # the command and its workers
+    process.kill()
+    process.wait(timeout=30)
+    assert _gone(out) == []
+
+
+def test_a_terminated_plan_stops_and_leaves_no_worker_behind(tmp_path):
+    out = tmp_path / "plan.jsonl"
+    command = [sys.executable, "-m", "mpsim", "plan", "gpt3-175b", "--cluster", "dgx-a100", "--devices", "1024",
+               "--global-batch", "1536", "--workers", "2", "--out", str(out), "--no-progress", "--no-prune"]
+    process = _start_and_wait_for_points(command, out)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 130
+    assert _gone(out) == []
