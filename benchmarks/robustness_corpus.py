@@ -335,9 +335,32 @@ def _cli_cases() -> list[Case]:
     ]
 
 
+def _calibration_cases() -> list[Case]:
+    scenario = BASE + "calibration: prof.yaml\n"
+
+    def profile(case_id: str, text: bytes | str, *expect: str) -> Case:
+        data = text if isinstance(text, bytes) else text.encode()
+        return Case(case_id, ("run", "s.yaml"), expect, 2, {"s.yaml": scenario.encode(), "prof.yaml": data})
+
+    header = "format: mpsim-calibration/1\n"
+    return [
+        profile("profile missing", b"", "prof.yaml"),
+        profile("profile not a mapping", "- 1\n- 2\n", "prof.yaml"),
+        profile("profile wrong format", "format: mpsim-calibration/9\ndevice: {}\ncompute: {}\n", "prof.yaml",
+                "format"),
+        profile("profile without device", header + "compute: {}\n", "prof.yaml", "device"),
+        profile("profile not UTF-8", b"format: \xff\n", "prof.yaml", "not UTF-8"),
+        profile("profile key twice", header + header, "prof.yaml", "twice"),
+        profile("profile bad YAML", header + "device: [\n", "prof.yaml", "malformed YAML"),
+        profile("profile unknown field", header + "devise: {}\n", "prof.yaml", "devise"),
+        Case("profile file absent", ("run", "s.yaml"), ("nothere.yaml",), 2,
+             _text("s.yaml", BASE + "calibration: nothere.yaml\n")),
+    ]
+
+
 def cases() -> list[Case]:
     """Every case of the corpus, ids unique."""
-    every = _set_cases() + _file_cases() + _hf_cases() + _schedule_cases() + _cli_cases()
+    every = _set_cases() + _file_cases() + _hf_cases() + _schedule_cases() + _calibration_cases() + _cli_cases()
     ids = [case.id for case in every]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     return every

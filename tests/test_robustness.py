@@ -114,7 +114,7 @@ set_values = st.one_of(st.integers(-3, 10**25).map(str), st.sampled_from(
     st.text(max_size=10))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(BASE_FIELDS), value=set_values)
 def test_fuzzed_set_values_never_escape(field, value, tmp_path):
     (tmp_path / "s.yaml").write_text(corpus.BASE)

@@ -43,7 +43,7 @@ FORMAT = "mpsim-calibration/1"
 class _Strict(BaseModel):
     """A misspelt field is an error; profiles are read-only once written."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Measured(_Strict):

@@ -159,14 +159,18 @@ def _expand(call: Call) -> list[Call]:
     return out
 
 
+BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
+
+
 def _runs_block_stack(call: Call) -> bool:
-    """Whether ``call`` (or a module it calls) runs two or more blocks of one class held in an ``nn.ModuleList``."""
-    listed = {id(block): type(block) for module in call.module.modules() if isinstance(module, nn.ModuleList)
+    """Whether ``call`` (or a module it calls) runs two or more blocks of one class held in an
+    ``nn.ModuleList`` or ``nn.Sequential`` (torchvision's ViT keeps its encoder blocks in one)."""
+    listed = {id(block): type(block) for module in call.module.modules() if isinstance(module, BLOCK_CONTAINERS)
               for block in module}
     kinds = [listed[id(child.module)] for child in call.children if id(child.module) in listed]
     return any(kinds.count(kind) >= 2 for kind in set(kinds)) or any(
         _runs_block_stack(child) for child in call.children if not isinstance(child.module, nn.ModuleList)
-        and any(isinstance(m, nn.ModuleList) for m in child.module.modules()))
+        and any(isinstance(m, BLOCK_CONTAINERS) for m in child.module.modules()))
 
 
 def _glue(level: Call | None, units: list[Call], batch: int) -> list[Glue | None]:
