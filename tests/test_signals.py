@@ -41,7 +41,10 @@ def _sweep(out: Path) -> list[str]:
 
 
 def _start_and_wait_for_points(command: list[str], out: Path) -> subprocess.Popen:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # a shell that starts a job in the background without job control (as CI runners do)
+    # leaves SIGINT ignored, and the child would inherit that: give it the default back
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while (not out.exists() or out.stat().st_size == 0) and time.monotonic() < deadline:
         if process.poll() is not None:

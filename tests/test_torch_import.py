@@ -50,7 +50,9 @@ def test_imported_example_simulates_end_to_end(tmp_path):
     assert imported["layers"] == shipped["layers"]  # the shipped file is what the command writes
     kinds = [layer["kind"] for layer in imported["layers"]]
     assert kinds[:6] == ["conv2d", "batchnorm", "elementwise", "conv2d", "batchnorm", "elementwise"]
-    assert kinds.count("custom") == 8 + 2 and kinds[-2:] == ["linear", "cross_entropy"]
+    assert kinds.count("custom") == 8 + 2 and kinds[-1] == "block"
+    assert [layer["kind"] for layer in imported["layers"][-1]["layers"]] == ["linear", "cross_entropy"]
+    assert all(layer["tp"] == "replicate" for layer in imported["layers"] if layer["kind"] == "custom")
     block = imported["layers"][7]
     # a pre-norm block of width 256 over 256 tokens: 24 t d^2 + 4 t^2 d forward FLOPs, 2x backward
     t, d = 256, 256
@@ -116,7 +118,7 @@ HF_MODELS = [("llama", "cross_entropy", "model.layers."), ("gpt2", "cross_entrop
 
 
 @pytest.mark.parametrize("name,loss,blocks", HF_MODELS)
-def test_hugging_face_models_import_one_unit_per_block_with_torchs_flops(name, loss, blocks, tmp_path):
+def test_hugging_face_models_import_one_unit_per_block_with_torchs_flops(name, loss, blocks, tmp_path, capsys):
     """LlamaForCausalLM, GPT-2 and BERT from their configs: each decoder/encoder block is one
     layer of the stack (so a pipeline can cut between any two), the stack's forward FLOPs are
     those of PyTorch's counter on the whole model, and the stack simulates."""
@@ -135,6 +137,10 @@ def test_hugging_face_models_import_one_unit_per_block_with_torchs_flops(name, l
     stack = LayerStackSpec.model_validate(yaml.safe_load(target.read_text()))
     names = [layer.name for layer in stack.layers]
     assert [n for n in names if n.startswith(blocks)] == [f"{blocks}{i}" for i in range(4)]
+    for layer in stack.layers:
+        if layer.name.startswith(blocks):  # each block as typed layers: attention split by heads, the MLP by width
+            kinds = [part.kind for part in layer.layers]
+            assert layer.kind == "block" and kinds.count("attention") == 1 and kinds.count("linear") == 2
     with torch.device("meta"):
         model = getattr(hf_models, name)()
         ids = torch.zeros((3, 128), dtype=torch.long)
@@ -144,7 +150,26 @@ def test_hugging_face_models_import_one_unit_per_block_with_torchs_flops(name, l
         model(ids)
     ours = sum(forward_flops_per_sample(placed) for unit in stack_units(stack) for placed in unit.layers)
     assert ours == pytest.approx(counter.get_total_flops() / 3, rel=0.02)
-    ran = run_cli("run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), "--set", f"model={target}", "--json",
-                  cwd=ROOT)
-    assert ran.returncode == 0, ran.stderr
-    assert sum(json.loads(ran.stdout)["layers_per_stage"]) == len(names)
+    from mpsim.cli.main import main
+
+    for tp in (1, 2):
+        assert main(["run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), "--set", f"model={target}", "--set",
+                     f"parallel.tp={tp}", "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert sum(summary["layers_per_stage"]) == len(names)
+        assert (summary["exposed_tp_comm_s"] > 0) == (tp > 1)  # split blocks all-reduce their outputs
+
+
+@pytest.mark.parametrize("factory,typed", [("stack", True), ("anonymous", False)])
+def test_a_transformer_block_imports_as_typed_layers_only_when_its_heads_are_known(factory, typed, tmp_path):
+    pytest.importorskip("torch")
+    target = tmp_path / "blocks.yaml"
+    made = run_cli("import-torch", f"tests/typed_blocks.py:{factory}", "--input-shape", "16,64", "--loss", "none",
+                   "-o", str(target), cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    layers = yaml.safe_load(target.read_text())["layers"]
+    assert [layer["kind"] for layer in layers] == (["block"] * 2 if typed else ["custom"] * 2)
+    if typed:
+        assert [part["kind"] for part in layers[0]["layers"]] == [
+            "layernorm", "attention", "elementwise", "layernorm", "linear", "elementwise", "linear", "elementwise"]
+        assert layers[0]["layers"][1]["num_heads"] == 4 and not layers[0]["layers"][1]["causal"]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: the problem and where to look, no usage block."""
 
     def error(self, message: str):  # type: ignore[override]
-        import sys
-
         print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 

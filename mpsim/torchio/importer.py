@@ -12,7 +12,10 @@ Each becomes one layer of the stack:
   norms, ``nn.Embedding``, pooling, activations, dropout, ``nn.Flatten``) becomes that
   kind with its shape, so tensor parallelism can split it, provided the stack's formula
   gives the counter's FLOPs;
-* anything else (a user's transformer block, ``nn.MultiheadAttention``) becomes a
+* a transformer block whose modules read as norm, attention and MLP layers (a Hugging
+  Face decoder or encoder block; ``blocks.py``) becomes a ``block`` of those layers, which
+  tensor parallelism splits by heads and by the MLP's width;
+* anything else (``nn.MultiheadAttention``, a block of another shape) becomes a
   ``custom`` layer with measured costs: forward FLOPs, backward FLOPs and their
   weight-gradient share (from the autograd pass on meta tensors), HBM traffic (the bytes
   of every ATen op's inputs and outputs, an upper bound for fused kernels), the tensors
@@ -35,6 +38,7 @@ from typing import Any
 
 from mpsim.errors import InputError
 from mpsim.torchio import require_torch
+from mpsim.torchio.blocks import typed_block
 from mpsim.torchio.measure import Call, glue_layer, measure_custom, trace_calls, typed_layer
 
 ACT_BYTES = 2  # bf16 activations
@@ -109,14 +113,27 @@ def import_model(spec: str, input_shape: tuple[int, ...], *, name: str | None = 
         if glue[index] is not None:
             layers.append(glue_layer(glue[index], f"between_{index}", batch, scale, params=extra))
             extra = 0 if layers[-1]["kind"] == "custom" else extra
-        layers.append(typed_layer(call, batch, first=not layers) or measure_custom(call, batch, scale))
+        layers.append(typed_layer(call, batch, first=not layers) or _block(call, batch)
+                      or measure_custom(call, batch, scale))
     if glue[-1] is not None:
         layers.append(glue_layer(glue[-1], "after_last", batch, scale))
     if extra:  # no glue step to hold them: a zero-cost layer after the first keeps the count right
         layers.insert(1, {"kind": "custom", "name": "model_parameters", "forward_flops": 0.0, "bytes": 0.0,
                           "params": extra})
+    # a measured layer has no known split: under tensor parallelism it runs whole on every
+    # rank, as a framework runs the modules it does not shard
+    layers = [{"kind": "custom", "name": layer["name"], "tp": "replicate",
+               **{k: v for k, v in layer.items() if k not in ("kind", "name")}} if layer["kind"] == "custom" else layer
+              for layer in layers]
     if loss == "cross_entropy":
-        layers.append({"kind": "cross_entropy", "name": "loss"})
+        loss_layer = {"kind": "cross_entropy", "name": "loss"}
+        if layers and layers[-1]["kind"] == "linear":
+            # the output projection and the loss stay in one unit, as in every framework: under
+            # tensor parallelism the projection splits the classes and the loss reads them split
+            head = layers.pop()
+            layers.append({"kind": "block", "name": f"{head['name']}_and_loss", "layers": [head, loss_layer]})
+        else:
+            layers.append(loss_layer)
     stem = spec.rsplit(":", 1)[0].replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
     return {
         "kind": "stack",
@@ -127,6 +144,13 @@ def import_model(spec: str, input_shape: tuple[int, ...], *, name: str | None = 
         **({"tokens_per_sample": int(input_shape[-1])} if token_ids else {}),
         "layers": layers,
     }
+
+
+def _block(call: Call, batch: int) -> dict[str, Any] | None:
+    """A transformer block as a ``block`` of typed layers (``blocks.py``), or None."""
+    layers = typed_block(call, batch)
+    return None if layers is None else {"kind": "block", "name": call.fqn or type(call.module).__name__,
+                                        "layers": layers}
 
 
 def _unowned_parameters(model, units: list[Call]) -> int:
