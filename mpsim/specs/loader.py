@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import unicodedata
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -133,20 +134,32 @@ def read_yaml(path: Path) -> Any:
 
 def _index(kind: str) -> dict[str, Path]:
     """Every file of a kind in the data roots, by normalized stem and by its ``name``."""
-    found: dict[str, Path] = {}
+    files: list[tuple[Path, int]] = []
     for root in data_roots():
         folder = root / KIND_DIRS[kind]
-        if not folder.is_dir():
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.yaml")):
+                try:
+                    files.append((path, path.stat().st_mtime_ns))
+                except OSError:
+                    continue
+    return dict(_index_of(tuple(files)))
+
+
+@lru_cache(maxsize=64)
+def _index_of(files: tuple[tuple[Path, int], ...]) -> tuple[tuple[str, Path], ...]:
+    """The index of these files as they were at these modification times: each file is parsed
+    once (finding a reference would otherwise read every file of its kind)."""
+    found: dict[str, Path] = {}
+    for path, _ in files:
+        found.setdefault(normalize_name(path.stem), path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, OSError, UnicodeDecodeError):
             continue
-        for path in sorted(folder.glob("*.yaml")):
-            found.setdefault(normalize_name(path.stem), path)
-            try:
-                data = yaml.safe_load(path.read_text())
-            except (yaml.YAMLError, OSError):
-                continue
-            if isinstance(data, dict) and isinstance(data.get("name"), str):
-                found.setdefault(normalize_name(data["name"]), path)
-    return found
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            found.setdefault(normalize_name(data["name"]), path)
+    return tuple(found.items())
 
 
 def available(kind: str) -> list[str]:
