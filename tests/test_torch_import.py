@@ -173,3 +173,44 @@ def test_a_transformer_block_imports_as_typed_layers_only_when_its_heads_are_kno
         assert [part["kind"] for part in layers[0]["layers"]] == [
             "layernorm", "attention", "elementwise", "layernorm", "linear", "elementwise", "linear", "elementwise"]
         assert layers[0]["layers"][1]["num_heads"] == 4 and not layers[0]["layers"][1]["causal"]
+
+
+@pytest.mark.parametrize("name,unit,blocks", [("resnet50", r"layer\d\.\d+", 16),
+                                              ("vit_b_16", r"encoder\.layers\.encoder_layer_\d+", 12)])
+def test_torchvision_models_import_one_unit_per_block_with_torchs_flops(name, unit, blocks, tmp_path, capsys):
+    """ResNet-50 (16 bottlenecks) and ViT-B/16 (12 encoder blocks) where torchvision is installed
+    (the CI's CPU torch has no matching torchvision, so there this skips)."""
+    import re
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mpsim.cli.main import main
+    from mpsim.specs.stack import LayerStackSpec
+    from mpsim.workload.layer_stack import stack_units
+    from tests import torchvision_models
+
+    target = tmp_path / f"{name}.yaml"
+    made = run_cli("import-torch", f"tests/torchvision_models.py:{name}", "--input-shape", "3,224,224", "-o",
+                   str(target), cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    stack = LayerStackSpec.model_validate(yaml.safe_load(target.read_text()))
+    assert sum(bool(re.fullmatch(unit, layer.name)) for layer in stack.layers) == blocks
+    with torch.device("meta"):
+        model = getattr(torchvision_models, name)()
+        images = torch.empty((3, 3, 224, 224))
+    model.train()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(images)
+    ours = sum(forward_flops_per_sample(placed) for unit_ in stack_units(stack) for placed in unit_.layers)
+    assert ours == pytest.approx(counter.get_total_flops() / 3, rel=0.02)
+    # ViT's encoder blocks (nn.MultiheadAttention and an MLP) read as typed layers and split
+    # over tensor-parallel ranks; ResNet's bottlenecks are convolutions kept whole
+    typed = name == "vit_b_16"
+    assert all((layer.kind == "block") == typed for layer in stack.layers if re.fullmatch(unit, layer.name))
+    for tp in ((1, 2) if typed else (1,)):
+        assert main(["run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), "--set", f"model={target}", "--set",
+                     f"parallel.tp={tp}", "--json"]) == 0
+        assert sum(json.loads(capsys.readouterr().out)["layers_per_stage"]) == len(stack.layers)

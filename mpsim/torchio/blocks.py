@@ -6,8 +6,9 @@ a ``custom`` layer: measured, pipelined, never split. Here the modules it calls,
 order, are matched against the parts of a block:
 
 * a norm (``nn.LayerNorm``, an RMSNorm);
-* self-attention: three projections of one input (query, key, value) or one fused
-  projection, then an output projection back to the model width; heads, key/value heads
+* self-attention: ``nn.MultiheadAttention`` (batch first), or three projections of one
+  input (query, key, value) or one fused projection, then an output projection back to
+  the model width; heads, key/value heads
   and head size from the attention module's attributes, the causal mask from its
   ``is_causal``, rotary embeddings when the block is handed ``position_embeddings``;
 * an MLP: one or two projections up (two is a gated MLP: SwiGLU after SiLU, GeGLU after
@@ -161,6 +162,16 @@ def typed_block(call, batch: int) -> dict[str, Any] | None:
             if module.p > 0:
                 layers.append({"kind": "elementwise", "name": leaves[i].fqn, "op": "dropout", "dropout": module.p})
             i += 1
+        elif isinstance(module, nn.MultiheadAttention) and module.embed_dim == width \
+                and module._qkv_same_embed_dim and module.batch_first:
+            # PyTorch's own attention: one call, projections inside (torchvision's ViT blocks)
+            layers.append({"kind": "attention", "name": leaves[i].fqn, "num_heads": module.num_heads,
+                           "causal": bool(leaves[i].kwargs.get("is_causal", False)),
+                           "bias": module.in_proj_bias is not None,
+                           **({"dropout": module.dropout} if module.dropout > 0 else {})})
+            i += 1
+            residuals += 1
+            layers.append({"kind": "elementwise", "name": f"{call.fqn}.residual_{residuals}", "op": "add"})
         elif (found := _attention(leaves, i, width)) is not None:
             layers.append(found[0])
             i = found[1]

@@ -165,8 +165,9 @@ BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
 def _runs_block_stack(call: Call) -> bool:
     """Whether ``call`` (or a module it calls) runs two or more blocks of one class held in an
     ``nn.ModuleList`` or ``nn.Sequential`` (torchvision's ViT keeps its encoder blocks in one)."""
+    # blocks are modules built of modules: two linear layers in a Sequential are not a stack
     listed = {id(block): type(block) for module in call.module.modules() if isinstance(module, BLOCK_CONTAINERS)
-              for block in module}
+              for block in module if next(block.children(), None) is not None}
     kinds = [listed[id(child.module)] for child in call.children if id(child.module) in listed]
     return any(kinds.count(kind) >= 2 for kind in set(kinds)) or any(
         _runs_block_stack(child) for child in call.children if not isinstance(child.module, nn.ModuleList)
