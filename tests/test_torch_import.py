@@ -113,6 +113,32 @@ def test_without_torch_the_command_says_how_to_install_it(tmp_path):
                                     "(torch>=2.12)"
 
 
+def _import_and_count(factory: str, shape: str, target, sample, *options: str):
+    """The stack ``import-torch`` writes for ``factory`` (tests/FILE.py:NAME), and its forward
+    FLOPs per sample next to PyTorch's counter on the whole model for a meta batch of 3."""
+    import importlib
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mpsim.specs.stack import LayerStackSpec
+    from mpsim.workload.layer_stack import stack_units
+
+    made = run_cli("import-torch", factory, "--input-shape", shape, *options, "-o", str(target), cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    stack = LayerStackSpec.model_validate(yaml.safe_load(target.read_text()))
+    module, name = factory.removesuffix(".py").replace(".py:", ":").split(":")
+    with torch.device("meta"):
+        model = getattr(importlib.import_module(module.replace("/", ".")), name)()
+        batch = sample()
+    model.train()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(batch)
+    ours = sum(forward_flops_per_sample(placed) for unit in stack_units(stack) for placed in unit.layers)
+    return stack, ours, counter.get_total_flops() / 3
+
+
 HF_MODELS = [("llama", "cross_entropy", "model.layers."), ("gpt2", "cross_entropy", "transformer.h."),
              ("bert", "none", "encoder.layer.")]
 
@@ -124,32 +150,17 @@ def test_hugging_face_models_import_one_unit_per_block_with_torchs_flops(name, l
     those of PyTorch's counter on the whole model, and the stack simulates."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from mpsim.specs.stack import LayerStackSpec
-    from mpsim.workload.layer_stack import stack_units
-    from tests import hf_models
-
     target = tmp_path / f"{name}.yaml"
-    made = run_cli("import-torch", f"tests/hf_models.py:{name}", "--input-shape", "128", "--token-ids", "--loss",
-                   loss, "-o", str(target), cwd=ROOT)
-    assert made.returncode == 0, made.stderr
-    stack = LayerStackSpec.model_validate(yaml.safe_load(target.read_text()))
+    stack, ours, counted = _import_and_count(f"tests/hf_models.py:{name}", "128", target,
+                                             lambda: torch.zeros((3, 128), dtype=torch.long), "--token-ids",
+                                             "--loss", loss)
     names = [layer.name for layer in stack.layers]
     assert [n for n in names if n.startswith(blocks)] == [f"{blocks}{i}" for i in range(4)]
     for layer in stack.layers:
         if layer.name.startswith(blocks):  # each block as typed layers: attention split by heads, the MLP by width
             kinds = [part.kind for part in layer.layers]
             assert layer.kind == "block" and kinds.count("attention") == 1 and kinds.count("linear") == 2
-    with torch.device("meta"):
-        model = getattr(hf_models, name)()
-        ids = torch.zeros((3, 128), dtype=torch.long)
-    model.train()
-    counter = FlopCounterMode(display=False)
-    with counter:
-        model(ids)
-    ours = sum(forward_flops_per_sample(placed) for unit in stack_units(stack) for placed in unit.layers)
-    assert ours == pytest.approx(counter.get_total_flops() / 3, rel=0.02)
+    assert ours == pytest.approx(counted, rel=0.02)
     from mpsim.cli.main import main
 
     for tp in (1, 2):
@@ -184,28 +195,13 @@ def test_torchvision_models_import_one_unit_per_block_with_torchs_flops(name, un
 
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchvision")
-    from torch.utils.flop_counter import FlopCounterMode
-
     from mpsim.cli.main import main
-    from mpsim.specs.stack import LayerStackSpec
-    from mpsim.workload.layer_stack import stack_units
-    from tests import torchvision_models
 
     target = tmp_path / f"{name}.yaml"
-    made = run_cli("import-torch", f"tests/torchvision_models.py:{name}", "--input-shape", "3,224,224", "-o",
-                   str(target), cwd=ROOT)
-    assert made.returncode == 0, made.stderr
-    stack = LayerStackSpec.model_validate(yaml.safe_load(target.read_text()))
+    stack, ours, counted = _import_and_count(f"tests/torchvision_models.py:{name}", "3,224,224", target,
+                                             lambda: torch.empty((3, 3, 224, 224)))
     assert sum(bool(re.fullmatch(unit, layer.name)) for layer in stack.layers) == blocks
-    with torch.device("meta"):
-        model = getattr(torchvision_models, name)()
-        images = torch.empty((3, 3, 224, 224))
-    model.train()
-    counter = FlopCounterMode(display=False)
-    with counter:
-        model(images)
-    ours = sum(forward_flops_per_sample(placed) for unit_ in stack_units(stack) for placed in unit_.layers)
-    assert ours == pytest.approx(counter.get_total_flops() / 3, rel=0.02)
+    assert ours == pytest.approx(counted, rel=0.02)
     # ViT's encoder blocks (nn.MultiheadAttention and an MLP) read as typed layers and split
     # over tensor-parallel ranks; ResNet's bottlenecks are convolutions kept whole
     typed = name == "vit_b_16"
