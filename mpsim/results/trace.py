@@ -33,6 +33,22 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def _span(start_s: float, end_s: float, within: tuple[int, int] | None = None) -> dict[str, float]:
+    """``ts`` and ``dur`` in microseconds from whole nanoseconds, the end rounded on its own (not
+    start plus a rounded duration), so a slice that ends where another ends or starts still does
+    after rounding; ``within`` (the enclosing slice, in ns) keeps a nested slice inside it
+    where float addition put it a fraction of a nanosecond outside. Perfetto drops a slice that
+    overruns its parent on the same track."""
+    start, end = _ns(start_s), _ns(end_s)
+    if within is not None:
+        start, end = max(start, within[0]), min(end, within[1])
+    return {"ts": start / 1e3, "dur": max(0, end - start) / 1e3}
+
+
 def trace_events(result: SimulationResult, ops: bool = True,
                  reference: BubbleReference | None = None) -> list[dict[str, Any]]:
     """Trace events (``ph: X`` slices plus process/thread names)."""
@@ -51,27 +67,60 @@ def trace_events(result: SimulationResult, ops: bool = True,
             item = record.action
             cost = result.cost(item)
             events.append({"ph": "X", "name": str(item), "cat": _category(item), "pid": record.rank,
-                           "tid": 0, "ts": _us(record.start_s), "dur": _us(record.end_s - record.start_s),
+                           "tid": 0, **_span(record.start_s, record.end_s),
                            "args": {**_args(item), "waited_us": _us(record.start_s - record.ready_s)}})
             if not ops:
                 continue
+            # the compute stream runs its ops back to back inside the action: each starts no
+            # earlier than the last one ended (their offsets are float sums that can disagree
+            # by a fraction of a nanosecond) and ends within the action
+            free_ns, action_end_ns = _ns(record.start_s), _ns(record.end_s)
             for segment in cost.segments:
+                tid = _THREADS[segment.stream]
+                start = record.start_s + segment.offset_s
+                span = _span(start, start + segment.duration_s, (free_ns, action_end_ns) if tid == 0 else None)
+                if tid == 0:
+                    free_ns = round((span["ts"] + span["dur"]) * 1e3)
                 events.append({"ph": "X", "name": segment.label, "cat": segment.category, "pid": record.rank,
-                               "tid": _THREADS[segment.stream], "ts": _us(record.start_s + segment.offset_s),
-                               "dur": _us(segment.duration_s)})
+                               "tid": tid, **span})
     for rank in range(timeline.num_ranks):
         waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
         for idle in idle_intervals(timeline, rank, timeline.pipeline_end_s, waits):
             events.append({"ph": "X", "name": f"idle: {idle.kind}", "cat": "idle", "pid": rank, "tid": 0,
-                           "ts": _us(idle.start_s), "dur": _us(idle.end_s - idle.start_s)})
+                           **_span(idle.start_s, idle.end_s)})
     for transfer in result.timeline.transfers:
         events.append({"ph": "X", "name": f"send {transfer.action} to rank {transfer.dst_rank}", "cat": "pp-comm",
-                       "pid": transfer.src_rank, "tid": _THREADS["pp"], "ts": _us(transfer.start_s),
-                       "dur": _us(transfer.end_s - transfer.start_s)})
+                       "pid": transfer.src_rank, "tid": _THREADS["pp"], **_span(transfer.start_s, transfer.end_s)})
     for sync in result.timeline.syncs:
         events.append({"ph": "X", "name": sync.label, "cat": sync.kind, "pid": sync.rank, "tid": _THREADS["dp"],
-                       "ts": _us(sync.start_s), "dur": _us(sync.end_s - sync.start_s)})
-    return events
+                       **_span(sync.start_s, sync.end_s)})
+    return events + _spread_concurrent(events)
+
+
+def _spread_concurrent(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Put communication slices that run at the same time on one rank's stream (the two passes
+    of an overlapped DualPipe pair, sends to both neighbours) on tracks of their own: one track
+    holds slices that follow each other, as Perfetto requires. Returns the new tracks' names."""
+    lanes: dict[tuple[int, int], list[int]] = {}  # (pid, tid) -> the end (ns) of each lane's last slice
+    named: list[dict[str, Any]] = []
+    slices = [e for e in events if e.get("ph") == "X" and e["tid"] != _THREADS["compute"]]
+    for event in sorted(slices, key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"])):
+        key = (event["pid"], event["tid"])
+        start, end = round(event["ts"] * 1e3), round((event["ts"] + event["dur"]) * 1e3)
+        ends = lanes.setdefault(key, [])
+        lane = next((i for i, last in enumerate(ends) if last <= start), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+            if lane:
+                named.append({"ph": "M", "name": "thread_name", "pid": key[0], "tid": _lane_tid(key[1], lane),
+                              "args": {"name": f"{_THREAD_NAMES[key[1]]} ({lane + 1})"}})
+        ends[lane] = end
+        event["tid"] = _lane_tid(key[1], lane)
+    return named
+
+
+def _lane_tid(tid: int, lane: int) -> int:
+    return tid if lane == 0 else 10 * tid + lane
 
 
 def write_trace(result: SimulationResult, path: str, ops: bool = True,
