@@ -15,8 +15,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def _count(text: str, least: int) -> int:
+    from mpsim.specs.loader import MAX_INTEGER_DIGITS
+
     text = text.strip()
-    if len(text.lstrip("+-")) > 19:
+    if len(text.lstrip("+-")) > MAX_INTEGER_DIGITS:
         raise argparse.ArgumentTypeError(f"{text[:20]}... is out of range")
     try:
         value = int(text)

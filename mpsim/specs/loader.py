@@ -10,7 +10,6 @@ overrides, and validates the whole tree with pydantic. Any problem becomes one
 from __future__ import annotations
 
 import difflib
-import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -325,18 +324,16 @@ def validation_error(exc: ValidationError, origins: Origins, root: type[BaseMode
     if first["type"] == "missing":
         message = "required field is missing"
     elif first["type"] == "extra_forbidden":
-        known = _known_fields(root, loc[:-1])
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        foreign = [ch for ch in loc[-1] if not ch.isascii()]
-        if foreign:
-            message = (f"unknown field: it contains the non-ASCII character '{foreign[0]}' "
-                       f"(U+{ord(foreign[0]):04X})")
-            close = difflib.get_close_matches(unicodedata.normalize("NFKD", loc[-1]).encode("ascii", "replace")
-                                              .decode().replace("?", "."), known, n=1)
-            message += f"; did you mean '{close[0]}'?" if close else ""
-        else:
-            message = "unknown field" + (f"; did you mean '{close[0]}'?" if close else
-                                          (f"; known fields: {', '.join(known)}" if known else ""))
+        key, known = loc[-1], _known_fields(root, loc[:-1])
+        # a look-alike letter (Cyrillic a for Latin a) is matched as a wildcard
+        close = difflib.get_close_matches("".join(ch if ch.isascii() else "." for ch in key), known, n=1)
+        foreign = next((ch for ch in key if not ch.isascii()), None)
+        message = "unknown field" + (f": it contains the non-ASCII character '{foreign}' (U+{ord(foreign):04X})"
+                                     if foreign else "")
+        if close:
+            message += f"; did you mean '{close[0]}'?"
+        elif known and not foreign:
+            message += f"; known fields: {', '.join(known)}"
     elif "input" in first and first["type"] not in ("value_error", "assertion_error"):
         shown = repr(first["input"])
         message = f"{message} (got {shown if len(shown) <= 60 else shown[:60] + '...'})"
