@@ -3,7 +3,7 @@
 The rows come from the CSV files of ``../shared/validation`` (the shared folder beside the
 repository), read at run time: nothing measured is copied into this file. Each row is
 written as an mpsim scenario the way its framework ran it (a base scenario file plus
-``--set`` overrides, through the public loader), simulated, and summarized. Four tables:
+``--set`` overrides, through the public loader), simulated, and summarized. Five tables:
 
 * ``korthikanti_table5``: Korthikanti et al. 2022, Table 5 (configurations from their
   Table 3): iteration time of GPT 22B-1T on Selene (DGX A100), full recompute and
@@ -23,6 +23,11 @@ written as an mpsim scenario the way its framework ran it (a base scenario file 
   four setups of their Table 3, predicted from first principles (the model, the layout
   and mpsim's own costs and schedules; the paper's profiled pass times are not used).
   48 rows.
+* ``zero_bubble_table9``: the same paper's Table 9, the fork's profiled forward (T_F),
+  input-gradient (T_B) and weight-gradient (T_W) time of one pipeline stage per
+  microbatch, the times its Table 5 bubble rates are computed from. The row's error is
+  that of T_F + T_B + T_W; each pass, measured and predicted, is printed beside it. The
+  passes are priced with the cost model alone, like Table 4 of Korthikanti. 12 rows.
 
 Each table compares like with like: step time where the source printed step time,
 throughput where it printed throughput; error = (predicted - measured) / measured in
@@ -45,7 +50,7 @@ mean_signed_error_pct=..``; the last line is ``tables=<n> rows=<n> mean_abs_erro
 max_abs_error_pct=<y> mean_signed_error_pct=<z>`` over all rows. ``--quick`` runs the
 smallest configurations of each source (the 22B rows of Table 5, all of Table 4, the
 fewest GPUs of each dgxc model and precision, the 1.5B Zero Bubble setup at 24
-microbatches), for CI; ``tests/test_validate_published.py`` guards their errors.
+microbatches, each Zero Bubble model's Table 9 passes once), for CI; ``tests/test_validate_published.py`` guards their errors.
 
 Usage: python benchmarks/validate_published.py [--table NAME ...] [--quick] [--json FILE]
        [--data DIR]
@@ -163,6 +168,8 @@ class Table:
 
 
 BREAKDOWN = ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer")
+# what a table's breakdown splits, where it is not a step
+PREDICTED_UNIT = {"korthikanti_table4": "layer", "zero_bubble_table9": "stage's passes"}
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -539,6 +546,71 @@ def zero_bubble_table4(data: Path) -> list[Case]:
     return cases
 
 
+# Table 9 of the same paper: the fork's profiled time of one pipeline stage's forward (T_F),
+# input-gradient backward (T_B) and weight-gradient backward (T_W) per microbatch, the inputs
+# of its Table 5 bubble rates. The fork times each pass with Megatron's Timer, which calls
+# torch.cuda.synchronize() and time.time() at its start and stop (megatron/timers.py), in
+# iterations 100-110, on every rank, and takes the median over the ranks
+# (megatron/core/pipeline_parallel/zb_schedules.py, ScheduleTimers and update_schedule): a
+# pass starts on an idle GPU and ends when its last kernel has, so host time the GPU waits
+# for is inside it. The median rank is a middle stage (the padded split gives the first and
+# last stage one layer fewer). The unit is not printed; milliseconds match Table 4 (1.5B,
+# 1F1B, m=24: 24 x (T_F + T_B + T_W) = 1.10 s of a 1.53 s measured step).
+ZB_T9_ASSUMPTIONS = ("milliseconds (the unit is not printed; consistent with Table 4's throughput)",
+                     "a middle stage: the most layers, no embedding, no LM head (the fork reports the median "
+                     "over the stages)",
+                     "each pass timed between two torch.cuda.synchronize() calls: host time the GPU waits for "
+                     "is inside the measurement; mpsim prices the GPU's kernels")
+
+
+def price_stage_passes(overrides: list[str], layers: int) -> Prediction:
+    """F, B (input gradient) and W (weight gradient) of one middle stage, in ms."""
+    scenario = load_scenario(ZB_BASE, overrides).scenario
+    layout = resolve(scenario)
+    ctx = layer_context(scenario, layout)
+    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
+    work = build_stage(ctx, layers, layers, False, False, options)
+    model = CostModel(scenario, layout)
+    ms = 1e3
+    forward, backward, weight = (model.price(p).duration_s * ms
+                                 for p in (work.forward, work.backward_input, work.backward_weight))
+    total = forward + backward + weight
+    return Prediction(total, {"compute": total}, {"f_pred": forward, "b_pred": backward, "w_pred": weight})
+
+
+def zero_bubble_table9(data: Path) -> list[Case]:
+    rows = [r for r in read_csv(data / "zero_bubble_main_tables3_4_5_9.csv") if r["schedule"] == "1F1B"]
+    # --quick: each model once (its fewest microbatches; the passes do not depend on the count)
+    fewest = {}
+    for row in rows:
+        fewest[row["model"]] = min(fewest.get(row["model"], 1 << 30), _number(row["num_microbatches"]))
+    cases = []
+    for row in rows:
+        layers, pp = _number(row["layers"]), _number(row["pp"])
+        microbatch, count = _number(row["microbatch"]), _number(row["num_microbatches"])
+        model = dict(name=f"zero-bubble-{row['model']}", num_layers=layers, hidden_size=_number(row["hidden"]),
+                     ffn_hidden_size=_number(row["ffn_hidden"]), num_attention_heads=_number(row["heads"]),
+                     seq_length=_number(row["seq_len"]), **ZB_MODEL)
+        split = zero_bubble_split(layers, pp, 1)
+        overrides = [
+            "model=" + yaml.safe_dump(model, default_flow_style=True, width=1 << 20).strip(),
+            f"cluster.nodes={pp // 8}", f"parallel.tp={_number(row['tp'])}", f"parallel.pp={pp}", "parallel.dp=1",
+            "parallel.schedule=1f1b", f"parallel.microbatch_size={microbatch}",
+            f"parallel.global_batch_size={microbatch * count}", f"parallel.layers_per_stage={split}",
+            *ZB_FRAMEWORK,
+        ]
+        measured = {key: float(row[column]) for key, column in (("f_meas", "TF"), ("b_meas", "TB"), ("w_meas", "TW"))}
+
+        def predict(overrides=overrides, layers=max(split), measured=measured) -> Prediction:
+            prediction = price_stage_passes(overrides, layers)
+            prediction.extra.update(measured)
+            return prediction
+
+        cases.append(Case("zero_bubble_table9", f"{row['model']} p={pp} m={count} ({max(split)} layers)",
+                          sum(measured.values()), predict, quick=count == fewest[row["model"]]))
+    return cases
+
+
 TABLES: dict[str, Table] = {
     "korthikanti_table5": Table("Korthikanti et al. 2022, Table 5: iteration time, Megatron-LM (2022) on DGX A100",
                                 "step time", "s", "s", korthikanti_table5),
@@ -551,6 +623,12 @@ TABLES: dict[str, Table] = {
     "zero_bubble_table4": Table("Qi et al. 2024 (Zero Bubble), Table 4: throughput, the authors' Megatron-LM fork "
                                 "on A100", "samples/s per GPU", "samples/s/GPU", "s", zero_bubble_table4,
                                 (("step s", "step_s"),), ZB_ASSUMPTIONS),
+    "zero_bubble_table9": Table("Qi et al. 2024 (Zero Bubble), Table 9: profiled F, B and W passes of one "
+                                "pipeline stage per microbatch, the authors' fork on A100", "T_F + T_B + T_W",
+                                "ms", "ms", zero_bubble_table9,
+                                (("F meas", "f_meas"), ("F pred", "f_pred"), ("B meas", "b_meas"),
+                                 ("B pred", "b_pred"), ("W meas", "w_meas"), ("W pred", "w_pred")),
+                                ZB_ASSUMPTIONS[1:] + ZB_T9_ASSUMPTIONS),
 }
 
 
@@ -608,7 +686,7 @@ def print_table(name: str, results: list[Result]) -> None:
     table = TABLES[name]
     print(f"== {name}: {table.title}")
     print(f"   measured / predicted: {table.quantity} ({table.unit}); breakdown in {table.breakdown_unit} of the "
-          f"predicted {'layer' if name == 'korthikanti_table4' else 'step'}")
+          f"predicted {PREDICTED_UNIT.get(name, 'step')}")
     for assumption in table.assumptions:
         print(f"   assumed: {assumption}")
     width = max([len(r.label) for r in results] + [13])
