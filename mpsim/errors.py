@@ -31,3 +31,18 @@ EXIT_OUT_OF_MEMORY = 3
 # Stopped by Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention); sweeps and plans
 # have saved every finished point to their results file and a rerun resumes
 EXIT_INTERRUPTED = 130
+
+
+def closest_names(name: str, known: list[str], n: int = 3) -> list[str]:
+    """The entries of ``known`` closest to ``name`` by difflib's ratio, best first (none
+    when nothing is close)."""
+    import difflib
+
+    return difflib.get_close_matches(name, list(dict.fromkeys(known)), n=n)
+
+
+def did_you_mean(name: str, known: list[str], n: int = 3) -> str:
+    """``"did you mean a, b?"`` naming the entries of ``known`` closest to ``name``, or ``""``
+    when none is close: a typo gets its fix, not a list to read through."""
+    close = closest_names(name, known, n)
+    return f"did you mean {', '.join(close)}?" if close else ""

@@ -24,7 +24,7 @@ PACKAGE = ROOT / "mpsim"
 # Bottom first. Names on one line form one layer: they may import each other (but not
 # in a cycle). Everything a layer imports must be on its own line or above it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("mpsim", "errors", "units", "paths"),  # the version, the input-error type, units, where data files live
+    ("errors", "units", "paths"),  # the input-error type, units, where data files live
     ("schedules",),  # schedules as data: plain numbers in, action lists out
     ("specs",),  # typed input: hardware, model, plan, scenario, calibration profile; the layout rules
     ("workload",),  # a model as ops per rank and stage, with memory
@@ -37,6 +37,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("torchio",),  # PyTorch modules on the meta device as layer stacks (optional)
     ("explore",),  # sweeps and the layout planner
     ("calibrate",),  # measuring a real device with PyTorch, fitting a profile, checking predictions
+    ("api",),  # the Python interface: load, simulate, compare, sweep, plan
+    ("mpsim",),  # the package itself: the version, and the interface's names imported on first use
     ("cli",),  # the command line
     ("__main__",),
 )

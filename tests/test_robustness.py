@@ -130,7 +130,7 @@ def test_the_dualpipev_trace_is_the_same_on_every_run(tmp_path):
     for seed in ("1", "2"):
         trace = tmp_path / f"t{seed}.json"
         subprocess.run([sys.executable, "-m", "mpsim", "run", str(SCENARIOS / "deepseek_v3_2048xh100.yaml"),
-                        "--trace", str(trace)], check=True, capture_output=True,
+                        "--trace", str(trace), "--trace-full"], check=True, capture_output=True,
                        env={**os.environ, "PYTHONHASHSEED": seed})
         digests.add(hashlib.sha256(trace.read_bytes()).hexdigest())
     assert len(digests) == 1

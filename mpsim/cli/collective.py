@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import argparse
 
-from mpsim.errors import InputError
+from mpsim.cli.common import add_csv_arg, csv_to_stdout, write_csv
+from mpsim.errors import InputError, did_you_mean
 
 FLOAT_BYTES = 4  # nccl-tests' default type
 
@@ -84,13 +85,18 @@ def _nonnegative_int(text: str | None, flag: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mpsim.cost.collectives import KINDS, algorithm_estimates, choose_algorithm, levels_of, network_taper_of
+    from mpsim.cost.collectives import KINDS, algorithm_estimates, choose_algorithm
     from mpsim.cost.topology import place_ranks
     from mpsim.specs.catalog import load_system
 
     if args.op not in KINDS:
-        raise InputError(f"unknown collective {args.op!r}; use one of {', '.join(KINDS)}", field="--op")
-    system = load_system(args.system, args.overrides)
+        hint = did_you_mean(args.op, list(KINDS)) or f"use one of {', '.join(KINDS)}"
+        raise InputError(f"unknown collective {args.op!r}; {hint}", field="--op")
+    try:
+        system = load_system(args.system, args.overrides)
+    except InputError as exc:
+        # an unknown name says which option it came from; a problem inside the file names the file
+        raise (InputError(exc.message, field="--system") if exc.file is None and exc.field is None else exc) from None
     ranks = _positive_int(args.ranks, "--ranks")
     assert ranks is not None
     per_node_max = system.devices_per_node
@@ -106,6 +112,40 @@ def _run(args: argparse.Namespace) -> int:
     members = [(first + node) * per_node_max + i for node in range(nodes) for i in range(per_node)]
     place = place_ranks(members, per_node_max)
 
+    redop = "sum" if args.op in ("all-reduce", "reduce-scatter") else "none"
+    rows = []
+    for size in sizes:
+        if args.algorithm:
+            options = {e.algorithm: e for e in algorithm_estimates(args.op, size, place, system)}
+            if args.algorithm not in options:
+                raise InputError(f"{args.algorithm!r} does not apply here; available: {', '.join(options)}",
+                                 field="--algorithm")
+            estimate = options[args.algorithm]
+        else:
+            estimate = choose_algorithm(args.op, size, place, system)
+        time_s = estimate.time_s
+        algbw = size / time_s if time_s > 0 else 0.0  # one rank: nothing to do
+        busbw = algbw * bus_factor(args.op, ranks) if ranks > 1 else 0.0
+        rows.append({"size_bytes": size, "count_elements": size / FLOAT_BYTES, "type": "float", "redop": redop,
+                     "time_s": time_s, "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
+                     "algorithm": estimate.algorithm})
+    if not csv_to_stdout(args):
+        _print_table(args, system, ranks, nodes, per_node, first, place, rows)
+    if args.csv:
+        write_csv(args.csv, CSV_COLUMNS, rows)
+    return 0
+
+
+# ``--csv`` columns: the table's, in seconds and bytes per second (the table prints us and GB/s)
+CSV_COLUMNS = ["size_bytes", "count_elements", "type", "redop", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s",
+               "algorithm"]
+
+
+def _print_table(args: argparse.Namespace, system, ranks: int, nodes: int, per_node: int, first: int, place,
+                 rows: list[dict]) -> None:
+    """The nccl-tests style table: a header on where the group sits, then one line per size."""
+    from mpsim.cost.collectives import levels_of, network_taper_of
+
     where = f" from node {first}" if first else ""
     print(f"# mpsim collective: {args.op} on {system.name}, {ranks} ranks on {nodes} node"
           f"{'s' if nodes > 1 else ''}{where} ({per_node} per node)")
@@ -118,28 +158,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"# network: {crossed}; oversubscription felt {network_taper_of(place, system):g}:1")
     print(f"# {'size':>12s} {'count':>12s} {'type':>6s} {'redop':>6s} {'time':>10s} {'algbw':>8s} {'busbw':>8s}  algorithm")
     print(f"# {'(B)':>12s} {'(elements)':>12s} {'':>6s} {'':>6s} {'(us)':>10s} {'(GB/s)':>8s} {'(GB/s)':>8s}")
-    redop = "sum" if args.op in ("all-reduce", "reduce-scatter") else "none"
-    for size in sizes:
-        if args.algorithm:
-            options = {e.algorithm: e for e in algorithm_estimates(args.op, size, place, system)}
-            if args.algorithm not in options:
-                raise InputError(f"{args.algorithm!r} does not apply here; available: {', '.join(options)}",
-                                 field="--algorithm")
-            estimate = options[args.algorithm]
-        else:
-            estimate = choose_algorithm(args.op, size, place, system)
-        time_s = estimate.time_s
-        algbw = size / time_s / 1e9 if time_s > 0 else 0.0  # one rank: nothing to do
-        busbw = algbw * bus_factor(args.op, ranks) if ranks > 1 else 0.0
-        print(f"  {size:12.0f} {size / FLOAT_BYTES:12.0f} {'float':>6s} {redop:>6s} {time_s * 1e6:10.2f} "
-              f"{algbw:8.2f} {busbw:8.2f}  {estimate.algorithm}")
-    return 0
+    for row in rows:
+        print(f"  {row['size_bytes']:12.0f} {row['count_elements']:12.0f} {row['type']:>6s} {row['redop']:>6s} "
+              f"{row['time_s'] * 1e6:10.2f} {row['algbw_bytes_per_s'] / 1e9:8.2f} "
+              f"{row['busbw_bytes_per_s'] / 1e9:8.2f}  {row['algorithm']}")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``collective`` to the command parser."""
     parser = commands.add_parser("collective", help="predicted time and bus bandwidth of a collective (nccl-tests units)")
-    parser.add_argument("--system", required=True, help="system name or file (see `mpsim hardware list`)")
+    system = parser.add_argument("--system", required=True, help="system name or file (see `mpsim list systems`)")
+    from mpsim.cli.completion import names_completer
+
+    system.completer = names_completer("system")  # type: ignore[attr-defined]
     parser.add_argument("--op", default="all-reduce", help="all-reduce, all-gather, reduce-scatter or all-to-all")
     parser.add_argument("--ranks", required=True, help="ranks in the group")
     parser.add_argument("--nodes", help="nodes the ranks spread over (default: as few as fit)")
@@ -148,4 +179,5 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--algorithm", help="force an algorithm (ring, tree, nvls, ...) like NCCL_ALGO")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a field of the system, e.g. --set scale_out.oversubscription=2")
+    add_csv_arg(parser)
     parser.set_defaults(handler=_run)

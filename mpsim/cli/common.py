@@ -41,9 +41,56 @@ def non_negative_int(text: str) -> int:
 
 def add_scenario_args(parser: argparse.ArgumentParser) -> None:
     """The scenario positional argument and repeatable ``--set FIELD=VALUE``."""
-    parser.add_argument("scenario", help="scenario file (or the name of a shipped one)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override any field, e.g. --set parallel.tp=4 (repeatable)")
+    from mpsim.cli.completion import complete_scenario, complete_scenario_field
+
+    scenario = parser.add_argument("scenario", help="scenario file (or the name of a shipped one; see mpsim list "
+                                                     "scenarios)")
+    scenario.completer = complete_scenario  # type: ignore[attr-defined]
+    override = parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                                   help="override any field, e.g. --set parallel.tp=4 (repeatable)")
+    override.completer = complete_scenario_field  # type: ignore[attr-defined]
+
+
+def add_csv_arg(parser: argparse.ArgumentParser, what: str = "the table") -> None:
+    """``--csv FILE``: the rows of the printed table, machine-readable (``-``: standard output,
+    in place of the table)."""
+    parser.add_argument("--csv", metavar="FILE",
+                        help=f"also write {what} as CSV: plain numbers in seconds, bytes and fractions, the unit in "
+                             "each column name (- prints it in place of the table)")
+
+
+def csv_to_stdout(args: argparse.Namespace) -> bool:
+    """Whether ``--csv -`` asked for the CSV on standard output in place of the table."""
+    return getattr(args, "csv", None) == "-"
+
+
+def write_csv(path: str, columns: list[str], rows: list[dict]) -> None:
+    """Write ``rows`` (dicts keyed by ``columns``) as CSV to ``path`` (``-``: standard output).
+    A missing value is an empty cell; floats keep every digit (``repr``), so the file
+    round-trips to the numbers the JSON output holds."""
+    import csv
+
+    def cell(value):
+        if value is None:
+            return ""
+        if isinstance(value, float):
+            return repr(value)
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return value
+
+    def write(stream) -> None:
+        writer = csv.DictWriter(stream, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({name: cell(row.get(name)) for name in columns})
+
+    if path == "-":
+        write(sys.stdout)
+        return
+    with open(path, "w", newline="", encoding="utf-8") as stream:
+        write(stream)
+    print(f"CSV written to {path}", file=sys.stderr)
 
 
 # namespace attribute -> (option as the user wrote it, a picture?) for every file a command writes
@@ -51,7 +98,7 @@ OUTPUT_OPTIONS = {
     "plot": ("--plot", True), "memory_plot": ("--memory-plot", True), "heatmap": ("--heatmap", True),
     "pareto": ("--pareto", True), "breakdown": ("--breakdown", True), "scaling": ("--scaling", True),
     "trace": ("--trace", False), "memory_snapshot": ("--memory-snapshot", False), "out": ("--out", False),
-    "output": ("-o/--output", False),
+    "output": ("-o/--output", False), "csv": ("--csv", False), "report": ("--report", False),
 }
 
 
@@ -70,6 +117,8 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
     from mpsim.errors import InputError
 
+    if getattr(args, "csv", None) == "-" and getattr(args, "json", False):
+        raise InputError("--json prints to standard output already; give --csv a file name", field="--csv")
     for attribute, (option, picture) in OUTPUT_OPTIONS.items():
         value = getattr(args, attribute, None)
         if not isinstance(value, str) or value == "-":
@@ -95,9 +144,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
 def schedule_list(text: str) -> list[str]:
     """``--schedules A,B,...``: names of registered schedules, at least one, each known; a typo
     is an error, not a silently smaller list."""
-    import difflib
-
-    from mpsim.errors import InputError
+    from mpsim.errors import InputError, did_you_mean
     from mpsim.schedules import SCHEDULES, canonical_name
 
     parts = [part.strip() for part in text.split(",")]
@@ -107,8 +154,7 @@ def schedule_list(text: str) -> list[str]:
         raise InputError(f"an empty name in {text!r}", field="--schedules")
     for name in parts:
         if canonical_name(name) not in SCHEDULES:
-            close = difflib.get_close_matches(canonical_name(name), list(SCHEDULES), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(SCHEDULES)}"
+            hint = did_you_mean(canonical_name(name), list(SCHEDULES)) or f"known: {', '.join(SCHEDULES)}"
             raise InputError(f"unknown schedule {name!r}; {hint}", field="--schedules")
     return parts
 

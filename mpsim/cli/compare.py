@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import add_scenario_args, schedule_list
+from mpsim.cli.common import add_csv_arg, add_scenario_args, csv_to_stdout, schedule_list, write_csv
+from mpsim.cli.completion import complete_schedules
 from mpsim.errors import EXIT_OUT_OF_MEMORY, InputError
 
 
@@ -44,8 +45,17 @@ def _compare(args: argparse.Namespace) -> int:
         references.append(reference)
     if args.json:
         _print_json(base.scenario.name, rows)
-    else:
+    elif not csv_to_stdout(args):
         _print_table(base.scenario.name, rows)
+    if args.csv:
+        write_csv(args.csv, CSV_COLUMNS, csv_rows(rows))
+    if args.report and panels:
+        from mpsim.results.html import write_compare_report
+
+        write_compare_report(args.report, base.scenario.name,
+                             [(result, summary, reference, title) for (result, summary, title), reference
+                              in zip(panels, references)], csv_rows(rows))
+        print(f"report written to {args.report} (open it in a browser; it needs no network)", file=sys.stderr)
     if args.plot and panels:
         from mpsim.results.plot import plot_timelines
 
@@ -57,43 +67,69 @@ def _compare(args: argparse.Namespace) -> int:
     return EXIT_OUT_OF_MEMORY if all(summary.out_of_memory for summary in ran) else 0
 
 
+def json_rows(rows: list) -> list[dict]:
+    """Per schedule: its name, vpp and summary (docs/json.md) or why it could not run."""
+    from mpsim.results.report import summary_dict
+
+    return [{"schedule": schedule, "vpp": vpp,
+             **({"error": summary.removeprefix("cannot run: ")} if isinstance(summary, str) else
+                {"summary": summary_dict(summary)})} for schedule, vpp, summary in rows]
+
+
 def _print_json(name: str, rows: list) -> None:
     """One JSON object: the scenario and, per schedule, its summary (docs/json.md) or why it could not run."""
     import json
 
-    from mpsim.results.report import summary_dict
+    print(json.dumps({"scenario": name, "schedules": json_rows(rows)}, indent=2))
 
-    body = [{"schedule": schedule, "vpp": vpp,
-             **({"error": summary.removeprefix("cannot run: ")} if isinstance(summary, str) else
-                {"summary": summary_dict(summary)})} for schedule, vpp, summary in rows]
-    print(json.dumps({"scenario": name, "schedules": body}, indent=2))
+
+# the columns of the table, as summary fields of docs/json.md (peak memory: the busiest rank's)
+SUMMARY_COLUMNS = ["step_time_s", "bubble_fraction", "bubble_rate_zb", "bubble_imbalance_s", "exposed_pp_comm_s",
+                   "mfu", "peak_memory_bytes", "out_of_memory"]
+CSV_COLUMNS = ["schedule", "vpp", *SUMMARY_COLUMNS, "error"]
+
+
+def csv_rows(rows: list) -> list[dict]:
+    """The table's rows for ``--csv``, read from the ``--json`` objects so the two agree."""
+    table = []
+    for entry in json_rows(rows):
+        summary = entry.get("summary", {})
+        table.append({"schedule": entry["schedule"], "vpp": entry["vpp"], "error": entry.get("error"),
+                      **{name: summary.get(name) for name in SUMMARY_COLUMNS}})
+    return table
 
 
 def _print_table(name: str, rows: list) -> None:
-    from mpsim.units import format_bytes, format_seconds
+    """The schedules side by side; throughput in the model's unit, a layout that does not fit marked OOM."""
+    from mpsim.explore.tables import fmt_bytes, fmt_percent, fmt_rate, fmt_seconds, render_table
+    from mpsim.results.throughput import rate_heading
 
-    header = (f"{'schedule':<18} {'vpp':>3} {'step time':>11} {'bubble':>7} {'ZB rate':>7} {'imbalance':>10} "
-              f"{'PP comm':>9} {'MFU':>6} {'peak memory':>12}")
-    print(name)
-    print(header)
-    for name, vpp, summary in rows:
+    ran = [summary for _, _, summary in rows if not isinstance(summary, str)]
+    body = []
+    for schedule, vpp, summary in rows:
         if isinstance(summary, str):
-            print(f"{name:<18} {vpp:>3} {summary}")
+            body.append([schedule, vpp] + ["-"] * 9 + [summary])
             continue
-        memory = max(m.peak_memory_bytes for m in summary.memory)
-        print(f"{name:<18} {vpp:>3} {format_seconds(summary.step_time_s):>11} {100 * summary.bubble_fraction:6.1f}% "
-              f"{100 * summary.bubble_rate_zb:6.1f}% {format_seconds(summary.bubble_imbalance_s):>10} "
-              f"{format_seconds(summary.exposed_pp_comm_s):>9} {100 * summary.mfu:5.1f}% {format_bytes(memory):>12}"
-              f"{'  OUT OF MEMORY' if summary.out_of_memory else ''}")
+        body.append([schedule, vpp, fmt_seconds(summary.step_time_s), fmt_rate(summary.throughput_per_s),
+                     fmt_percent(summary.bubble_fraction), fmt_percent(summary.bubble_rate_zb),
+                     fmt_seconds(summary.bubble_imbalance_s), fmt_seconds(summary.exposed_pp_comm_s),
+                     fmt_percent(summary.mfu), fmt_bytes(summary.peak_memory_bytes),
+                     "OOM" if summary.out_of_memory else "yes", ""])
+    print(name)
+    print(render_table(["schedule", "vpp", "step time", rate_heading(s.throughput_unit for s in ran), "bubble",
+                        "ZB rate", "imbalance", "PP comm", "MFU", "peak memory", "fits", "note"], body, indent=""))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``compare`` to the command parser."""
     parser = commands.add_parser("compare", help="simulate a scenario under several schedules, side by side")
     add_scenario_args(parser)
-    parser.add_argument("--schedules", required=True, metavar="A,B,...",
-                        help="comma-separated schedule names, e.g. 1f1b,zb-h1,zbv")
+    schedules = parser.add_argument("--schedules", required=True, metavar="A,B,...",
+                                    help="comma-separated schedule names, e.g. 1f1b,zb-h1,zbv")
+    schedules.completer = complete_schedules  # type: ignore[attr-defined]
     parser.add_argument("--plot", metavar="FILE", help="write the timelines one above the other")
+    parser.add_argument("--report", metavar="FILE", help="write an interactive HTML report of the schedules")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: each schedule's summary (docs/json.md) or why it cannot run")
+    add_csv_arg(parser)
     parser.set_defaults(handler=_compare)

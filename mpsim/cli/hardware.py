@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from mpsim.errors import InputError
+from mpsim.cli.common import add_csv_arg
+from mpsim.errors import InputError, did_you_mean
 
 
 def _gb(bytes_per_s: float) -> str:
@@ -81,27 +82,63 @@ def _system_lines(system) -> list[str]:
     return lines
 
 
-def _list(args: argparse.Namespace) -> int:
-    from mpsim.specs.catalog import accelerator_names, load_accelerator, load_system, system_names
+# ``--csv`` columns: accelerator rows fill the first group, system rows the second (and name
+# their accelerator); the numbers are the ones the two printed tables show, in plain units
+CSV_COLUMNS = ["kind", "name", "vendor", "peak_flops_per_s", "memory_bytes", "memory_bandwidth_bytes_per_s",
+               "gemm_efficiency", "accelerator", "devices_per_node", "scale_up", "scale_up_bytes_per_s",
+               "scale_out_bytes_per_s_per_device"]
 
-    print(f"{'accelerator':18s} {'vendor':8s} {'bf16/fp16':>15s} {'memory':>9s} {'HBM':>10s} {'GEMM eff':>9s}")
+
+def accelerator_rows() -> list[dict]:
+    """One row per accelerator: its dense bf16 (else fp16, else best) peak, memory and GEMM efficiency."""
+    from mpsim.specs.catalog import accelerator_names, load_accelerator
+
+    rows = []
     for name in accelerator_names():
         acc = load_accelerator(name)
         peak = acc.peak_flops.get("bf16") or acc.peak_flops.get("fp16") or max(acc.peak_flops.values())
-        print(f"{acc.name:18s} {acc.vendor:8s} {_tflops(peak):>15s} {acc.memory.capacity / 2**30:5.0f} GiB "
-              f"{_gb(acc.memory.bandwidth):>10s} {acc.efficiency.gemm:9.1%}")
-    print()
-    print(f"{'system':18s} {'accelerator':16s} {'per node':>8s} {'scale-up':>30s} {'scale-out per device':>22s}")
+        rows.append({"kind": "accelerator", "name": acc.name, "vendor": acc.vendor, "peak_flops_per_s": peak,
+                     "memory_bytes": acc.memory.capacity, "memory_bandwidth_bytes_per_s": acc.memory.bandwidth,
+                     "gemm_efficiency": acc.efficiency.gemm})
+    return rows
+
+
+def system_rows() -> list[dict]:
+    """One row per system: its node, scale-up fabric and scale-out bandwidth per device."""
+    from mpsim.specs.catalog import load_system, system_names
+
+    rows = []
     for name in system_names():
         system = load_system(name)
-        up = system.scale_up
+        up, out = system.scale_up, system.scale_out
         extra = " +NVLS" if up.in_switch_reduction else ""
         if up.torus is not None:
             extra = " " + "x".join(str(d) for d in up.torus.dims)
-        out = system.scale_out
         share = out.nic_bandwidth * out.nics_per_node / system.devices_per_node
-        print(f"{system.name:18s} {system.accelerator.name:16s} {system.devices_per_node:8d} "
-              f"{up.topology + extra + ' ' + _gb(up.bandwidth_per_device):>30s} {_gb(share):>22s}")
+        rows.append({"kind": "system", "name": system.name, "accelerator": system.accelerator.name,
+                     "devices_per_node": system.devices_per_node, "scale_up": up.topology + extra,
+                     "scale_up_bytes_per_s": up.bandwidth_per_device, "scale_out_bytes_per_s_per_device": share})
+    return rows
+
+
+def _list(args: argparse.Namespace) -> int:
+    from mpsim.cli.common import csv_to_stdout, write_csv
+
+    accelerators, systems = accelerator_rows(), system_rows()
+    if not csv_to_stdout(args):
+        print(f"{'accelerator':18s} {'vendor':8s} {'bf16/fp16':>15s} {'memory':>9s} {'HBM':>10s} {'GEMM eff':>9s}")
+        for row in accelerators:
+            print(f"{row['name']:18s} {row['vendor']:8s} {_tflops(row['peak_flops_per_s']):>15s} "
+                  f"{row['memory_bytes'] / 2**30:5.0f} GiB {_gb(row['memory_bandwidth_bytes_per_s']):>10s} "
+                  f"{row['gemm_efficiency']:9.1%}")
+        print()
+        print(f"{'system':18s} {'accelerator':16s} {'per node':>8s} {'scale-up':>30s} {'scale-out per device':>22s}")
+        for row in systems:
+            print(f"{row['name']:18s} {row['accelerator']:16s} {row['devices_per_node']:8d} "
+                  f"{row['scale_up'] + ' ' + _gb(row['scale_up_bytes_per_s']):>30s} "
+                  f"{_gb(row['scale_out_bytes_per_s_per_device']):>22s}")
+    if args.csv:
+        write_csv(args.csv, CSV_COLUMNS, accelerators + systems)
     return 0
 
 
@@ -133,18 +170,21 @@ def _show(args: argparse.Namespace) -> int:
     try:
         path = accelerator_file(args.name)
     except InputError:
-        import difflib
-
         from mpsim.paths import normalize_name
         from mpsim.specs.catalog import accelerator_names, system_names
 
         known = system_names() + accelerator_names()
-        close = difflib.get_close_matches(normalize_name(args.name), known, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else "see `mpsim hardware list`"
+        hint = did_you_mean(normalize_name(args.name), known) or "see `mpsim hardware list`"
         raise InputError(f"no system or accelerator named {args.name!r}; {hint}", field="NAME") from None
     print("\n".join(_accelerator_lines(load_accelerator(args.name))))
     print(f"\nfile          {display_path(path)} (sources of every number in its comments)")
     return 0
+
+
+def _complete_hardware(prefix: str, **_) -> list[str]:
+    from mpsim.cli.completion import names_completer
+
+    return names_completer("system")(prefix) + names_completer("accelerator")(prefix)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -152,7 +192,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     hardware = commands.add_parser("hardware", help="list or show the accelerators and systems of the hardware library")
     actions = hardware.add_subparsers(dest="hardware_command", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="one line per accelerator and system")
+    add_csv_arg(listing, "both tables as one (a kind column says which)")
     listing.set_defaults(handler=_list)
     show = actions.add_parser("show", help="every number of one accelerator or system")
-    show.add_argument("name", metavar="NAME", help="accelerator or system name (or file)")
+    name = show.add_argument("name", metavar="NAME", help="accelerator or system name (or file)")
+    name.completer = _complete_hardware  # type: ignore[attr-defined]
     show.set_defaults(handler=_show)

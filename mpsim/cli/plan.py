@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import no_layout_exit, positive_int, schedule_list
+from mpsim.cli.common import add_csv_arg, csv_to_stdout, no_layout_exit, positive_int, schedule_list, write_csv
+from mpsim.cli.completion import complete_scenario_field, complete_schedules, names_completer
 from mpsim.cli.sweep import add_execution_args, add_plot_args, check_backend, interrupted
 from mpsim.errors import InputError
 
@@ -26,6 +27,11 @@ def plan_json(result, top: int, finds: list[dict[str, str]]) -> str:
     metrics), why the others lost, and where each ``--find`` landed."""
     import json
 
+    return json.dumps(plan_dict(result, top, finds), indent=2, default=str)
+
+
+def plan_dict(result, top: int, finds: list[dict[str, str]]) -> dict:
+    """The object :func:`plan_json` prints."""
     from mpsim.explore.planreport import explain_losses, matching, ranked, status_counts
 
     winners = ranked(result)
@@ -42,7 +48,35 @@ def plan_json(result, top: int, finds: list[dict[str, str]]) -> str:
                                                  for where, record in matching(result, wanted)[:top]]}
                   for wanted in finds],
     }
-    return json.dumps(body, indent=2, default=str)
+    return body
+
+
+# (column, parallel.* field of the point, metric to fall back on, value when neither has it);
+# the layout columns of the printed table of the best layouts, by the field's own name
+LAYOUT_COLUMNS = [("tp", "tp", "tp", 1), ("cp", "cp", None, 1), ("ep", "ep", None, 1), ("pp", "pp", "pp", 1),
+                  ("dp", None, "dp", None), ("vpp", None, "vpp", None),
+                  ("microbatch_size", None, "microbatch_size", None), ("schedule", None, "schedule", None),
+                  ("sequence_parallel", "sequence_parallel", None, False), ("zero_stage", "zero_stage", None, 0),
+                  ("recompute", "recompute", None, None)]
+METRIC_COLUMNS = ["step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_bytes"]
+CSV_COLUMNS = ["rank"] + [name for name, *_ in LAYOUT_COLUMNS] + METRIC_COLUMNS
+
+
+def csv_rows(body: dict) -> list[dict]:
+    """The best layouts (the printed table of them) for ``--csv``, read from the ``--json``
+    object's ``best`` so the two agree."""
+    rows = []
+    for entry in body["best"]:
+        point, metrics = entry["point"], entry["metrics"]
+        row = {"rank": entry["rank"]}
+        for name, field, metric, default in LAYOUT_COLUMNS:
+            value = point.get(f"parallel.{field}") if field else None
+            if value is None and metric is not None:
+                value = metrics.get(metric)
+            row[name] = default if value is None else value
+        row.update({name: metrics.get(name) for name in METRIC_COLUMNS})
+        rows.append(row)
+    return rows
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -80,21 +114,49 @@ def _plan(args: argparse.Namespace) -> int:
         return interrupted(args.out)
     if args.json:
         print(plan_json(result, args.top, finds))
-        winners = ranked(result)
-        _plots(args, result, winners)
-        return 0 if winners else no_layout_exit(result.records)
-    print(format_plan(result, args.top))
-    for wanted in finds:
-        found = matching(result, wanted)
-        print(f"\nwhere {' '.join(f'{k}={v}' for k, v in wanted.items())} landed ({len(found)} layouts):")
-        for where, record in found[:args.top]:
-            print(f"  {layout_label(record['point'])}: {where}")
-        if not found:
-            print("  no enumerated layout matches")
+    elif not csv_to_stdout(args):
+        print(format_plan(result, args.top))
+        for wanted in finds:
+            found = matching(result, wanted)
+            print(f"\nwhere {' '.join(f'{k}={v}' for k, v in wanted.items())} landed ({len(found)} layouts):")
+            for where, record in found[:args.top]:
+                print(f"  {layout_label(record['point'])}: {where}")
+            if not found:
+                print("  no enumerated layout matches")
+    if args.csv:
+        write_csv(args.csv, CSV_COLUMNS, csv_rows(plan_dict(result, args.top, finds)))
     winners = ranked(result)
     _plots(args, result, winners)
+    if args.report:
+        _report(args, result)
     return 0 if winners else no_layout_exit(result.records)
 
+
+
+def _report(args: argparse.Namespace, result) -> None:
+    """The plan's HTML report: the layouts it simulated or found out of memory, and the best
+    one's step in full."""
+    from mpsim.explore.planbase import apply_fields
+    from mpsim.explore.planreport import status_counts
+    from mpsim.results import summarize
+    from mpsim.results.html.explore import write_records_report
+    from mpsim.simulate import bubble_reference, simulate
+
+    def best_run(point: dict):
+        run = simulate(apply_fields(result.scenario, point))
+        reference = bubble_reference(run)
+        return run, summarize(run, reference), reference
+
+    counts = ", ".join(f"{count:,} {status}" for status, count in sorted(status_counts(result).items()))
+    fields = list(dict.fromkeys(name for record in result.records if record is not None for name in record["point"]))
+    listed = [r for r in result.records if r is not None and r["status"] in ("ok", "oom")]
+    scenario = result.scenario
+    write_records_report(
+        args.report, f"plan: {scenario.model.name} on {scenario.cluster.devices:,} x {scenario.cluster.system.name}",
+        f"global batch {scenario.parallel.global_batch_size:,}, {len(result.points):,} layouts", listed, fields,
+        best_run, f"Of {len(result.points):,} layouts: {counts}; the table lists those simulated and those found out "
+                  "of memory.")
+    print(f"report written to {args.report} (open it in a browser; it needs no network)", file=sys.stderr)
 
 
 def _plots(args: argparse.Namespace, result, winners: list[dict]) -> None:
@@ -106,7 +168,7 @@ def _plots(args: argparse.Namespace, result, winners: list[dict]) -> None:
 
     if args.heatmap:
         plots.heatmap(result.records, "parallel.tp", "parallel.pp", args.heatmap,
-                      title="tokens/s of the best layout for each tp and pp")
+                      title="throughput of the best layout that fits, for each tp and pp")
         print(f"heatmap written to {args.heatmap}", file=sys.stderr)
     if args.pareto:
         plots.pareto(result.records, args.pareto, label=label,
@@ -124,21 +186,27 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Enumerate every valid layout (tp, cp, pp, dp, ep, virtual stages, microbatch size, schedule, "
                     "recompute, sequence parallelism, ZeRO stage), drop those that do not fit in memory, simulate "
                     "the rest in order of a step-time lower bound, and print the best with why the others lost.")
-    parser.add_argument("model", help="model file or name, e.g. gpt3-175b or scenarios/models/gpt3_175b.yaml")
-    parser.add_argument("--cluster", metavar="SYSTEM", help="system file or name, e.g. dgx-a100")
+    model = parser.add_argument("model", help="model file or name, e.g. gpt3-175b or scenarios/models/gpt3_175b.yaml")
+    model.completer = names_completer("model")  # type: ignore[attr-defined]
+    cluster = parser.add_argument("--cluster", metavar="SYSTEM", help="system file or name, e.g. dgx-a100")
+    cluster.completer = names_completer("system")  # type: ignore[attr-defined]
     parser.add_argument("--devices", type=positive_int, metavar="N", help="accelerators in the job")
     parser.add_argument("--global-batch", type=positive_int, metavar="B", help="sequences per optimizer step")
     parser.add_argument("--seq", type=positive_int, metavar="S", help="sequence length (default: the model file's)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="fix a field (not enumerated), e.g. --set parallel.tp=8 or --set training.attention=flash")
+    fixed = parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                                help="fix a field (not enumerated), e.g. --set parallel.tp=8 or --set "
+                                     "training.attention=flash")
+    fixed.completer = complete_scenario_field  # type: ignore[attr-defined]
     parser.add_argument("--top", type=positive_int, default=10, metavar="N", help="layouts to show (default 10)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: counts, the best layouts with their metrics, why the rest lost")
+    add_csv_arg(parser, "the best layouts")
     parser.add_argument("--find", action="append", default=[], metavar="tp=8,pp=16,...",
                         help="also say where matching layouts landed and why (repeatable)")
     parser.add_argument("--max-microbatch", type=positive_int, default=8, metavar="N", help="largest microbatch (default 8)")
     parser.add_argument("--max-vpp", type=positive_int, default=8, metavar="N", help="most model chunks per rank (default 8)")
-    parser.add_argument("--schedules", metavar="A,B", help="only these schedules (default: every registered one but the searched zb-1p and zb-2p)")
+    schedules = parser.add_argument("--schedules", metavar="A,B", help="only these schedules (default: every registered one but the searched zb-1p and zb-2p)")
+    schedules.completer = complete_schedules  # type: ignore[attr-defined]
     parser.add_argument("--max-cp", type=positive_int, default=1, metavar="N",
                         help="search context parallelism up to N (default 1: off; it pays at long sequences)")
     parser.add_argument("--zero-stages", default="0,1", metavar="S,S",

@@ -16,6 +16,7 @@ def _run(args: argparse.Namespace) -> int:
     from mpsim.specs import load_scenario
     from mpsim.units import format_bytes
 
+    _check_trace_options(args)
     loaded = load_scenario(args.scenario, args.overrides)
     try:
         result = simulate(loaded.scenario, loaded.path.parent if loaded.path else None)
@@ -28,10 +29,14 @@ def _run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     if args.trace:
-        from mpsim.results.trace import write_trace
+        from mpsim.results.trace import chosen_mode, write_trace
 
-        write_trace(result, args.trace, ops=not args.trace_actions_only, reference=reference)
-        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)", file=sys.stderr)
+        ops = not args.trace_actions_only
+        mode, note = chosen_mode(result, ops, "compact" if args.trace_compact else "full" if args.trace_full else "auto")
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+        write_trace(result, args.trace, ops=ops, reference=reference, compact=mode == "compact")
+        print(f"{mode} trace written to {args.trace} (open it in https://ui.perfetto.dev)", file=sys.stderr)
     if args.memory_plot:
         from mpsim.results.memory_views import plot_memory
 
@@ -45,6 +50,11 @@ def _run(args: argparse.Namespace) -> int:
         write_memory_snapshot(result, summary.memory, args.memory_snapshot_rank, args.memory_snapshot)
         print(f"memory snapshot of rank {args.memory_snapshot_rank} written to {args.memory_snapshot} "
               f"(open it in https://pytorch.org/memory_viz)", file=sys.stderr)
+    if args.report:
+        from mpsim.results.html import write_run_report
+
+        write_run_report(args.report, result, summary, reference)
+        print(f"report written to {args.report} (open it in a browser; it needs no network)", file=sys.stderr)
     if args.plot:
         from mpsim.results.plot import plot_timeline
 
@@ -57,17 +67,31 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_trace_options(args: argparse.Namespace) -> None:
+    """The trace's form is asked for with the trace, and only one form at a time."""
+    if args.trace_compact and args.trace_full:
+        raise InputError("give --trace-compact or --trace-full, not both", field="--trace-full")
+    for option, given in (("--trace-compact", args.trace_compact), ("--trace-full", args.trace_full)):
+        if given and not args.trace:
+            raise InputError("needs --trace FILE to write the trace to", field=option)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``run`` to the command parser."""
     run = commands.add_parser("run", help="simulate one training step of a scenario")
     add_scenario_args(run)
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object (docs/json.md)")
-    run.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
+    run.add_argument("--trace", metavar="FILE",
+                     help="write a Chrome/Perfetto trace JSON (gzip-compressed if FILE ends in .gz; docs/traces.md)")
     run.add_argument("--trace-actions-only", action="store_true", help="trace whole actions, not every op")
+    run.add_argument("--trace-compact", action="store_true",
+                     help="trace whole actions, communication as counters (chosen for large traces; docs/traces.md)")
+    run.add_argument("--trace-full", action="store_true", help="trace every op, however large the trace")
     run.add_argument("--plot", metavar="FILE", help="write a timeline picture (.png, .svg, .pdf)")
     run.add_argument("--memory-plot", metavar="FILE", help="write memory per device over the step")
     run.add_argument("--memory-snapshot", metavar="FILE",
                      help="write a PyTorch memory snapshot (pickle) of one rank, for pytorch.org/memory_viz")
     run.add_argument("--memory-snapshot-rank", type=non_negative_int, default=0, metavar="RANK",
                      help="pipeline rank of --memory-snapshot (default 0)")
+    run.add_argument("--report", metavar="FILE", help="write an interactive HTML report (one file, no network needed)")
     run.set_defaults(handler=_run)

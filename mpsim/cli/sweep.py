@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import add_scenario_args, no_layout_exit, non_negative_int, positive_int
+from mpsim.cli.common import (add_csv_arg, add_scenario_args, csv_to_stdout, no_layout_exit, non_negative_int,
+                              positive_int, write_csv)
 from mpsim.errors import EXIT_INTERRUPTED, InputError
 
+# the table's metric columns, as the records' metrics (docs/explore.md)
+METRIC_COLUMNS = ["step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_bytes", "out_of_memory"]
 
 
 def add_execution_args(parser: argparse.ArgumentParser) -> None:
@@ -53,12 +56,57 @@ def _sweep(args: argparse.Namespace) -> int:
                            limit=args.limit, progress=args.progress, retry_failed=args.retry_failed)
     except KeyboardInterrupt:
         return interrupted(args.out)
-    print(format_sweep(result, args.sort, args.top))
+    if not csv_to_stdout(args):
+        print(format_sweep(result, args.sort, args.top))
+    if args.csv:
+        columns, rows = csv_table(result, args.sort, args.top)
+        write_csv(args.csv, columns, rows)
     _plots(args, result)
+    if args.report:
+        _report(args, result)
     done = [r for r in result.report.records if r is not None]
     if done and all(r["status"] == "invalid" for r in done):
         return no_layout_exit(done)  # every point invalid: a typo in a field or a value, said in one line
     return 0
+
+
+def _report(args: argparse.Namespace, result) -> None:
+    """The sweep's HTML report, the best point that fits simulated again in full."""
+    from mpsim.cli.report import simulate_for_report
+    from mpsim.explore.axes import override_text
+    from mpsim.results.html.explore import write_records_report
+
+    def best_run(point: dict):
+        return simulate_for_report(args.scenario, [*args.overrides,
+                                                   *(override_text(name, value) for name, value in point.items())])
+
+    fields = [name for axis in result.axes for name in axis.fields]
+    write_records_report(args.report, f"sweep of {args.scenario}", f"{len(result.points):,} points over "
+                         + ", ".join(fields), result.report.records, fields, best_run)
+    print(f"report written to {args.report} (open it in a browser; it needs no network)", file=sys.stderr)
+
+
+def csv_table(result, sort: str | None, top: int | None) -> tuple[list[str], list[dict]]:
+    """The columns and rows of ``--csv``: the printed table's records in its order, each swept
+    field by its full name, the metrics as the results file holds them, the status and the error."""
+    from mpsim.explore.sweep import sweep_rows
+
+    fields = [name for axis in result.axes for name in axis.fields]
+    rows = []
+    for record in sweep_rows(result, sort, top):
+        metrics = record.get("metrics") or {}
+        row = {name: _cell(record["point"].get(name)) for name in fields}
+        row.update({name: metrics.get(name) for name in METRIC_COLUMNS} if record["status"] == "ok" else {})
+        row.update(status=record["status"], error=record.get("error"))
+        rows.append(row)
+    return fields + METRIC_COLUMNS + ["status", "error"], rows
+
+
+def _cell(value):
+    """A swept value as a CSV cell: scalars as they are, lists and mappings as JSON."""
+    import json
+
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
 
 
 def _plots(args: argparse.Namespace, result) -> None:
@@ -98,6 +146,8 @@ def add_plot_args(parser: argparse.ArgumentParser, sweep: bool) -> None:
     else:
         group.add_argument("--heatmap", metavar="FILE", help="best throughput over tp and pp")
     group.add_argument("--pareto", metavar="FILE", help="throughput against peak memory, front named")
+    parser.add_argument("--report", metavar="FILE",
+                        help="write an interactive HTML report: every layout, and the best one's step in full")
     group.add_argument("--breakdown", metavar="FILE", help="step-time breakdown of the best points")
     if sweep:
         group.add_argument("--scaling", metavar="FILE", help="throughput against device count (sweep cluster.nodes)")
@@ -121,6 +171,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     sweep.add_argument("--sort", metavar="METRIC", help="sort the table: tokens_per_s, mfu, step_time_s, "
                                                          "peak_memory_bytes")
     sweep.add_argument("--top", type=positive_int, metavar="N", help="show only the first N rows")
+    add_csv_arg(sweep)
     add_execution_args(sweep)
     add_plot_args(sweep, sweep=True)
     sweep.set_defaults(handler=_sweep)

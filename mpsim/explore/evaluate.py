@@ -99,6 +99,8 @@ def summary_metrics(summary: Any) -> dict[str, Any]:
         "step_time_s": summary.step_time_s,
         "tokens_per_s": summary.tokens_per_s,
         "tokens_per_s_per_device": summary.tokens_per_s_per_device,
+        "throughput_unit": summary.throughput_unit,
+        "throughput_per_s": summary.throughput_per_s,
         "model_tflops_per_device": summary.model_tflops_per_device,
         "mfu": summary.mfu,
         "hfu": summary.hfu,

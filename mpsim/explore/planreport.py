@@ -24,6 +24,7 @@ from typing import Any
 
 from mpsim.explore.planner import PlanResult, layout_label
 from mpsim.explore.tables import fmt_bytes, fmt_count, fmt_percent, fmt_rate, fmt_seconds, render_table
+from mpsim.results.throughput import rate_heading, record_rate, throughput_unit
 
 REASON_ORDER = ("out of memory", "bubble", "communication", "compute", "optimizer", "more recompute than needed",
                 "invalid", "failed", "not reached")
@@ -133,10 +134,17 @@ def top_table(rows: list[dict], first_position: int = 1) -> str:
         body.append([f"#{i}", p.get("parallel.tp", m["tp"])] + [p.get(f"parallel.{name}", 1) for name in extra]
                     + [p.get("parallel.pp", m["pp"]), m["dp"], m["vpp"], m["microbatch_size"], m["schedule"],
                        "on" if p.get("parallel.sequence_parallel") else "off", p.get("parallel.zero_stage", 0),
-                       p.get("parallel.recompute", "-"), fmt_seconds(m["step_time_s"]), fmt_rate(m["tokens_per_s"]),
+                       p.get("parallel.recompute", "-"), fmt_seconds(m["step_time_s"]), fmt_rate(record_rate(m)[0]),
                        fmt_percent(m["mfu"]), fmt_percent(m["bubble_fraction"]), fmt_bytes(m["peak_memory_bytes"])])
+    rate = rate_heading(record_rate(record["metrics"])[1] for record in rows)
     return render_table(["rank", "tp"] + extra + ["pp", "dp", "vpp", "mbs", "schedule", "sp", "zero", "recompute",
-                                                  "step", "tokens/s", "MFU", "bubble", "peak memory"], body)
+                                                  "step", rate, "MFU", "bubble", "peak memory"], body)
+
+
+def _sample_text(model) -> str:
+    """What one sample of the batch is: a sequence of so many tokens, or the unit throughput is counted in."""
+    unit = throughput_unit(model)
+    return f"sequence {model.seq_length:,}" if unit.name == "tokens" else f"throughput in {unit.rate_name()}"
 
 
 def format_plan(result: PlanResult, shown: int) -> str:
@@ -146,7 +154,7 @@ def format_plan(result: PlanResult, shown: int) -> str:
     total = len(result.points)
     system, model = scenario.cluster.system, scenario.model
     lines = [f"plan: {model.name} on {scenario.cluster.devices:,} x {system.accelerator.name} ({system.name}), "
-             f"sequence {model.seq_length:,}, global batch {scenario.parallel.global_batch_size:,}"]
+             f"{_sample_text(model)}, global batch {scenario.parallel.global_batch_size:,}"]
     rate = total / result.elapsed_s if result.elapsed_s > 0 else float("inf")
     lines.append(f"{fmt_count(total)} layouts: {fmt_count(counts['invalid'])} invalid, "
                  f"{fmt_count(counts['oom'])} out of memory, {fmt_count(counts['dominated'])} with more recompute "

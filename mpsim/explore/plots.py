@@ -1,15 +1,20 @@
 """Pictures of a sweep or a plan, labelled in place so nobody has to hunt a legend.
 
 * ``heatmap``: a metric over two swept fields; every cell carries its value, or why it
-  has none (out of memory, invalid);
-* ``pareto``: throughput against peak memory; the front is drawn and each point on it
-  is named, the device's capacity is a labelled line;
+  has none (out of memory, hatched; invalid);
+* ``pareto``: throughput against peak memory; the front, over the layouts that fit only,
+  is drawn and each point on it named; layouts that do not fit are grey crosses, the
+  device's capacity a labelled line;
 * ``scaling``: throughput against device count, one line per system, named at its end,
   with the ideal (linear from the smallest run) dashed and each point's efficiency;
+  layouts that do not fit are grey crosses off the lines;
 * ``breakdown``: stacked bars of the step time of the best layouts (compute, exposed TP,
-  PP and DP communication, bubble, optimizer), each segment named inside the bar.
+  PP and DP communication, bubble, optimizer), each segment named inside the bar; a
+  layout that does not fit is hatched and says OOM.
 
-All take records (``store.py`` format) and a path; the format follows the suffix.
+Throughput is in the model's unit (``mpsim/results/throughput.py``): tokens/s, images/s,
+samples/s or audio seconds/s. All take records (``store.py`` format) and a path; the
+format follows the suffix.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Callable, Sequence
 from mpsim.errors import InputError
 from mpsim.explore.evaluate import BREAKDOWN
 from mpsim.explore.tables import fmt_rate
+from mpsim.results.throughput import rate_heading, record_rate
 
 GIB = 2.0 ** 30
 COLORS = {"compute": "#4878a8", "TP comm": "#d1495b", "PP comm": "#edae49", "bubble": "#b8b8b8",
@@ -50,6 +56,15 @@ def _ok(records: Sequence[dict | None]) -> list[dict]:
     return [r for r in records if r is not None and r["status"] == "ok"]
 
 
+def out_of_memory(record: dict) -> bool:
+    """True for a layout that does not fit: cut by the memory check, or simulated and over capacity."""
+    return record["status"] == "oom" or bool((record.get("metrics") or {}).get("out_of_memory"))
+
+
+def _fitting(records: Sequence[dict | None]) -> list[dict]:
+    return [r for r in _ok(records) if not out_of_memory(r)]
+
+
 def _cell_value(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -67,6 +82,10 @@ def heatmap(records: Sequence[dict | None], x_field: str, y_field: str, path: st
             return record["point"][name]
         return (record.get("metrics") or {}).get(name.rsplit(".", 1)[-1])
 
+    def metric_of(m: dict) -> Any:
+        # tokens_per_s is the throughput: shown in the model's own unit (images/s of a ViT)
+        return record_rate(m)[0] if metric == "tokens_per_s" and "tokens_per_s" in m else m.get(metric)
+
     present = [r for r in records if r is not None]
     xs = sorted({value_of(r, x_field) for r in present}, key=_sort_key)
     ys = sorted({value_of(r, y_field) for r in present}, key=_sort_key)
@@ -78,10 +97,10 @@ def heatmap(records: Sequence[dict | None], x_field: str, y_field: str, path: st
     for r in present:
         cell = (value_of(r, x_field), value_of(r, y_field))
         m = r.get("metrics") or {}
-        if r["status"] == "ok" and not m.get("out_of_memory") and m.get(metric) is not None:
-            best[cell] = max(best.get(cell, float("-inf")), m[metric])
+        if r["status"] == "ok" and not m.get("out_of_memory") and metric_of(m) is not None:
+            best[cell] = max(best.get(cell, float("-inf")), metric_of(m))
         else:
-            why.setdefault(cell, "OOM" if r["status"] == "oom" or m.get("out_of_memory") else r["status"])
+            why.setdefault(cell, "OOM" if out_of_memory(r) else r["status"])
     grid = np.full((len(ys), len(xs)), np.nan)
     for (x, y), v in best.items():
         grid[ys.index(y), xs.index(x)] = v
@@ -96,13 +115,20 @@ def heatmap(records: Sequence[dict | None], x_field: str, y_field: str, path: st
                 text = fmt_rate(v) if metric.startswith("tokens") else f"{v:.3g}"
                 ax.text(i, j, text, ha="center", va="center", fontsize=9, color="white" if v < middle else "black")
             else:
-                ax.text(i, j, why.get((x, y), "-"), ha="center", va="center", fontsize=8, color="#555555")
+                reason = why.get((x, y), "-")
+                if reason == "OOM":  # a hatched cell: does not fit, whatever the other fields
+                    ax.add_patch(plt.Rectangle((i - 0.5, j - 0.5), 1, 1, facecolor="#f2dede", edgecolor="#c9a0a0",
+                                               hatch="//", linewidth=0))
+                ax.text(i, j, reason, ha="center", va="center", fontsize=8, color="#555555")
     ax.set_xticks(range(len(xs)), [_cell_value(x) for x in xs])
     ax.set_yticks(range(len(ys)), [_cell_value(y) for y in ys])
     ax.set_xlabel(x_field)
     ax.set_ylabel(y_field)
-    ax.set_title(title or f"{metric.replace('_', ' ')} (best over the other fields)")
-    fig.colorbar(image, ax=ax, label=metric.replace("_", " "))
+    name = metric.replace("_", " ")
+    if metric == "tokens_per_s":
+        name = rate_heading(record_rate(r["metrics"])[1] for r in present if r["status"] == "ok")
+    ax.set_title(title or f"{name} (best over the other fields; OOM: no layout fits)")
+    fig.colorbar(image, ax=ax, label=name)
     _save(fig, path)
 
 
@@ -123,39 +149,56 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 
 def pareto(records: Sequence[dict | None], path: str | Path, label: Callable[[dict], str] | None = None,
            title: str | None = None) -> list[dict]:
-    """Throughput against peak memory with the front named; returns the records on the front."""
+    """Throughput against peak memory with the front named; returns the records on the front.
+
+    The front is computed over the layouts that fit only: a layout over the device's
+    memory is no trade-off anyone can make. Those are drawn as grey crosses.
+    """
     plt = _pyplot()
-    rows = [r for r in _ok(records)]
-    if not rows:
+    simulated = _ok(records)
+    rows = [r for r in simulated if not out_of_memory(r)]
+    over = [r for r in simulated if out_of_memory(r)]
+    if not simulated:
         raise InputError("no simulated point to draw", str(path))
     label = label or (lambda r: " ".join(f"{k.rsplit('.', 1)[-1]}={_cell_value(v)}" for k, v in r["point"].items()))
-    xy = [(r["metrics"]["peak_memory_bytes"] / GIB, r["metrics"]["tokens_per_s"]) for r in rows]
+    point = lambda r: (r["metrics"]["peak_memory_bytes"] / GIB, record_rate(r["metrics"])[0])  # noqa: E731
+    xy = [point(r) for r in rows]
     front = pareto_front(xy)
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    ax.scatter([p[0] for p in xy], [p[1] for p in xy], s=14, color="#b0b0b0", zorder=1)
-    fx, fy = [xy[i][0] for i in front], [xy[i][1] for i in front]
-    ax.plot(fx, fy, "-o", color="#d1495b", markersize=5, zorder=2)
-    for i in front[-8:]:  # the fastest end of the front is what people read
-        ax.annotate(label(rows[i]), xy[i], xytext=(6, -3), textcoords="offset points", fontsize=7.5,
-                    color="#8a1c2b")
-    capacity = max(r["metrics"]["capacity_bytes"] for r in rows) / GIB
+    if xy:
+        ax.scatter([p[0] for p in xy], [p[1] for p in xy], s=14, color="#7a9cc6", zorder=1, label="fits")
+    if over:
+        ax.scatter([point(r)[0] for r in over], [point(r)[1] for r in over], s=18, marker="x", color="#b0b0b0",
+                   zorder=1, label="out of memory (never on the front)")
+    if front:
+        fx, fy = [xy[i][0] for i in front], [xy[i][1] for i in front]
+        ax.plot(fx, fy, "-o", color="#d1495b", markersize=5, zorder=2, label="front")
+        for i in front[-8:]:  # the fastest end of the front is what people read
+            ax.annotate(label(rows[i]), xy[i], xytext=(6, -3), textcoords="offset points", fontsize=7.5,
+                        color="#8a1c2b")
+    else:
+        ax.text(0.5, 0.5, "no layout fits: no front", transform=ax.transAxes, ha="center", color="#8a1c2b")
+    capacity = max(r["metrics"]["capacity_bytes"] for r in simulated) / GIB
     ax.axvline(capacity, color="black", linestyle=":", linewidth=1)
     ax.text(capacity, ax.get_ylim()[0], " device memory", rotation=90, va="bottom", ha="right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside: no label under it
     ax.set_xlabel("peak memory per device (GiB)")
-    ax.set_ylabel("tokens / s")
-    ax.set_title(title or "throughput against memory (red: the front, no point is both faster and smaller)")
+    ax.set_ylabel(rate_heading(record_rate(r["metrics"])[1] for r in simulated).replace("/s", " / s"))
+    ax.set_title(title or "throughput against memory (red: the front of the layouts that fit; no point is both "
+                          "faster and smaller)", fontsize=10)
     _save(fig, path)
     return [rows[i] for i in front]
 
 
 def scaling(records: Sequence[dict | None], path: str | Path, title: str | None = None) -> None:
-    """Tokens/s over device count, one line per system; ideal scaling dashed, efficiency at each point."""
+    """Throughput over device count, one line per system; ideal scaling dashed, efficiency at each point."""
     plt = _pyplot()
     series: dict[str, dict[int, float]] = defaultdict(dict)
-    for r in _ok(records):
+    for r in _fitting(records):
         m = r["metrics"]
         devices = m["devices"]
-        series[m["system"]][devices] = max(series[m["system"]].get(devices, 0.0), m["tokens_per_s"])
+        series[m["system"]][devices] = max(series[m["system"]].get(devices, 0.0), record_rate(m)[0])
+    over = [r["metrics"] for r in _ok(records) if out_of_memory(r)]
     if not series or all(len(s) < 2 for s in series.values()):
         raise InputError("a scaling curve needs simulated points at two or more device counts "
                          "(sweep cluster.nodes or cluster.num_devices)", str(path))
@@ -172,10 +215,15 @@ def scaling(records: Sequence[dict | None], path: str | Path, title: str | None 
         for d, rate, perfect in zip(devices[1:], rates[1:], ideal[1:]):
             ax.annotate(f"{100 * rate / perfect:.0f}%", (d, rate), xytext=(0, -12), textcoords="offset points",
                         ha="center", fontsize=7.5, color=line.get_color())
+    if over:  # greyed out, off the lines: a layout that does not fit has no throughput to scale
+        ax.scatter([m["devices"] for m in over], [record_rate(m)[0] for m in over], marker="x", s=18,
+                   color="#b0b0b0", label="out of memory")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("devices")
-    ax.set_ylabel("tokens / s (best layout at each size)")
+    unit = rate_heading(record_rate(r["metrics"])[1] for r in _ok(records)).replace("/s", " / s")
+    ax.set_ylabel(f"{unit} (best layout that fits at each size)")
     ax.set_title(title or "scaling (percentages: efficiency against linear from the smallest run)")
     _save(fig, path)
 
@@ -196,7 +244,9 @@ def breakdown(records: Sequence[dict], path: str | Path, label: Callable[[dict],
             width = max(0.0, m.get(key, 0.0))
             if width <= 0:
                 continue
-            ax.barh(y, width, left=left, color=COLORS[name], edgecolor="white", height=0.7)
+            oom = out_of_memory(r)
+            ax.barh(y, width, left=left, color=COLORS[name], edgecolor="white", height=0.7, alpha=0.45 if oom else 1,
+                    hatch="//" if oom else None)
             if width > 0.1 * longest:  # wide enough to carry its name
                 ax.text(left + width / 2, y, f"{name}\n{width:.2f} s", ha="center", va="center", fontsize=7,
                         color="white" if name in ("compute", "DP comm", "TP comm") else "black")
@@ -205,9 +255,11 @@ def breakdown(records: Sequence[dict], path: str | Path, label: Callable[[dict],
             left += width
         note = f"  step {m['step_time_s']:.2f} s" + (f"  ({', '.join(narrow)})" if narrow else "")
         ax.text(max(left, m["step_time_s"]), y, note, va="center", fontsize=7.5)
-    ax.set_yticks(range(len(rows)), [label(r) for r in rows], fontsize=8)
+    ax.set_yticks(range(len(rows)), [label(r) + (" (OOM)" if out_of_memory(r) else "") for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.45)
+    for side in ("top", "right"):  # the notes after the bars may run past the axes: no frame to cross them
+        ax.spines[side].set_visible(False)
     ax.set_xlabel("seconds per step (mean pipeline rank; narrow segments are named after the bar)")
     ax.set_title(title or "where the step time goes")
     _save(fig, path)

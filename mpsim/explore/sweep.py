@@ -19,6 +19,7 @@ from mpsim.explore.store import file_digest
 from mpsim.explore.sweepfile import merge_axes, read_sweep, scenario_file
 from mpsim.explore.tables import fmt_bytes, fmt_percent, fmt_rate, fmt_seconds, render_table
 from mpsim.paths import display_path
+from mpsim.results.throughput import rate_heading, record_rate
 
 MAX_POINTS = 100_000  # a grid larger than this is almost always a typo in a range
 SORT_KEYS = {"tokens_per_s": True, "mfu": True, "step_time_s": False, "peak_memory_bytes": False}  # True: higher first
@@ -93,20 +94,22 @@ def format_sweep(result: SweepResult, sort: str | None = None, top: int | None =
     short = [name.rsplit(".", 1)[-1] for name in fields]
     if len(set(short)) < len(short):
         short = fields
-    body = []
+    body, units = [], []
     for record in sweep_rows(result, sort, top):
         m = record.get("metrics") or {}
         values = [_value(record["point"].get(name, "-")) for name in fields]
         if record["status"] == "ok":
-            note = "OUT OF MEMORY" if m.get("out_of_memory") else ""
-            body.append(values + [fmt_seconds(m["step_time_s"]), fmt_rate(m["tokens_per_s"]), fmt_percent(m["mfu"]),
-                                  fmt_percent(m["bubble_fraction"]), fmt_bytes(m["peak_memory_bytes"]), note])
+            rate, unit = record_rate(m)
+            units.append(unit)
+            body.append(values + [fmt_seconds(m["step_time_s"]), fmt_rate(rate), fmt_percent(m["mfu"]),
+                                  fmt_percent(m["bubble_fraction"]), fmt_bytes(m["peak_memory_bytes"]),
+                                  "OOM" if m.get("out_of_memory") else "yes", ""])
         else:
             error = record.get("error") or ""
             prefix = f"{result.scenario}: "
             note = f"{record['status']}: {error[len(prefix):] if error.startswith(prefix) else error}"
-            body.append(values + ["-", "-", "-", "-", "-", note[:120]])
-    table = render_table(short + ["step", "tokens/s", "MFU", "bubble", "peak memory", "note"], body)
+            body.append(values + ["-", "-", "-", "-", "-", "-", note[:120]])
+    table = render_table(short + ["step", rate_heading(units), "MFU", "bubble", "peak memory", "fits", "note"], body)
     return table + "\n" + summary_line(result)
 
 

@@ -55,7 +55,7 @@ def fmt_percent(value: float | None) -> str:
 
 
 def fmt_rate(value: float | None) -> str:
-    """Tokens per second with a k/M suffix."""
+    """A rate (tokens, images, samples per second) with a k/M suffix."""
     if value is None:
         return "-"
     for scale, suffix in ((1e6, "M"), (1e3, "k")):

@@ -11,7 +11,9 @@ Activations are counted by walking the rank's action list: a forward adds the st
 per-microbatch activations, a full backward frees them, an input-gradient backward frees
 all but what its weight-gradient half still needs, which that ``W`` then frees. The peak
 of that walk is the schedule's real in-flight memory (``p`` microbatches on the first
-rank of 1F1B, all ``m`` for GPipe, more for interleaved schedules).
+rank of 1F1B, all ``m`` for GPipe, more for interleaved schedules). A zero-bubble
+schedule can peak with no forward in flight at all: what it holds then is the inputs
+and output gradients its deferred ``W`` passes still need (``weight_grad_held_bytes``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class RankMemory:
     layer_activations_peak_bytes: float = 0.0  # peak of the transformer layers' activations only
     reserved_parts: tuple[tuple[str, float], ...] = ()  # what reserved_bytes is made of: (name, bytes)
     gathered_params_bytes: float = 0.0  # of the buffers: ZeRO-3 parameters held from forward to backward
+    weight_grad_held_bytes: float = 0.0  # of the activations peak: what deferred W passes hold (from I until W)
 
     @property
     def model_state_bytes(self) -> float:
@@ -104,18 +107,28 @@ def held_params(layout: Layout) -> bool:
     return layout.zero_stage >= 3 and not layout.reshard_after_forward
 
 
+@dataclass(frozen=True)
+class WalkPeak:
+    """The highest point of a rank's walk over its action list, and what is held there."""
+
+    bytes: float  # activations (with the held parameters, when counted) at the peak
+    in_flight: int  # (stage, microbatch) forwards between their forward and their backward
+    gathered_params_bytes: float  # of the bytes, unsharded parameters held from forward to backward
+    weight_grad_held_bytes: float  # of the bytes, what input-gradient passes left for their W
+
+
 def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False,
-              hold_params: bool = False) -> tuple[float, int, float]:
-    """(peak bytes, forwards in flight at the peak, gathered parameters held at the peak) over the
-    rank's action list.
+              hold_params: bool = False) -> WalkPeak:
+    """The peak of the rank's action list, as ``WalkPeak``.
 
     The bytes are the activations the schedule holds and, with ``hold_params``, the
     unsharded parameters of every stage that has a microbatch between its forward and its
     backward (FSDP without ``reshard_after_forward``: gathered for the first such forward,
     freed after the backward that leaves none).
     """
-    level = peak = held = held_at_peak = 0.0
-    in_flight = peak_count = 0
+    level = held = for_weight_grads = 0.0
+    in_flight = 0
+    best = WalkPeak(0.0, 0, 0.0, 0.0)
     open_forwards: dict[int, int] = {}
     for stage, kind, _ in flat(schedule.actions[rank]):
         work = workload.stages[stage]
@@ -124,6 +137,8 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
             # the layers' share only (weight-gradient buffers are the layers' anyway)
             delta = {"F": work.layer_activation_bytes, "B": -work.layer_activation_bytes,
                      "I": work.weight_grad_buffer_bytes - work.layer_activation_bytes}[kind]
+        if kind in ("I", "W"):
+            for_weight_grads += work.weight_grad_buffer_bytes if kind == "I" else -work.weight_grad_buffer_bytes
         if hold_params and count:
             before = open_forwards.get(stage, 0)
             open_forwards[stage] = before + count
@@ -133,16 +148,16 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
                 delta += params if count > 0 else -params
         level += delta
         in_flight += count
-        if level > peak:
-            peak, peak_count, held_at_peak = level, in_flight, held
-    return peak, peak_count, held_at_peak
+        if level > best.bytes:
+            best = WalkPeak(level, in_flight, held, for_weight_grads)
+    return best
 
 
 def activation_walk(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False
                     ) -> tuple[float, int]:
     """(peak activation bytes, forwards in flight at the peak) over the rank's action list."""
-    peak, count, _ = walk_peak(schedule, rank, workload, layers_only)
-    return peak, count
+    walk = walk_peak(schedule, rank, workload, layers_only)
+    return walk.bytes, walk.in_flight
 
 
 def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
@@ -178,14 +193,15 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
         state = model_state_bytes(dense, shard=layout.shard_ranks, **kwargs)
         expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
         layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.shard_ranks, **kwargs)
-        peak, count, gathered = walk_peak(schedule, rank, workload, hold_params=hold)
-        peak -= gathered  # the held parameters are reported with the buffers
+        walk = walk_peak(schedule, rank, workload, hold_params=hold)
+        gathered = walk.gathered_params_bytes
+        peak = walk.bytes - gathered  # the held parameters are reported with the buffers
         layer_peak, _ = activation_walk(schedule, rank, workload, layers_only=True)
         buffers = _buffers_bytes(works, workload, layout) + gathered
         allocated = state.total_bytes + expert_state.total_bytes + peak + buffers
         result.append(RankMemory(
             rank, stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
             state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,
-            peak, count, buffers, reserved_total, allocated * training.memory_fragmentation, capacity,
-            layers.total_bytes, layer_peak, reserved, gathered))
+            peak, walk.in_flight, buffers, reserved_total, allocated * training.memory_fragmentation, capacity,
+            layers.total_bytes, layer_peak, reserved, gathered, walk.weight_grad_held_bytes))
     return result

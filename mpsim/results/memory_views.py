@@ -1,113 +1,146 @@
-"""Memory over time: a plot per rank, and PyTorch's memory-snapshot format.
+"""Memory per device over the step, drawn one line per pipeline rank.
 
-Both come from the engine's timeline: activations are allocated when a forward starts
-and freed when the backward that consumes them ends (``memory.activation_timeline``);
-model state, buffers and reserved memory are resident for the whole step.
+The lines come from the engine's timeline: activations are allocated when a forward
+starts and freed when the backward that consumes them ends
+(``memory.activation_timeline``); model state, buffers and reserved memory are the floor
+for the whole step. The same memory as a PyTorch memory snapshot is
+``memory_snapshot`` (re-exported here for the CLI).
 
-The snapshot is a pickle in the layout ``torch.cuda.memory._snapshot()`` produces (a
-``segments`` list and per-device ``device_traces`` of ``alloc`` / ``free_requested`` /
-``free_completed`` events), so it opens in PyTorch's memory viewer
-(pytorch.org/memory_viz) like a recording of a real run.
+A plot of every rank of a deep pipeline would be a tangle, so past ``ALL_RANKS_UP_TO``
+ranks it draws a few chosen ones (the first two, the middle one, the last two and the one
+with the highest peak), says in its title which and why, and shades the band every rank
+lies in. Labels sit in a column right of the plot, each joined to the end of its line and
+moved apart so that no two overlap, whatever the number of ranks.
 """
 
 from __future__ import annotations
-
-import pickle
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
-from mpsim.results.memory import RankMemory, _activation_deltas, activation_timeline  # noqa: E402
-from mpsim.schedules.actions import parts  # noqa: E402
+from mpsim.results.memory import RankMemory, activation_timeline  # noqa: E402
+from mpsim.results.memory_snapshot import memory_snapshot, write_memory_snapshot  # noqa: E402, F401 (the CLI's import)
 from mpsim.simulate import SimulationResult  # noqa: E402
 
 GiB = 2.0**30
+ALL_RANKS_UP_TO = 8  # more ranks than this: draw the chosen few and the band of all
+LABEL_FONT_PT = 8
+LABEL_SPACING = 1.5  # label pitch in the right-hand column, in font heights
+
+
+def chosen_ranks(memory: list[RankMemory]) -> dict[int, list[str]]:
+    """The ranks a plot of a deep pipeline draws, each with why (in rank order)."""
+    count = len(memory)
+    roles: dict[int, list[str]] = {}
+    busiest = max(range(count), key=lambda rank: memory[rank].peak_memory_bytes)
+    for rank, role in ((0, "first"), (1, "second"), (count // 2, "middle"), (count - 2, "second to last"),
+                       (count - 1, "last"), (busiest, "highest peak")):
+        roles.setdefault(rank, []).append(role)
+    return dict(sorted(roles.items()))
+
+
+def spread_labels(wanted: list[float], pitch: float, low: float = 0.0, high: float = 1.0) -> list[float]:
+    """Label heights as close to ``wanted`` as possible, at least ``pitch`` apart, within [low, high].
+
+    Labels keep their order; when they do not fit at ``pitch`` the pitch shrinks to share
+    the room evenly.
+    """
+    if not wanted:
+        return []
+    pitch = min(pitch, (high - low) / max(1, len(wanted) - 1))
+    order = sorted(range(len(wanted)), key=lambda index: (wanted[index], index))
+    placed = [min(max(wanted[index], low), high) for index in order]
+    for k in range(1, len(placed)):  # upwards from the lowest
+        placed[k] = max(placed[k], placed[k - 1] + pitch)
+    placed[-1] = min(placed[-1], high)
+    for k in range(len(placed) - 2, -1, -1):  # back down from the top where that ran over
+        placed[k] = min(placed[k], placed[k + 1] - pitch)
+    result = [0.0] * len(wanted)
+    for k, index in enumerate(order):
+        result[index] = placed[k]
+    return result
+
+
+def _rank_curve(result: SimulationResult, m: RankMemory) -> tuple[list[float], list[float]]:
+    """(times in s, GiB on the device) of one rank as a step function to the end of the step."""
+    resident = m.peak_memory_bytes - m.activations_peak_bytes
+    points = activation_timeline(result.timeline, result.workload, m.rank)
+    times = [t for t, _ in points] + [result.timeline.step_time_s]
+    values = [(resident + level) / GiB for _, level in points] + [(resident + points[-1][1]) / GiB]
+    return times, values
+
+
+def _band(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(times, lowest, highest) over every rank's step function, on the union of their change times."""
+    grid = np.unique(np.concatenate([np.asarray(times) for times, _ in curves]))
+    lowest = np.full(grid.shape, np.inf)
+    highest = np.full(grid.shape, -np.inf)
+    for times, values in curves:
+        # the value in force at each grid time: the last change at or before it
+        index = np.searchsorted(np.asarray(times), grid, side="right") - 1
+        level = np.asarray(values)[np.clip(index, 0, len(values) - 1)]
+        lowest, highest = np.minimum(lowest, level), np.maximum(highest, level)
+    return grid, lowest, highest
 
 
 def plot_memory(result: SimulationResult, memory: list[RankMemory], path: str, ranks: list[int] | None = None) -> None:
-    """Memory per device over the step, one line per pipeline rank, labelled at its end."""
-    timeline = result.timeline
-    shown = ranks if ranks is not None else list(range(timeline.num_ranks))
-    if ranks is None and len(shown) > 8:
-        shown = sorted({0, 1, len(shown) // 2, len(shown) - 2, len(shown) - 1,
-                        max(range(len(memory)), key=lambda r: memory[r].peak_memory_bytes)})
-    step = timeline.step_time_s
+    """Memory per device over the step, one line per drawn rank, labelled in a column on the right."""
+    count = len(memory)
+    if ranks is not None:
+        roles = {rank: [] for rank in sorted(ranks)}
+    elif count <= ALL_RANKS_UP_TO:
+        roles = {rank: [] for rank in range(count)}
+    else:
+        roles = chosen_ranks(memory)
+    step = result.timeline.step_time_s
     scale, unit = (1.0, "s") if step >= 1 else (1e3, "ms")
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    cmap = plt.get_cmap("viridis")
-    for position, rank in enumerate(shown):
-        m = memory[rank]
-        resident = m.peak_memory_bytes - m.activations_peak_bytes
-        points = activation_timeline(timeline, result.workload, rank)
-        times = [t * scale for t, _ in points] + [step * scale]
-        values = [(resident + level) / GiB for _, level in points] + [(resident + points[-1][1]) / GiB]
-        color = cmap(position / max(1, len(shown) - 1))
-        ax.step(times, values, where="post", color=color, linewidth=1.4)
-        peak_index = max(range(len(values)), key=values.__getitem__)
-        ax.annotate(f"rank {rank}: peak {values[peak_index]:.1f} GiB", (times[peak_index], values[peak_index]),
-                    textcoords="offset points", xytext=(4 + 90 * (position % 3), 4), fontsize=8, color=color)
+    fig, ax = plt.subplots(figsize=(12, 5.8))
+    fig.subplots_adjust(left=0.07, right=0.72, top=0.84, bottom=0.1)
+
+    curves = {rank: _rank_curve(result, memory[rank]) for rank in (range(count) if len(roles) < count else roles)}
+    if len(roles) < count:
+        grid, lowest, highest = _band(list(curves.values()))
+        ax.fill_between(grid * scale, lowest, highest, step="post", color="0.88", linewidth=0)
+    colors = plt.get_cmap("tab10")
+    labels: list[tuple[str, float, object]] = []  # (text, GiB where its line ends, color)
+    for position, (rank, why) in enumerate(roles.items()):
+        times, values = curves[rank]
+        color = colors(position % 10)
+        ax.step([t * scale for t in times], values, where="post", color=color, linewidth=1.4)
+        peak = max(range(len(values)), key=values.__getitem__)
+        ax.plot([times[peak] * scale], [values[peak]], "o", color=color, markersize=3.5)
+        reason = f" ({', '.join(why)})" if why else ""
+        labels.append((f"rank {rank}{reason}: peak {values[peak]:.1f} GiB", values[-1], color))
     capacity = memory[0].capacity_bytes / GiB
     ax.axhline(capacity, color="#C44E52", linestyle="--", linewidth=1)
-    ax.text(0, capacity, f" capacity {capacity:.0f} GiB", color="#C44E52", va="bottom", fontsize=8)
+    labels.append((f"capacity {capacity:.0f} GiB", capacity, "#C44E52"))
+
+    top = max(capacity, max(m.peak_memory_bytes for m in memory) / GiB) * 1.1
     ax.set_xlim(0, step * scale)
-    ax.set_ylim(0, max(capacity, max(m.peak_memory_bytes for m in memory) / GiB) * 1.1)
+    ax.set_ylim(0, top)
+    axes_height_pt = ax.get_position().height * fig.get_figheight() * 72
+    heights = spread_labels([y / top for _, y, _ in labels], LABEL_SPACING * LABEL_FONT_PT / axes_height_pt)
+    for (text, y, color), height in zip(labels, heights):
+        # a short leader from where the line leaves the plot to its label, which never crosses a label
+        ax.plot([1.0, 1.006, 1.024], [y / top, y / top, height], transform=ax.transAxes, clip_on=False,
+                color=color, linewidth=0.7)
+        ax.text(1.03, height, text, transform=ax.transAxes, va="center", fontsize=LABEL_FONT_PT, color=color)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("memory per device (GiB)")
-    ax.set_title(f"{result.scenario.name}: memory per device over one step\n(model state, buffers and reserved "
-                 f"memory are the floor; activations rise with each forward and fall with its backward)",
-                 fontsize=9, loc="left")
+    if len(roles) < count:
+        chosen = "chosen as labelled" if ranks is None else "as asked"
+        shown = f"{len(roles)} of {count} pipeline ranks drawn ({chosen}); the grey band spans all {count}"
+    else:
+        shown = f"all {count} pipeline rank{'s' if count > 1 else ''} drawn"
+    from mpsim.results.plot import setup_text  # the resolved setup, so that a --set of the system shows
+
+    ax.set_title(f"{setup_text(result)}: memory per device over one step\n{shown}\nmodel state, buffers and "
+                 f"reserved memory are the floor; activations rise with each forward and fall with its backward "
+                 f"(dot: each rank's peak)", fontsize=9, loc="left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    fig.tight_layout()
     fig.savefig(path, dpi=150 if not path.endswith(".svg") else fig.dpi)
     plt.close(fig)
-
-
-def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: int) -> dict:
-    """A PyTorch memory snapshot of one pipeline rank's device over the simulated step."""
-    m = memory[rank]
-    frames = lambda name: [{"filename": "mpsim", "line": 0, "name": name}]  # noqa: E731
-    resident = [("weights", m.weights_bytes), ("gradients", m.grads_bytes), ("optimizer state", m.optimizer_bytes),
-                ("communication buffers", m.buffers_bytes),
-                *(((f"reserved: {name}", size) for name, size in m.reserved_parts) if m.reserved_parts
-                  else (("reserved", m.reserved_bytes),))]
-    address = 0
-    blocks = []
-    for name, size in resident:
-        if size > 0:
-            blocks.append({"address": address, "size": int(size), "requested_size": int(size),
-                           "state": "active_allocated", "frames": frames(name)})
-            address += int(size)
-    trace = []
-    live: dict[tuple, list[dict]] = {}
-    for record in result.timeline.actions[rank]:
-        for action in parts(record.action):
-            delta, _ = _activation_deltas(result.workload.stages[action.stage], action.kind)
-            key = (action.stage, action.microbatch)
-            if delta > 0:
-                name = f"{'weight-grad buffers' if action.kind == 'I' else 'activations'} stage {action.stage} " \
-                       f"microbatch {action.microbatch}"
-                event = {"action": "alloc", "addr": address, "size": int(delta), "stream": 0,
-                         "time_us": int(record.start_s * 1e6), "frames": frames(name)}
-                address += int(delta)
-                trace.append(event)
-                live.setdefault(key, []).append(event)
-            elif delta < 0:
-                freed = -delta
-                while freed > 0 and live.get(key):
-                    alloc = live[key].pop(0)
-                    freed -= alloc["size"]
-                    for what in ("free_requested", "free_completed"):
-                        trace.append({"action": what, "addr": alloc["addr"], "size": alloc["size"], "stream": 0,
-                                      "time_us": int(record.end_s * 1e6), "frames": alloc["frames"]})
-    segment = {"device": 0, "address": 0, "total_size": address, "allocated_size": address, "active_size": address,
-               "requested_size": address, "stream": 0, "segment_type": "large", "blocks": blocks}
-    return {"segments": [segment], "device_traces": [trace]}
-
-
-def write_memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: int, path: str) -> None:
-    """Write ``memory_snapshot`` as a pickle (what torch.cuda.memory._dump_snapshot writes)."""
-    with open(path, "wb") as handle:
-        pickle.dump(memory_snapshot(result, memory, rank), handle)

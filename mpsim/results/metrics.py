@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from mpsim.results.idle import idle_by_kind, idle_intervals
 from mpsim.results.memory import RankMemory, rank_memory
+from mpsim.results.throughput import throughput_unit
 from mpsim.simulate import BubbleReference, SimulationResult
 from mpsim.workload.flops import model_flops_per_sequence
 
@@ -103,6 +104,8 @@ class Summary:
     memory: list[RankMemory] = field(default_factory=list)
     layers_per_stage: tuple[int, ...] = ()  # layers (or layer-stack units) of each model chunk, in stage order
     layer_split: str = "even"  # how they were chosen: even, given (parallel.layers_per_stage) or auto
+    throughput_unit: str = "tokens"  # what throughput_per_s counts: tokens, images, samples or audio seconds
+    throughput_per_s: float = 0.0  # the step's rate in that unit (results/throughput.py)
 
 
 def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
@@ -138,6 +141,7 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
     ranks = [_rank_time(result, r, pipeline_end, reference) for r in range(timeline.num_ranks)]
     n = len(ranks)
     tokens = layout.global_batch_size * scenario.model.seq_length
+    unit = throughput_unit(scenario.model)
     model_flops = model_flops_per_sequence(scenario.model) * layout.global_batch_size
     # each simulated rank stands for its TP and CP groups and every DP replica
     executed = sum(result.cost(r.action).flops for rs in timeline.actions for r in rs)
@@ -190,4 +194,6 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         memory=memory,
         layers_per_stage=tuple(layout.layers_per_chunk),
         layer_split=layout.layer_split,
+        throughput_unit=unit.name,
+        throughput_per_s=layout.global_batch_size * unit.per_sample / step,
     )

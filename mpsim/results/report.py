@@ -22,8 +22,13 @@ def _memory_rows(summary: Summary) -> list[str]:
     if len(memory) > 12:
         worst = max(range(len(memory)), key=lambda r: memory[r].peak_memory_bytes)
         shown = sorted({0, 1, len(memory) - 2, len(memory) - 1, worst})
+    # a split backward (zero-bubble schedules) can peak with no forward in flight: the column
+    # "held for W" shows the activations peak's part that deferred weight-gradient passes hold
+    split = any(m.weight_grad_held_bytes > 0 for m in memory)
+    held_for_w = lambda text: f" {text:>11}" if split else ""  # noqa: E731
     header = f"    {'rank':>4}  {'stages':<12} {'weights':>11} {'grads':>11} {'optimizer':>11} " \
-             f"{'activations':>11} {'in flight':>9} {'buffers':>11} {'reserved':>10} {'fragment.':>10} {'total':>11}"
+             f"{'activations':>11} {'in flight':>9}{held_for_w('held for W')} {'buffers':>11} {'reserved':>10} " \
+             f"{'fragment.':>10} {'total':>11}"
     rows = [header]
     previous = -1
     for r in shown:
@@ -36,7 +41,8 @@ def _memory_rows(summary: Summary) -> list[str]:
         flag = "" if m.fits else f"  OUT OF MEMORY (largest: {m.largest_category})"
         rows.append(f"    {m.rank:>4}  {stages:<12} {format_bytes(m.weights_bytes):>11} {format_bytes(m.grads_bytes):>11} "
                     f"{format_bytes(m.optimizer_bytes):>11} {format_bytes(m.activations_peak_bytes):>11} "
-                    f"{m.peak_in_flight:>9} {format_bytes(m.buffers_bytes):>11} "
+                    f"{m.peak_in_flight:>9}{held_for_w(format_bytes(m.weight_grad_held_bytes))} "
+                    f"{format_bytes(m.buffers_bytes):>11} "
                     f"{format_bytes(m.reserved_bytes):>10} {format_bytes(m.fragmentation_bytes):>10} "
                     f"{format_bytes(m.peak_memory_bytes):>11}{flag}")
         previous = r
@@ -57,6 +63,20 @@ def format_split(counts: tuple[int, ...] | list[int]) -> str:
     return ", ".join(f"{count} x {times}" if times > 2 else ", ".join([str(count)] * times) for count, times in runs)
 
 
+def _rate(value: float) -> str:
+    """A rate with three significant digits at least: 12,345 or 2.41 (images/s of a large model are small)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _throughput(s: Summary) -> str:
+    """Throughput in the model's unit (results/throughput.py): tokens/s, images/s, samples/s, audio seconds/s."""
+    devices = max(1, s.devices)
+    text = f"{s.throughput_unit}/s {_rate(s.throughput_per_s)} total, {_rate(s.throughput_per_s / devices)} per device"
+    if s.throughput_unit == "audio seconds":  # the samples too: that is what the batch size counts
+        text += f" ({_rate(s.global_batch_size / s.step_time_s)} samples/s)"
+    return text
+
+
 def format_summary(summary: Summary) -> str:
     """Human-readable summary of a simulated step."""
     s = summary
@@ -75,8 +95,7 @@ def format_summary(summary: Summary) -> str:
         f"{s.microbatch_size} per pipeline; schedule {s.schedule}",
         *([f"  stages       layers per stage {format_split(s.layers_per_stage)} ({s.layer_split} split)"]
           if len(s.layers_per_stage) > 1 else []),
-        f"  step time    {format_seconds(step)}   tokens/s {s.tokens_per_s:,.0f} total, "
-        f"{s.tokens_per_s_per_device:,.0f} per device",
+        f"  step time    {format_seconds(step)}   {_throughput(s)}",
         f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
         f"HFU {100 * s.hfu:.1f} %",
         f"  bubble       {100 * s.bubble_fraction:.1f} % of the pipeline time ({format_seconds(s.bubble_s)} idle per "

@@ -1,121 +1,140 @@
 """Chrome trace-event JSON of a simulated step, which Perfetto and chrome://tracing open.
 
-One process per pipeline rank, one thread per stream: compute, TP collectives,
-pipeline sends, DP gradient reduction (and the optimizer). Each action appears as a
-slice with its ops nested inside, so zooming in shows every GEMM and collective.
+Two forms of the same step (docs/traces.md):
+
+* full: one process per pipeline rank, one thread per stream: compute, TP collectives,
+  pipeline sends, DP gradient reduction (and the optimizer). Each action appears as a
+  slice with its ops nested inside, so zooming in shows every GEMM and collective.
+* compact (``trace_compact.py``): whole actions on one track per pipeline rank, with
+  collectives, pipeline transfers and the DP stream as counters. A large job's full
+  trace holds millions of slices; past ``FULL_TRACE_SLICE_LIMIT`` the compact form is
+  chosen unless the full one is asked for.
+
+Either way a process is one simulated pipeline rank, standing for its whole TP, CP and
+DP group as the engine does. The full trace's events are built as tuples of integer
+nanoseconds, the compact trace's as their JSON text; ``trace_writer.py`` writes either,
+and ``trace_events`` gives the same events as dicts.
 """
 
 from __future__ import annotations
 
-import json
+import gc
+import os
 from typing import Any
 
 from mpsim.results.idle import idle_intervals
-from mpsim.schedules.actions import Item, Overlapped, parts
+from mpsim.results.trace_compact import action_category, compact_rows
+from mpsim.results.trace_writer import Row, as_dict, track_names, write_rows
+from mpsim.schedules.actions import parts
 from mpsim.simulate import BubbleReference, SimulationResult
+
+# Past this many slices (one per action, per op, per pipeline transfer and per DP sync;
+# idle gaps not counted) the full trace is about 25 MB of JSON and takes seconds to write
+# and to load; the compact form is written instead unless the full one is asked for.
+FULL_TRACE_SLICE_LIMIT = 250_000
 
 _THREADS = {"compute": 0, "tp": 1, "pp": 2, "dp": 3}
 _THREAD_NAMES = {0: "compute", 1: "TP collectives", 2: "pipeline sends", 3: "DP gradients / optimizer"}
-_KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)"}
-
-
-def _category(item: Item) -> str:
-    if isinstance(item, Overlapped):
-        return "forward+backward (overlapped)"
-    return _KIND_NAMES[item.kind]
-
-
-def _args(item: Item) -> dict[str, Any]:
-    return {"actions": [{"stage": a.stage, "kind": a.kind, "microbatch": a.microbatch} for a in parts(item)]}
-
-
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
 
 
 def _ns(seconds: float) -> int:
     return round(seconds * 1e9)
 
 
-def _span(start_s: float, end_s: float, within: tuple[int, int] | None = None) -> dict[str, float]:
-    """``ts`` and ``dur`` in microseconds from whole nanoseconds, the end rounded on its own (not
-    start plus a rounded duration), so a slice that ends where another ends or starts still does
-    after rounding; ``within`` (the enclosing slice, in ns) keeps a nested slice inside it
-    where float addition put it a fraction of a nanosecond outside. Perfetto drops a slice that
-    overruns its parent on the same track."""
+def _slice(pid: int, tid: int, start_s: float, end_s: float, name: str, category: str,
+           args: dict[str, Any] | None = None) -> Row:
+    """Start and end rounded to whole nanoseconds each on its own (not the start plus a rounded
+    duration), so a slice that ends where another ends or starts still does after rounding."""
     start, end = _ns(start_s), _ns(end_s)
-    if within is not None:
-        start, end = max(start, within[0]), min(end, within[1])
-    return {"ts": start / 1e3, "dur": max(0, end - start) / 1e3}
+    return ("X", pid, tid, start, max(start, end), name, category, args)
 
 
-def trace_events(result: SimulationResult, ops: bool = True,
-                 reference: BubbleReference | None = None) -> list[dict[str, Any]]:
-    """Trace events (``ph: X`` slices plus process/thread names)."""
-    events: list[dict[str, Any]] = []
-    schedule = result.schedule
-    for rank in range(schedule.num_ranks):
-        stages = [s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank]
-        events.append({"ph": "M", "name": "process_name", "pid": rank,
-                       "args": {"name": f"pp rank {rank} (stage {', '.join(map(str, stages))})"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
-        for tid, name in _THREAD_NAMES.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+def full_slice_count(result: SimulationResult, ops: bool = True) -> int:
+    """Slices of the full trace, idle gaps not counted: what ``FULL_TRACE_SLICE_LIMIT`` bounds."""
+    timeline = result.timeline
+    count = sum(len(records) for records in timeline.actions) + len(timeline.transfers) + len(timeline.syncs)
+    if ops:
+        count += sum(len(result.cost(record.action).segments) for records in timeline.actions for record in records)
+    return count
+
+
+def chosen_mode(result: SimulationResult, ops: bool = True, requested: str = "auto",
+                limit: int | None = None) -> tuple[str, str | None]:
+    """``"full"`` or ``"compact"`` for ``requested`` (``"auto"``, ``"full"``, ``"compact"``), and
+    a note when ``"auto"`` chose the compact form because the full one is past ``limit`` slices
+    (``FULL_TRACE_SLICE_LIMIT`` unless given)."""
+    if requested not in ("auto", "full", "compact"):
+        raise ValueError(f"unknown trace form {requested!r}")
+    if requested != "auto":
+        return requested, None
+    limit = FULL_TRACE_SLICE_LIMIT if limit is None else limit
+    slices = full_slice_count(result, ops)
+    if slices <= limit:
+        return "full", None
+    return "compact", (f"the full trace would hold {slices:,} slices, more than {limit:,}: writing the compact "
+                       f"trace (whole actions per pipeline rank, communication as counters); --trace-full "
+                       f"writes every op")
+
+
+def _full_rows(result: SimulationResult, ops: bool, reference: BubbleReference | None) -> list[Row]:
+    rows: list[Row] = list(track_names(result, _THREAD_NAMES))
     timeline = result.timeline
     for records in timeline.actions:
         for record in records:
             item = record.action
-            cost = result.cost(item)
-            events.append({"ph": "X", "name": str(item), "cat": _category(item), "pid": record.rank,
-                           "tid": 0, **_span(record.start_s, record.end_s),
-                           "args": {**_args(item), "waited_us": _us(record.start_s - record.ready_s)}})
+            action = _slice(record.rank, 0, record.start_s, record.end_s, str(item), action_category(item), {
+                "actions": [{"stage": a.stage, "kind": a.kind, "microbatch": a.microbatch} for a in parts(item)],
+                "waited_us": round((record.start_s - record.ready_s) * 1e6, 3)})
+            rows.append(action)
             if not ops:
                 continue
             # the compute stream runs its ops back to back inside the action: each starts no
             # earlier than the last one ended (their offsets are float sums that can disagree
-            # by a fraction of a nanosecond) and ends within the action
-            free_ns, action_end_ns = _ns(record.start_s), _ns(record.end_s)
-            for segment in cost.segments:
+            # by a fraction of a nanosecond) and ends within the action, or Perfetto drops it
+            free_ns, action_end_ns = action[3], action[4]
+            for segment in result.cost(item).segments:
                 tid = _THREADS[segment.stream]
-                start = record.start_s + segment.offset_s
-                span = _span(start, start + segment.duration_s, (free_ns, action_end_ns) if tid == 0 else None)
+                op_start_s = record.start_s + segment.offset_s
+                start, end = _ns(op_start_s), _ns(op_start_s + segment.duration_s)
                 if tid == 0:
-                    free_ns = round((span["ts"] + span["dur"]) * 1e3)
-                events.append({"ph": "X", "name": segment.label, "cat": segment.category, "pid": record.rank,
-                               "tid": tid, **span})
+                    start, end = max(start, free_ns), min(end, action_end_ns)
+                    end = free_ns = max(start, end)
+                rows.append(("X", record.rank, tid, start, max(start, end), segment.label, segment.category, None))
     for rank in range(timeline.num_ranks):
         waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
         for idle in idle_intervals(timeline, rank, timeline.pipeline_end_s, waits):
-            events.append({"ph": "X", "name": f"idle: {idle.kind}", "cat": "idle", "pid": rank, "tid": 0,
-                           **_span(idle.start_s, idle.end_s)})
-    for transfer in result.timeline.transfers:
-        events.append({"ph": "X", "name": f"send {transfer.action} to rank {transfer.dst_rank}", "cat": "pp-comm",
-                       "pid": transfer.src_rank, "tid": _THREADS["pp"], **_span(transfer.start_s, transfer.end_s)})
-    for sync in result.timeline.syncs:
-        events.append({"ph": "X", "name": sync.label, "cat": sync.kind, "pid": sync.rank, "tid": _THREADS["dp"],
-                       **_span(sync.start_s, sync.end_s)})
-    return events + _spread_concurrent(events)
+            rows.append(_slice(rank, 0, idle.start_s, idle.end_s, f"idle: {idle.kind}", "idle"))
+    for transfer in timeline.transfers:
+        rows.append(_slice(transfer.src_rank, _THREADS["pp"], transfer.start_s, transfer.end_s,
+                           f"send {transfer.action} to rank {transfer.dst_rank}", "pp-comm"))
+    for sync in timeline.syncs:
+        rows.append(_slice(sync.rank, _THREADS["dp"], sync.start_s, sync.end_s, sync.label, sync.kind))
+    return rows + _spread_concurrent(rows)
 
 
-def _spread_concurrent(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _spread_concurrent(rows: list[Row]) -> list[Row]:
     """Put communication slices that run at the same time on one rank's stream (the two passes
     of an overlapped DualPipe pair, sends to both neighbours) on tracks of their own: one track
-    holds slices that follow each other, as Perfetto requires. Returns the new tracks' names."""
+    holds slices that follow each other, as Perfetto requires. Moves them in ``rows`` and
+    returns the new tracks' names."""
     lanes: dict[tuple[int, int], list[int]] = {}  # (pid, tid) -> the end (ns) of each lane's last slice
-    named: list[dict[str, Any]] = []
-    slices = [e for e in events if e.get("ph") == "X" and e["tid"] != _THREADS["compute"]]
-    for event in sorted(slices, key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"])):
-        key = (event["pid"], event["tid"])
-        start, end = round(event["ts"] * 1e3), round((event["ts"] + event["dur"]) * 1e3)
-        ends = lanes.setdefault(key, [])
+    named: list[Row] = []
+    # (pid, tid, start, -duration, index) of each slice off the compute stream
+    comm = sorted((row[1], row[2], row[3], row[3] - row[4], i) for i, row in enumerate(rows)
+                  if type(row) is tuple and row[2] != _THREADS["compute"])
+    for pid, tid, start, _, index in comm:
+        end = rows[index][4]
+        ends = lanes.setdefault((pid, tid), [])
         lane = next((i for i, last in enumerate(ends) if last <= start), len(ends))
         if lane == len(ends):
             ends.append(end)
             if lane:
-                named.append({"ph": "M", "name": "thread_name", "pid": key[0], "tid": _lane_tid(key[1], lane),
-                              "args": {"name": f"{_THREAD_NAMES[key[1]]} ({lane + 1})"}})
+                named.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": _lane_tid(tid, lane),
+                              "args": {"name": f"{_THREAD_NAMES[tid]} ({lane + 1})"}})
         ends[lane] = end
-        event["tid"] = _lane_tid(key[1], lane)
+        if lane:
+            row = rows[index]
+            rows[index] = row[:2] + (_lane_tid(tid, lane),) + row[3:]
     return named
 
 
@@ -123,8 +142,27 @@ def _lane_tid(tid: int, lane: int) -> int:
     return tid if lane == 0 else 10 * tid + lane
 
 
-def write_trace(result: SimulationResult, path: str, ops: bool = True,
-                reference: BubbleReference | None = None) -> None:
-    """Write the Chrome trace JSON to ``path``."""
-    with open(path, "w") as handle:
-        json.dump({"traceEvents": trace_events(result, ops, reference), "displayTimeUnit": "ms"}, handle)
+def trace_rows(result: SimulationResult, ops: bool = True, reference: BubbleReference | None = None,
+               compact: bool = False) -> list[Row]:
+    """The trace's events as rows (tuples and metadata dicts, ``trace_writer.Row``)."""
+    return compact_rows(result, reference) if compact else _full_rows(result, ops, reference)
+
+
+def trace_events(result: SimulationResult, ops: bool = True, reference: BubbleReference | None = None,
+                 compact: bool = False) -> list[dict[str, Any]]:
+    """Trace events as dicts, as a JSON reader gets them back from the written file."""
+    return [as_dict(row) for row in trace_rows(result, ops, reference, compact)]
+
+
+def write_trace(result: SimulationResult, path: str | os.PathLike, ops: bool = True,
+                reference: BubbleReference | None = None, compact: bool = False) -> None:
+    """Write the Chrome trace JSON to ``path`` (gzip-compressed when it ends in ``.gz``)."""
+    # hundreds of thousands of tuples, none of them in a reference cycle: the cycle collector
+    # would walk them again and again as they pile up, for nothing (a fifth of the time)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        write_rows(path, trace_rows(result, ops, reference, compact))
+    finally:
+        if collecting:
+            gc.enable()

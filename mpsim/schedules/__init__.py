@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mpsim.errors import did_you_mean
 from mpsim.schedules.actions import (Action, Item, Overlapped, Schedule, ScheduleTextError, flat,
                                     load_schedule_file, parts, schedule_from_text)
 from mpsim.schedules.registry import SCHEDULES, canonical_name, generate
@@ -58,7 +59,8 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
     else:
         key = canonical_name(name)
         if key not in SCHEDULES:
-            raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(schedule_names())}, or file:PATH")
+            hint = did_you_mean(key, schedule_names()) or f"known: {', '.join(schedule_names())}, or file:PATH"
+            raise ScheduleError(f"unknown schedule {name!r}; {hint}")
         try:
             schedule = generate(key, pp, vpp, num_microbatches, timer)
         except ValueError as exc:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from mpsim.errors import InputError
+from mpsim.errors import InputError, did_you_mean
 from mpsim.paths import KIND_DIRS, data_roots, display_path, normalize_name, read_text
 from mpsim.specs.hf import from_hf_config, looks_like_hf
 from mpsim.specs.scenario import Scenario
@@ -183,9 +183,8 @@ def find_reference(ref: str, kind: str, relative_to: Path | None) -> Path:
     key = normalize_name(ref)
     if key in index:
         return index[key]
-    close = difflib.get_close_matches(key, list(index), n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(available(kind))}"
-    raise InputError(f"unknown {kind} {ref!r}{hint}")
+    hint = did_you_mean(key, list(index)) or f"known: {', '.join(available(kind))}"
+    raise InputError(f"unknown {kind} {ref!r}; {hint}")
 
 
 def _get(tree: Any, path: Path_) -> Any:
@@ -350,7 +349,10 @@ def read_scenario_file(path: str | Path) -> tuple[Path, dict]:
         try:
             file = find_reference(str(path), "scenario", None)
         except InputError:
-            raise InputError("scenario file not found", str(path)) from None
+            from mpsim.specs.shipped import scenario_suggestion
+
+            hint = scenario_suggestion(str(path))
+            raise InputError("scenario file not found" + (f"; {hint}" if hint else ""), str(path)) from None
     tree = read_yaml(file)
     if not isinstance(tree, dict):
         raise InputError("a scenario file must be a mapping of fields (name, cluster, model, parallel)",

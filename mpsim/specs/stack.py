@@ -150,6 +150,13 @@ class LayerStackSpec(Spec):
                                                                    "dimension; token ids (tokens,) before an embedding")
     tokens_per_sample: int = Field(1, gt=0, description="what one sample counts as in tokens/s (e.g. the sequence "
                                                         "length of a language model; 1 reports samples/s)")
+    sample_kind: Literal["sequence", "image", "audio", "sample"] | None = Field(
+        None, description="what one sample is, which names the throughput unit: sequence (tokens/s, "
+                          "tokens_per_sample each), image (images/s), audio (samples/s, and audio seconds/s with "
+                          "audio_seconds_per_sample) or sample (samples/s); default: sequence when tokens_per_sample "
+                          "is above 1, else sample")
+    audio_seconds_per_sample: float | None = Field(None, gt=0, description="seconds of audio in one sample "
+                                                                           "(sample_kind audio only)")
     layers: tuple[Layer | BlockLayer, ...] = Field(min_length=1)
 
     @field_validator("layers", mode="before")
@@ -163,6 +170,13 @@ class LayerStackSpec(Spec):
         if any(d <= 0 for d in value):
             raise ValueError(f"sizes must be positive, got {list(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _audio_seconds(self) -> "LayerStackSpec":
+        if self.audio_seconds_per_sample is not None and self.sample_kind != "audio":
+            raise input_error(("audio_seconds_per_sample",), "is only meaningful with sample_kind: audio, but "
+                              f"sample_kind is {self.sample_kind or 'not given'}", self.audio_seconds_per_sample)
+        return self
 
     @model_validator(mode="after")
     def _shapes(self) -> "LayerStackSpec":

@@ -1,0 +1,128 @@
+"""One pipeline rank's simulated step as a PyTorch memory snapshot.
+
+The snapshot is the dictionary ``torch.cuda.memory._snapshot()`` returns (``segments``
+with their blocks, and ``device_traces``: the allocator's history of ``alloc``,
+``free_requested`` / ``free_completed``, ``segment_alloc`` / ``segment_free`` and ``oom``
+events), pickled as ``torch.cuda.memory._dump_snapshot`` writes it. It opens in
+pytorch.org/memory_viz and in ``python -m torch.cuda._memory_viz`` (``stats``, ``trace``,
+``segments``) like a recording of a real step. mpsim's memory goes through a model of the
+caching allocator (``caching_allocator``), so the segments are what such an allocator
+would hold: no larger than the device, cached after their blocks are freed.
+
+What is in it:
+
+- Allocated before the recording starts, so active blocks in the final state with no
+  trace event (how PyTorch's viewer tells memory that predates a recording): the model
+  state (weights, gradients, optimizer state, each one allocation like a framework's flat
+  buffers), the communication buffers, and the memory mpsim reserves outside tensors
+  (CUDA context, cuBLAS workspace, NCCL buffers). Of those three a real snapshot holds
+  only the cuBLAS workspace; all are here so the snapshot adds up to mpsim's memory table.
+- Recorded during the step, timed from the engine's timeline: each (stage, microbatch)
+  forward allocates its activations when it starts; the backward that consumes them frees
+  them when it ends. An input-gradient pass (``I``) of a split backward frees them and
+  allocates what its weight-gradient pass (``W``) still needs, which that ``W`` frees; with
+  ZeRO-3 parameters held from forward to backward, a stage's gathered parameters are
+  allocated with its first open forward and freed after the backward that closes the last.
+  Every ``alloc`` event has its free events, so the step ends with only the resident blocks
+  allocated, and the peak of the recorded allocations on top of them is mpsim's
+  ``peak_memory_bytes`` less its fragmentation allowance.
+- Fragmentation: mpsim's table adds ``training.memory_fragmentation`` x allocated as an
+  allowance; the snapshot shows instead the free space the allocator model leaves in its
+  segments (``total_free`` in ``stats``, inactive blocks in the viewer).
+- An allocation larger than the device (only out-of-memory scenarios have one) is cut
+  into parts no larger than the device.
+
+Out of memory: the snapshot still holds the whole step, as if the device were large
+enough, so the viewer shows everything the step needs; one ``oom`` event marks the request
+that a device of this capacity would have failed (the first; at the start of the trace
+when the resident state alone does not fit), where a real run would have stopped.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+from mpsim.results.caching_allocator import LARGE_SEGMENT_ROUND_BYTES, CachingAllocator
+from mpsim.results.memory import GATHERED_PARAM_BYTES, RankMemory, held_params
+from mpsim.schedules.actions import parts
+from mpsim.simulate import SimulationResult
+
+
+def _frames(label: str) -> list[dict]:
+    """The stack an allocation is shown with: one frame that names what it holds."""
+    return [{"filename": "mpsim", "line": 0, "name": label}]
+
+
+def resident_allocations(memory: RankMemory) -> list[tuple[str, float]]:
+    """(name, bytes) of what the rank holds for the whole step, in allocation order."""
+    reserved = [(f"reserved: {name}", size) for name, size in memory.reserved_parts] \
+        or [("reserved", memory.reserved_bytes)]
+    # the held ZeRO-3 parameters come and go with the forwards; the trace records them
+    return [("weights", memory.weights_bytes), ("gradients", memory.grads_bytes),
+            ("optimizer state", memory.optimizer_bytes),
+            ("communication buffers", memory.buffers_bytes - memory.gathered_params_bytes), *reserved]
+
+
+def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: int) -> dict:
+    """The PyTorch memory snapshot of pipeline rank ``rank`` over the simulated step."""
+    m = memory[rank]
+    allocator = CachingAllocator(int(m.capacity_bytes))
+    # the largest piece whose segment (rounded up to 2 MiB) still fits on the device
+    largest_piece = max(LARGE_SEGMENT_ROUND_BYTES,
+                        int(m.capacity_bytes) // LARGE_SEGMENT_ROUND_BYTES * LARGE_SEGMENT_ROUND_BYTES)
+
+    def allocate(size_bytes: float, label: str) -> list[int]:
+        total = round(size_bytes)
+        count = -(-total // largest_piece)
+        addresses = []
+        for index in range(count):
+            piece = total // count + (1 if index < total % count else 0)
+            addresses.append(allocator.malloc(piece, _frames(label if count == 1
+                                                             else f"{label} (part {index + 1} of {count})")))
+        return addresses
+
+    def release(addresses: list[int]) -> None:
+        for address in addresses:
+            allocator.free(address)
+
+    for name, size in resident_allocations(m):
+        allocate(size, name)
+
+    allocator.recording = True
+    stages = result.workload.stages
+    hold = held_params(result.layout)
+    live: dict[tuple, list[int]] = {}  # (what, stage, microbatch) -> addresses of its parts
+    open_forwards: dict[int, int] = {}  # stage -> microbatches between forward and backward
+    for record in result.timeline.actions[rank]:
+        for action in parts(record.action):
+            stage, kind, microbatch = action.stage, action.kind, action.microbatch
+            work = stages[stage]
+            where = f"stage {stage}, microbatch {microbatch}"
+            # allocations when a forward starts, frees when a backward ends (memory.activation_timeline)
+            allocator.time_us = round((record.start_s if kind == "F" else record.end_s) * 1e6)
+            if kind == "F":
+                if hold and open_forwards.get(stage, 0) == 0:
+                    live[("params", stage, 0)] = allocate(
+                        (work.params + work.expert_params) * GATHERED_PARAM_BYTES,
+                        f"gathered parameters of stage {stage} (ZeRO-3, held from forward to backward)")
+                open_forwards[stage] = open_forwards.get(stage, 0) + 1
+                live[("activations", stage, microbatch)] = allocate(
+                    work.activation_bytes, f"activations of {where} (forward until backward)")
+            elif kind in ("B", "I"):
+                release(live.pop(("activations", stage, microbatch), []))
+                if kind == "I":
+                    live[("weight grad", stage, microbatch)] = allocate(
+                        work.weight_grad_buffer_bytes,
+                        f"inputs and output gradients of {where} kept for its weight gradient (I until W)")
+                open_forwards[stage] -= 1
+                if hold and open_forwards[stage] == 0:
+                    release(live.pop(("params", stage, 0)))
+            else:  # W
+                release(live.pop(("weight grad", stage, microbatch), []))
+    return {"segments": allocator.snapshot_segments(), "device_traces": [allocator.trace]}
+
+
+def write_memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: int, path: str) -> None:
+    """Write ``memory_snapshot`` as a pickle (what ``torch.cuda.memory._dump_snapshot`` writes)."""
+    with open(path, "wb") as handle:
+        pickle.dump(memory_snapshot(result, memory, rank), handle)
