@@ -203,7 +203,7 @@ class Timeline {
     if (h.what === "action") {
       const a = rank.actions, kind = LEG.action_kinds[a.kind[h.i]], cost = this.run.costs[a.cost[h.i]];
       const mb = a.pair[h.i] >= 0 ? `forward ${a.microbatch[h.i]}, backward ${a.pair[h.i]}` : a.microbatch[h.i];
-      let html = `<b>${esc(LEG.labels[kind])}</b> · rank ${h.rank} · chunk ${a.chunk[h.i]} · microbatch ${esc(mb)}<br>`
+      let html = `<b>${esc(LEG.labels[kind])}</b> · rank ${h.rank} · model chunk ${a.chunk[h.i]} · microbatch ${esc(mb)}<br>`
         + `starts ${fmtTime(a.start[h.i])}, takes ${fmtTime(a.duration[h.i])} (${cost.tflop} TFLOP)<table>`;
       for (const [name, ns] of cost.ops) html += `<tr><td>${esc(name)}</td><td class="n">${fmtTime(ns)}</td></tr>`;
       for (const [group, ns] of cost.exposed) html += `<tr><td>exposed ${esc(group)} communication</td><td class="n">${fmtTime(ns)}</td></tr>`;
