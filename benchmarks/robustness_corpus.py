@@ -332,6 +332,26 @@ def _cli_cases() -> list[Case]:
         run("run sweep block", "run", "s.yaml", expect=(), exit=0,
             files=_text("s.yaml", BASE + "sweep:\n  parallel.pp: [1, 2]\n")),
         run("run base ok", "run", "s.yaml", expect=(), exit=0),
+        # reports, traces, listings and CSV files
+        run("report missing output", "report", "s.yaml", expect=("-o",)),
+        run("report missing folder", "report", "s.yaml", "-o", "nodir/r.html", expect=("-o/--output", "does not exist")),
+        run("report is a folder", "report", "s.yaml", "-o", ".", expect=("-o/--output", "folder")),
+        run("report missing scenario", "report", "nothere.yaml", "-o", "r.html", expect=("nothere.yaml",)),
+        run("run report missing folder", "run", "s.yaml", "--report", "no/r.html", expect=("--report",)),
+        run("compare report missing folder", "compare", "s.yaml", "--schedules", "1f1b", "--report", "no/r.html",
+            expect=("--report",)),
+        run("sweep report missing folder", "sweep", "s.yaml", "--sweep", "parallel.pp=1,2", "--report", "no/r.html",
+            expect=("--report",)),
+        run("report out of memory", "report", "s.yaml", "-o", "r.html", "--set", "parallel.recompute=none", "--set",
+            "parallel.microbatch_size=8", "--set", "parallel.global_batch_size=64", expect=(), exit=3),
+        run("trace compact and full", "run", "s.yaml", "--trace", "t.json", "--trace-compact", "--trace-full",
+            expect=("--trace",)),
+        run("trace compact without trace", "run", "s.yaml", "--trace-compact", expect=("--trace",)),
+        run("trace gzip ok", "run", "s.yaml", "--trace", "t.json.gz", expect=(), exit=0),
+        run("list unknown kind", "list", "acelerators", expect=("acelerators", "did you mean")),
+        run("csv missing folder", "compare", "s.yaml", "--schedules", "1f1b", "--csv", "no/c.csv", expect=("--csv",)),
+        run("csv to stdout with json", "compare", "s.yaml", "--schedules", "1f1b", "--csv", "-", "--json",
+            expect=("--csv",)),
     ]
 
 
