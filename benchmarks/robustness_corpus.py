@@ -352,6 +352,21 @@ def _cli_cases() -> list[Case]:
         run("csv missing folder", "compare", "s.yaml", "--schedules", "1f1b", "--csv", "no/c.csv", expect=("--csv",)),
         run("csv to stdout with json", "compare", "s.yaml", "--schedules", "1f1b", "--csv", "-", "--json",
             expect=("--csv",)),
+        # variability, goodput, degraded parts
+        run("samples zero", "run", "s.yaml", "--samples", "0", expect=("--samples",)),
+        run("samples without variation", "run", "s.yaml", "--samples", "5", expect=("s.yaml", "variability.cv")),
+        run("seed negative", "run", "s.yaml", "--samples", "5", "--seed", "-1", expect=("--seed",)),
+        run("variation negative", "run", "s.yaml", "--set", "variability.cv.gemm=-1", expect=("variability.cv.gemm",)),
+        run("distribution plot without samples", "run", "s.yaml", "--distribution-plot", "d.png",
+            expect=("--distribution-plot", "--samples")),
+        run("goodput without tokens", "run", "s.yaml", "--goodput", expect=("--goodput", "--tokens")),
+        run("tokens without goodput", "run", "s.yaml", "--tokens", "1e12", expect=("--tokens", "--goodput")),
+        run("goodput without storage", "run", "s.yaml", "--goodput", "--tokens", "1e12",
+            expect=("s.yaml", "reliability.storage_bandwidth")),
+        run("slow gpu rank outside", "run", "s.yaml", "--set", "faults.slow_gpu=99@0.5", expect=("faults.slow_gpu", "99")),
+        run("slow gpu speed above one", "run", "s.yaml", "--set", "faults.slow_gpu=1@1.5", expect=("faults.slow_gpu",)),
+        run("slow gpu malformed", "run", "s.yaml", "--set", "faults.slow_gpu=abc", expect=("faults.slow_gpu", "abc")),
+        run("slow gpu ok", "run", "s.yaml", "--set", "faults.slow_gpu=1@0.5", expect=(), exit=0),
     ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mpsim.balance.auto import balanced_layers
+from mpsim.cost.devices import part_of_pp_ranks
 from mpsim.specs.layout import Layout, resolve_layout
 from mpsim.specs.scenario import Scenario
 
@@ -24,6 +25,8 @@ def resolve(scenario: Scenario, chains: tuple[int, ...] | None = None) -> Layout
     :func:`mpsim.specs.resolve_layout`).
     """
     layout = resolve_layout(scenario, chains)
+    scenario.faults.check_cluster(layout.devices, layout.devices_per_node)
+    part_of_pp_ranks(scenario, layout)  # each part holds whole pipeline stages
     if layout.layer_split == "auto":
         # the provisional even split is a layout the cost model can price layer by layer
         layout = replace(layout, layers_per_chunk=balanced_layers(scenario, layout))

@@ -58,11 +58,11 @@ def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) 
     The registry builds it with unit times (all a name and a layout give); the search
     needs the priced forward, input-gradient and weight-gradient times of every stage.
     """
-    costs = stage_costs(workload, model)
+    costs = stage_costs(workload, model, schedule.stage_to_rank)
     stages = range(schedule.num_stages)
     rank_of = schedule.stage_to_rank
-    transfer_s = max((pipeline_transfer_s(workload, model, rank_of[s], rank_of[s + 1], s) for s in stages[:-1]),
-                     default=0.0)
+    transfer_s = max((pipeline_transfer_s(workload, model.between(rank_of[s], rank_of[s + 1]), rank_of[s],
+                                          rank_of[s + 1], s) for s in stages[:-1]), default=0.0)
     times = StageTimes(tuple(costs[(s, "F")].duration_s for s in stages),
                        tuple(costs[(s, "I")].duration_s for s in stages),
                        tuple(costs[(s, "W")].duration_s for s in stages), transfer_s)
@@ -102,10 +102,11 @@ def pipeline_transfers(workload: Workload, schedule: Schedule, model: CostModel,
         if after is None:
             continue
         a, b = rank_of[stage], rank_of[after]
-        transfer[(stage, after)] = transfer[(after, stage)] = pipeline_transfer_s(workload, model, a, b, stage)
+        pair = model.between(a, b)  # the slower side's links; across parts, the network between them
+        transfer[(stage, after)] = transfer[(after, stage)] = pipeline_transfer_s(workload, pair, a, b, stage)
         if contention and a != b:
-            links[(stage, after)] = TransferSpec(*pipeline_transfer_spec(workload, model, a, b, stage))
-            links[(after, stage)] = TransferSpec(*pipeline_transfer_spec(workload, model, b, a, stage))
+            links[(stage, after)] = TransferSpec(*pipeline_transfer_spec(workload, pair, a, b, stage))
+            links[(after, stage)] = TransferSpec(*pipeline_transfer_spec(workload, pair, b, a, stage))
     return transfer, links
 
 
@@ -142,9 +143,10 @@ def final_reductions(workload: Workload, schedule: Schedule, model: CostModel, c
     specs: dict[tuple, tuple] = {}  # stages of equal work (one object) have the same reductions
     buckets = {}
     for stage, work in enumerate(workload.stages):
-        key = (work, copies[stage], stage == 0)
+        here = model.on_rank(schedule.stage_to_rank[stage])
+        key = (work, copies[stage], stage == 0, id(here))
         if key not in specs:
-            specs[key] = final_grad_buckets(work, model, copies[stage], bucketed=stage == 0)
+            specs[key] = final_grad_buckets(work, here, copies[stage], bucketed=stage == 0)
         buckets[stage] = tuple(bucket(spec, schedule.stage_to_rank[stage]) for spec in specs[key])
     return buckets
 
@@ -158,7 +160,7 @@ def action_reductions(workload: Workload, schedule: Schedule, model: CostModel, 
         stage, rank = key[0], schedule.stage_to_rank[key[0]]  # every action of a (stage, kind) runs on one rank
         per_action = [(*spec, "zero") for spec in cost.async_dp]
         if key[1] in ("B", "W") and len(key) == 2:
-            per_action += microbatch_grad_buckets(workload.stages[stage], model, copies[stage])
+            per_action += microbatch_grad_buckets(workload.stages[stage], model.on_rank(rank), copies[stage])
         if per_action:
             found[key] = tuple(bucket(spec, rank) for spec in per_action)
     return found
@@ -175,7 +177,7 @@ def optimizer_steps(workload: Workload, schedule: Schedule, model: CostModel) ->
     for stage, work in enumerate(workload.stages):
         works_per_rank[schedule.stage_to_rank[stage]].append(work)
     exposed = overlapped_param_gather_s(workload, schedule, model)
-    return tuple(optimizer_s(works, model) + exposed for works in works_per_rank)
+    return tuple(optimizer_s(works, model.on_rank(rank)) + exposed for rank, works in enumerate(works_per_rank))
 
 
 def overlapped_param_gather_s(workload: Workload, schedule: Schedule, model: CostModel) -> float:
@@ -202,13 +204,14 @@ def overlapped_param_gather_s(workload: Workload, schedule: Schedule, model: Cos
             continue
         first = min(stages)
         work = workload.stages[first]
-        forward_s = model.price(work.forward).duration_s
+        here = model.on_rank(rank)
+        forward_s = here.price(work.forward).duration_s
         head = 0.0
         before = chains.previous(first)
         while before is not None:  # the forwards of the chain before it: the earliest its input can come
-            head += model.price(workload.stages[before].forward).duration_s
+            head += model.on_rank(schedule.stage_to_rank[before]).price(workload.stages[before].forward).duration_s
             before = chains.previous(before)
-        total += param_gather_exposed_s(work, model, forward_s, bucketed=first == 0, aligned=aligned, head_s=head)
+        total += param_gather_exposed_s(work, here, forward_s, bucketed=first == 0, aligned=aligned, head_s=head)
     return total
 
 
@@ -218,7 +221,8 @@ def pair_syncs(scenario: Scenario, workload: Workload, schedule: Schedule, model
     first, last = schedule.stage_to_rank[0], schedule.stage_to_rank[-1]
     syncs: tuple[tuple[int, int, float, str], ...] = ()
     if scenario.model.tied_embeddings and first != last:
-        syncs = ((first, last, tied_embedding_sync_s(workload, model, first, last), "tied embedding grad all-reduce"),)
+        syncs = ((first, last, tied_embedding_sync_s(workload, model.between(first, last), first, last),
+                  "tied embedding grad all-reduce"),)
     # ranks sharing copies of a block reduce its gradients in one collective, which ends
     # only when both have produced them: neither rank's optimizer starts before the other's
     joined = sorted({(min(ranks), max(ranks)) for ranks in copies if len(ranks) == 2})
@@ -240,7 +244,7 @@ def block_copy_ranks(schedule: Schedule) -> list[tuple[int, ...]]:
 def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> dict[tuple, ActionCost]:
     """Costs of every (stage, kind), plus every forward+backward pair the schedule runs (overlapped
     only when ``training.overlap_paired_passes`` says the framework does it)."""
-    costs: dict[tuple, ActionCost] = dict(stage_costs(workload, model))
+    costs: dict[tuple, ActionCost] = dict(stage_costs(workload, model, schedule.stage_to_rank))
     for actions in schedule.actions:
         for item in actions:
             if isinstance(item, Overlapped):

@@ -129,3 +129,23 @@ def test_bad_schedule_is_an_input_error_not_a_crash():
     scenario = load_scenario(SCENARIOS / "llama3_70b_32xh100.yaml", ["parallel.schedule=no-such-schedule"]).scenario
     with pytest.raises(InputError, match="unknown schedule"):
         simulate_with(scenario)
+
+
+@settings(max_examples=60, deadline=None)
+@given(engine_inputs(), st.lists(st.integers(0, 6), min_size=1, max_size=4))
+def test_a_walk_stopped_at_limits_and_resumed_gives_the_same_timeline(inp, steps):
+    # the steady-state evaluator walks a schedule layer by layer; stopping and going on
+    # must not change a time (the order of evaluation cannot)
+    from mpsim.engine.longest_path import Walk
+
+    walk = Walk(inp)
+    reached = [0] * inp.schedule.num_ranks
+    for step in steps:
+        reached = [limit + step for limit in reached]
+        walk.advance(reached)
+        assert all(p <= limit for p, limit in zip(walk.position, reached))
+    walk.advance()
+    resumed, whole = walk.finish(), simulate_fast(inp)
+    assert resumed.step_time_s == whole.step_time_s
+    assert [[(r.index, r.start_s, r.end_s) for r in records] for records in resumed.actions] == \
+        [[(r.index, r.start_s, r.end_s) for r in records] for records in whole.actions]

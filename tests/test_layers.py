@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("resolve",),  # the main path's layout step: specs' rules, then balancing
     ("simulate",),  # the main path: scenario -> timeline
     ("results",),  # metrics, reports, traces and plots of a simulation
+    ("reliability",),  # step-time distributions from op-time variation; failures, checkpoints and goodput
     ("torchio",),  # PyTorch modules on the meta device as layer stacks (optional)
     ("explore",),  # sweeps and the layout planner
     ("calibrate",),  # measuring a real device with PyTorch, fitting a profile, checking predictions

@@ -15,6 +15,8 @@ shows what overflows.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from mpsim.balance.partition import PartitionProblem, balance
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import p2p_time
@@ -101,12 +103,51 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
     training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
     budget = (capacity * (1 - training.memory_fragmentation) - reserved_bytes(scenario, layout)) / layout.vpp
+    slowdown, budgets = _device_differences(scenario, layout, model, stages,
+                                            lambda cap: (cap * (1 - training.memory_fragmentation)
+                                                         - reserved_bytes(scenario, layout)) / layout.vpp)
     return PartitionProblem(
         unit_s=tuple(seconds(work) for work in stages), parts=parts,
         boundary_s=tuple(p2p_time(size, same_node, model.system) if layout.pp > 1 else 0.0 for size in sends),
         unit_state_bytes=tuple(_state_bytes(scenario, layout, work) for work in stages),
         unit_activation_bytes=tuple(work.activation_bytes for work in stages),
-        extra_s=tuple(extra_s), extra_bytes=tuple(extra_bytes), in_flight=in_flight, capacity_bytes=budget)
+        extra_s=tuple(extra_s), extra_bytes=tuple(extra_bytes), in_flight=in_flight, capacity_bytes=budget,
+        stage_slowdown=slowdown, stage_capacity_bytes=budgets)
+
+
+def _stage_ranks(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
+    """The pipeline rank of each stage, as the schedule places it (round robin if it cannot be built)."""
+    try:
+        schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
+                                  timer=rank_spans)
+        return tuple(schedule.stage_to_rank)
+    except Exception:  # a schedule file the layout check reports later
+        return tuple(s % layout.pp for s in range(layout.num_stages))
+
+
+def _device_differences(scenario: Scenario, layout: Layout, model: CostModel, units: list[StageWork],
+                        budget_of: Callable[[float], float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(slowdown, memory budget) of each stage on its own device; ((), ()) when every stage has the base device.
+
+    A stage's slowdown is how much longer its device takes for all the model's units than
+    the base device does: one ratio per device, exact for identical layers and a close
+    estimate for mixed ones (docs/heterogeneous.md).
+    """
+    ranks = _stage_ranks(scenario, layout)
+    models = [model.on_rank(rank) for rank in ranks]
+    if all(here is model for here in models):
+        return (), ()
+
+    def total_s(here: CostModel) -> float:
+        return sum(here.price(work.forward).duration_s + here.price(work.backward).duration_s for work in units)
+
+    base_s = total_s(model)
+    ratio: dict[int, float] = {}
+    for here in models:
+        if id(here) not in ratio:
+            ratio[id(here)] = total_s(here) / base_s if base_s > 0 else 1.0
+    return (tuple(ratio[id(here)] for here in models),
+            tuple(budget_of(here.system.accelerator.memory.capacity) for here in models))
 
 
 def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:

@@ -38,6 +38,14 @@ class PartitionProblem:
     extra_bytes: tuple[float, ...] = ()  # fixed bytes of each stage
     in_flight: tuple[int, ...] = ()  # microbatches each stage holds at its peak
     capacity_bytes: float = math.inf  # budget of each stage
+    # on a heterogeneous or degraded cluster: how many times slower each stage's device runs the
+    # same work, and each stage's own budget (docs/heterogeneous.md); empty: 1 and capacity_bytes
+    stage_slowdown: tuple[float, ...] = ()
+    stage_capacity_bytes: tuple[float, ...] = ()
+
+    def capacity_of(self, stage: int) -> float:
+        """The memory budget of ``stage``."""
+        return self.stage_capacity_bytes[stage] if self.stage_capacity_bytes else self.capacity_bytes
 
     def _get(self, values: tuple, index: int, default: float = 0.0) -> float:
         return values[index] if values else default
@@ -60,6 +68,8 @@ def stage_time_s(problem: PartitionProblem, stage: int, a: int, b: int, times: P
     n = len(problem.unit_s)
     work = times.range(a, b) if times else sum(problem.unit_s[a:b])
     send = problem._get(problem.boundary_s, b - 1) if stage < problem.parts - 1 and 0 < b < n else 0.0
+    if problem.stage_slowdown:
+        return (work + problem._get(problem.extra_s, stage)) * problem.stage_slowdown[stage] + send
     return work + problem._get(problem.extra_s, stage) + send
 
 
@@ -89,7 +99,7 @@ def bottleneck_s(problem: PartitionProblem, counts: tuple[int, ...] | list[int])
 
 def fits(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> bool:
     """Whether every stage of the split is within the memory budget."""
-    return all(stage_bytes(problem, i, a, b) <= problem.capacity_bytes
+    return all(stage_bytes(problem, i, a, b) <= problem.capacity_of(i)
                for i, (a, b) in enumerate(counts_to_cuts(counts)))
 
 
@@ -101,13 +111,13 @@ def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ..
     times = Prefix(problem.unit_s, n)
     state = Prefix(problem.unit_state_bytes, n)
     acts = Prefix(problem.unit_activation_bytes, n)
-    cap = problem.capacity_bytes if use_memory else math.inf
     inf = math.inf
     # best[b]: best bottleneck covering units [0, b) with the stages so far; start[i][b]: where stage i begins
     best = [inf] * (n + 1)
     best[0] = 0.0
     starts: list[list[int]] = []
     for stage in range(parts):
+        cap = problem.capacity_of(stage) if use_memory else math.inf
         new = [inf] * (n + 1)
         start = [-1] * (n + 1)
         last = stage == parts - 1

@@ -39,6 +39,29 @@ def non_negative_int(text: str) -> int:
     return _count(text, 0)
 
 
+def sample_count(text: str) -> int:
+    """An argparse type: draws of the step, 1 to the sampler's limit."""
+    from mpsim.reliability.sampling import MAX_SAMPLES
+
+    count = positive_int(text)
+    if count > MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_SAMPLES} samples, got {count}")
+    return count
+
+
+def token_count(text: str) -> float:
+    """An argparse type: a positive, finite number of tokens (1e12 notation accepted)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens such as 15.6e12, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens, got {text!r}")
+    return value
+
+
 def add_scenario_args(parser: argparse.ArgumentParser) -> None:
     """The scenario positional argument and repeatable ``--set FIELD=VALUE``."""
     from mpsim.cli.completion import complete_scenario, complete_scenario_field
@@ -99,6 +122,7 @@ OUTPUT_OPTIONS = {
     "pareto": ("--pareto", True), "breakdown": ("--breakdown", True), "scaling": ("--scaling", True),
     "trace": ("--trace", False), "memory_snapshot": ("--memory-snapshot", False), "out": ("--out", False),
     "output": ("-o/--output", False), "csv": ("--csv", False), "report": ("--report", False),
+    "distribution_plot": ("--distribution-plot", True), "goodput_plot": ("--goodput-plot", True),
 }
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from mpsim.cli.common import add_csv_arg, csv_to_stdout, no_layout_exit, positive_int, schedule_list, write_csv
+from mpsim.cli.common import (add_csv_arg, csv_to_stdout, no_layout_exit, non_negative_int, positive_int, sample_count,
+                              schedule_list, token_count, write_csv)
 from mpsim.cli.completion import complete_scenario_field, complete_schedules, names_completer
 from mpsim.cli.sweep import add_execution_args, add_plot_args, check_backend, interrupted
 from mpsim.errors import InputError
@@ -22,16 +24,9 @@ def _find_filter(text: str) -> dict[str, str]:
     return wanted
 
 
-def plan_json(result, top: int, finds: list[dict[str, str]]) -> str:
-    """The plan as one JSON object: counts by status, the best layouts (each its point and
-    metrics), why the others lost, and where each ``--find`` landed."""
-    import json
-
-    return json.dumps(plan_dict(result, top, finds), indent=2, default=str)
-
-
 def plan_dict(result, top: int, finds: list[dict[str, str]]) -> dict:
-    """The object :func:`plan_json` prints."""
+    """The object ``mpsim plan --json`` prints: counts by status, the best layouts (each its
+    point and metrics), why the others lost, and where each ``--find`` landed."""
     from mpsim.explore.planreport import explain_losses, matching, ranked, status_counts
 
     winners = ranked(result)
@@ -92,6 +87,10 @@ def _plan(args: argparse.Namespace) -> int:
             raise InputError("required: mpsim plan MODEL --cluster SYSTEM --devices N --global-batch B", name)
     if args.top < 1:
         raise InputError("must be 1 or more", "--top")
+    for option, given in (("--rank-by", args.rank_by != "step-time"), ("--samples", args.samples is not None),
+                          ("--seed", args.seed is not None)):
+        if given and args.tokens is None:
+            raise InputError("needs --tokens T, the tokens to train", option)
     finds = [_find_filter(text) for text in args.find]
     scenario = base_scenario(args.model, args.cluster, args.devices, args.global_batch, args.seq, args.overrides)
     pinned = [".".join(parse_override(text)[0]) for text in args.overrides]
@@ -112,8 +111,12 @@ def _plan(args: argparse.Namespace) -> int:
                       progress=args.progress)
     except KeyboardInterrupt:
         return interrupted(args.out)
+    trains = _time_to_train(args, result) if args.tokens is not None else None
     if args.json:
-        print(plan_json(result, args.top, finds))
+        body = plan_dict(result, args.top, finds)
+        if trains is not None:
+            body["time_to_train"] = trains
+        print(json.dumps(body, indent=2, default=str))
     elif not csv_to_stdout(args):
         print(format_plan(result, args.top))
         for wanted in finds:
@@ -123,6 +126,8 @@ def _plan(args: argparse.Namespace) -> int:
                 print(f"  {layout_label(record['point'])}: {where}")
             if not found:
                 print("  no enumerated layout matches")
+        if trains is not None:
+            print(format_time_to_train(trains, args))
     if args.csv:
         write_csv(args.csv, CSV_COLUMNS, csv_rows(plan_dict(result, args.top, finds)))
     winners = ranked(result)
@@ -131,6 +136,47 @@ def _plan(args: argparse.Namespace) -> int:
         _report(args, result)
     return 0 if winners else no_layout_exit(result.records)
 
+
+
+# the layouts re-simulated to rank by time to train: the fastest by step time, this many
+# times --top (a slower step can win only through its data-parallel tail)
+TRAIN_POOL = 3
+
+
+def _time_to_train(args: argparse.Namespace, result) -> list[dict]:
+    """Expected days to train --tokens for the fastest layouts by step time, each simulated
+    again with its failures, checkpoints and restarts (and its step-time distribution with
+    --samples), best first by --rank-by."""
+    from mpsim.explore.planbase import apply_fields
+    from mpsim.explore.planner import layout_label
+    from mpsim.explore.planreport import ranked
+    from mpsim.reliability.whole_run import whole_run
+    from mpsim.simulate import simulate
+
+    rows = []
+    pool = ranked(result)[:args.top * (TRAIN_POOL if args.rank_by == "time-to-train" else 1)]
+    for position, record in enumerate(pool, 1):
+        asked = whole_run(simulate(apply_fields(result.scenario, record["point"])), args.samples, args.seed,
+                          args.tokens)
+        run = asked.goodput
+        rows.append({"step_rank": position, "point": record["point"], "label": layout_label(record["point"]),
+                     "step_time_s": run.step_time_s, "days": run.days,
+                     "effective_training_time": run.run.training_s / run.run.wall_s,
+                     "interruptions_per_day": run.interruptions_per_day})
+    if args.rank_by == "time-to-train":
+        rows.sort(key=lambda row: (row["days"], row["step_rank"]))
+    return rows[:args.top]
+
+
+def format_time_to_train(rows: list[dict], args: argparse.Namespace) -> str:
+    step = "mean job step" if args.samples is not None else "step"
+    lines = [f"\ntime to train {args.tokens:.4g} tokens with failures, checkpoints and restarts "
+             f"(docs/reliability.md), ranked by {args.rank_by}:",
+             f"  {'by step':>7}  {step:>13}  {'days':>8}  {'effective':>9}  layout"]
+    for row in rows:
+        lines.append(f"  {row['step_rank']:>7}  {row['step_time_s']:>12.4g}s  {row['days']:>8.2f}  "
+                     f"{100 * row['effective_training_time']:>8.1f}%  {row['label']}")
+    return "\n".join(lines)
 
 
 def _report(args: argparse.Namespace, result) -> None:
@@ -211,6 +257,16 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="search context parallelism up to N (default 1: off; it pays at long sequences)")
     parser.add_argument("--zero-stages", default="0,1", metavar="S,S",
                         help="ZeRO stages to search (default 0,1; 2 and 3 trade time for memory)")
+    parser.add_argument("--tokens", type=token_count, metavar="T",
+                        help="also give the expected days to train T tokens with failures, checkpoints and restarts "
+                             "for the best layouts (the scenario's reliability block; docs/reliability.md)")
+    parser.add_argument("--rank-by", choices=("step-time", "time-to-train"), default="step-time",
+                        help="order of the --tokens table: step time (default) or expected time to train, over the "
+                             f"{TRAIN_POOL} x --top fastest layouts")
+    parser.add_argument("--samples", type=sample_count, metavar="N",
+                        help="with --tokens: each layout's step is the mean of N draws of its slowest data-parallel "
+                             "replica (variability.cv), so a wider data-parallel tail costs time")
+    parser.add_argument("--seed", type=non_negative_int, metavar="S", help="seed of the --samples draws (default 0)")
     parser.add_argument("--no-prune", action="store_true",
                         help="simulate every layout that fits instead of stopping at the step-time bound")
     add_execution_args(parser)

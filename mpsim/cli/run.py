@@ -5,26 +5,30 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import add_scenario_args, non_negative_int
+from mpsim.cli.common import add_scenario_args, non_negative_int, sample_count, token_count
 from mpsim.errors import EXIT_OUT_OF_MEMORY, InputError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mpsim.results import format_summary, summarize, summary_json
+    from mpsim.results import summarize
     from mpsim.results.report import placement_warning
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
     from mpsim.units import format_bytes
 
     _check_trace_options(args)
+    _check_run_options(args)
     loaded = load_scenario(args.scenario, args.overrides)
     try:
         result = simulate(loaded.scenario, loaded.path.parent if loaded.path else None)
+        extras = _whole_run(args, result)
     except InputError as exc:
+        if exc.field and exc.field.startswith("--"):  # a command-line option, not a field of the files
+            raise
         raise loaded.origins.locate(exc) from None
     reference = bubble_reference(result)
     summary = summarize(result, reference)
-    print(summary_json(summary) if args.json else format_summary(summary))
+    _print_summary(args, summary, extras)
     warning = placement_warning(result.layout, result.scenario.cluster.system)
     if warning:
         print(warning, file=sys.stderr)
@@ -67,6 +71,71 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_run_options(args: argparse.Namespace) -> None:
+    """Options of the step-time distribution and the goodput come with what they need."""
+    if args.samples is None:
+        for option, given in (("--seed", args.seed is not None), ("--distribution-plot", args.distribution_plot)):
+            if given:
+                raise InputError("needs --samples N to draw the step-time distribution", field=option)
+    if args.tokens is not None and not args.goodput:
+        raise InputError("needs --goodput", field="--tokens")
+    if args.goodput and args.tokens is None:
+        raise InputError("needs --tokens T, the tokens to train", field="--goodput")
+    if args.goodput_plot and not args.goodput:
+        raise InputError("needs --goodput", field="--goodput-plot")
+
+
+def _whole_run(args: argparse.Namespace, result) -> dict:
+    """The step-time distribution (--samples) and the run's expected length (--goodput), when asked for."""
+    from mpsim.reliability.whole_run import whole_run
+
+    if args.samples is None and not args.goodput:
+        return {}
+    asked = whole_run(result, args.samples, args.seed, args.tokens if args.goodput else None)
+    extras: dict = {}
+    if asked.step_distribution is not None:
+        extras["step_distribution"] = asked.step_distribution
+    if asked.goodput is not None:
+        extras["goodput"] = asked.goodput
+    return extras
+
+
+def _print_summary(args: argparse.Namespace, summary, extras: dict) -> None:
+    """The summary, followed by the distribution and the goodput when they were asked for."""
+    from mpsim.results import format_summary, summary_dict, summary_json
+
+    if not extras:
+        print(summary_json(summary) if args.json else format_summary(summary))
+        return
+    from mpsim.reliability import report
+
+    distribution, run = extras.get("step_distribution"), extras.get("goodput")
+    if args.json:
+        import json
+
+        fields = summary_dict(summary)
+        if distribution is not None:
+            fields["step_distribution"] = report.distribution_dict(distribution)
+        if run is not None:
+            fields["goodput"] = report.goodput_dict(run)
+        print(json.dumps(fields, indent=2, sort_keys=False))
+    else:
+        parts = [format_summary(summary)]
+        parts += [report.format_distribution(distribution)] if distribution is not None else []
+        parts += [report.format_goodput(run)] if run is not None else []
+        print("\n".join(parts))
+    if args.distribution_plot:
+        from mpsim.reliability.plots import plot_distribution
+
+        plot_distribution(distribution, args.distribution_plot)
+        print(f"step-time distribution written to {args.distribution_plot}", file=sys.stderr)
+    if args.goodput_plot:
+        from mpsim.reliability.plots import plot_goodput
+
+        plot_goodput(run, args.goodput_plot)
+        print(f"goodput written to {args.goodput_plot}", file=sys.stderr)
+
+
 def _check_trace_options(args: argparse.Namespace) -> None:
     """The trace's form is asked for with the trace, and only one form at a time."""
     if args.trace_compact and args.trace_full:
@@ -94,4 +163,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--memory-snapshot-rank", type=non_negative_int, default=0, metavar="RANK",
                      help="pipeline rank of --memory-snapshot (default 0)")
     run.add_argument("--report", metavar="FILE", help="write an interactive HTML report (one file, no network needed)")
+    run.add_argument("--samples", type=sample_count, metavar="N",
+                     help="draw N step times with op-time variation (variability.cv) and report the distribution "
+                          "(docs/reliability.md)")
+    run.add_argument("--seed", type=non_negative_int, metavar="S", help="seed of the --samples draws (default 0)")
+    run.add_argument("--distribution-plot", metavar="FILE", help="write a histogram of the step-time distribution")
+    run.add_argument("--goodput", action="store_true",
+                     help="expected days to train --tokens with failures, checkpoints and restarts (reliability)")
+    run.add_argument("--tokens", type=token_count, metavar="T", help="tokens to train, for --goodput (e.g. 15.6e12)")
+    run.add_argument("--goodput-plot", metavar="FILE", help="write the run's expected time as a stacked bar")
     run.set_defaults(handler=_run)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from mpsim.cost.calibrated import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.compute import ComputeModel
+from mpsim.cost.devices import RankDevice, pair_system, rank_devices
 from mpsim.cost.groups import group_placements
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -52,13 +53,30 @@ class ActionCost:
         return sum(seconds for group, seconds in self.exposed_by_group if group in groups)
 
 
-class CostModel:
-    """Prices ops, collectives and passes for one scenario and layout."""
+class _SlowedCompute:
+    """A compute model whose ops take ``1 / speed`` times as long (a degraded device)."""
 
-    def __init__(self, scenario: Scenario, layout: Layout):
+    def __init__(self, compute: ComputeModel, speed: float):
+        self._compute, self._speed = compute, speed
+        self.memory_bandwidth = compute.memory_bandwidth * speed
+
+    def time(self, op: Op) -> float:
+        return self._compute.time(op) / self._speed
+
+
+class CostModel:
+    """Prices ops, collectives and passes for one scenario and layout.
+
+    On a heterogeneous or degraded cluster each pipeline rank has its own device
+    (``mpsim/cost/devices.py``): :meth:`on_rank` is the model that prices that rank's
+    work, :meth:`between` the one that prices a send between two ranks. Without parts or
+    faults both are this model itself.
+    """
+
+    def __init__(self, scenario: Scenario, layout: Layout, device: RankDevice | None = None):
         self.scenario = scenario
         self.layout = layout
-        self.system = scenario.cluster.system
+        self.system = scenario.cluster.system if device is None else device.system
         # a calibration profile (scenario.calibration, docs/calibration.md) overrides the datasheet:
         # measured seconds per op, measured alpha-beta links (p2p through the system's scale-up
         # link, collectives in collective_s) and a fitted overhead per action (in price)
@@ -66,10 +84,52 @@ class CostModel:
         if self.calibration is not None:
             self.system = self.calibration.system(self.system)
         self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype, self.calibration)
+        if device is not None and device.compute_speed != 1.0:
+            self.compute = _SlowedCompute(self.compute, device.compute_speed)  # type: ignore[assignment]
+        self._devices: tuple[RankDevice, ...] | None = None
+        self._rank_models: dict[int, CostModel] = {}
+        self._pair_models: dict[tuple[int, int], CostModel] = {}
         self.placements = group_placements(layout)
         # share of the SMs a running collective takes from compute that overlaps it
         self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
         self._passes: dict[int, tuple[Pass, float, ActionCost]] = {}
+
+    def _rank_devices(self) -> tuple[RankDevice, ...] | None:
+        """Each pipeline rank's device, or None when every rank is this model's healthy device."""
+        scenario = self.scenario
+        if scenario.cluster.parts is None and not scenario.faults.degraded:
+            return None
+        if self._devices is None:
+            self._devices = rank_devices(scenario, self.layout)
+        return self._devices
+
+    def _healthy_base(self, device: RankDevice) -> bool:
+        return device.part == 0 and device.compute_speed == 1.0 and device.system == self.scenario.cluster.system
+
+    def on_rank(self, rank: int) -> "CostModel":
+        """The model that prices pipeline rank ``rank``'s work (this one when it is a healthy base device)."""
+        devices = self._rank_devices()
+        if devices is None or self._healthy_base(devices[rank]):
+            return self
+        if rank not in self._rank_models:
+            same = next((r for r in self._rank_models if devices[r] == devices[rank]), None)
+            self._rank_models[rank] = self._rank_models[same] if same is not None else \
+                CostModel(self.scenario, self.layout, devices[rank])
+        return self._rank_models[rank]
+
+    def between(self, rank_a: int, rank_b: int) -> "CostModel":
+        """The model that prices a send or a two-rank collective between pipeline ranks ``rank_a`` and ``rank_b``."""
+        devices = self._rank_devices()
+        if devices is None:
+            return self
+        a, b = devices[rank_a], devices[rank_b]
+        if a == b:
+            return self.on_rank(rank_a)
+        key = (min(rank_a, rank_b), max(rank_a, rank_b))
+        if key not in self._pair_models:
+            system = pair_system(a, b, self.scenario.cluster.between_parts)
+            self._pair_models[key] = CostModel(self.scenario, self.layout, RankDevice(a.part, system, 1.0))
+        return self._pair_models[key]
 
     def collective_s(self, op: Op) -> float:
         """Seconds of a collective op on its group."""
@@ -167,18 +227,22 @@ class CostModel:
         return cost
 
 
-def stage_costs(workload: Workload, model: CostModel) -> dict[tuple[int, str], ActionCost]:
-    """(stage, kind) -> ActionCost for every stage and action kind."""
+def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, ...] | list[int] | None = None
+                ) -> dict[tuple[int, str], ActionCost]:
+    """(stage, kind) -> ActionCost for every stage and action kind, each stage priced on the
+    device of its pipeline rank when ``stage_to_rank`` is given (``CostModel.on_rank``)."""
     costs: dict[tuple[int, str], ActionCost] = {}
-    priced: dict[tuple[StageWork, bool], tuple[ActionCost, ...]] = {}  # stages of equal work share one object
+    # stages of equal work on one device share one object
+    priced: dict[tuple[StageWork, bool, int], tuple[ActionCost, ...]] = {}
     for stage, work in enumerate(workload.stages):
-        found = priced.get((work, stage > 0))
+        here = model.on_rank(stage_to_rank[stage]) if stage_to_rank is not None else model
+        found = priced.get((work, stage > 0, id(here)))
         if found is None:
             # the first stage has no input gradient to produce, so nothing is split there: its W
             # is the whole backward (torch.distributed.pipelining runs it that way)
-            found = priced[(work, stage > 0)] = (
-                model.price(work.forward), model.price(work.backward), model.price(work.backward_input),
-                model.price(work.backward_weight, model.weight_pass_slowdown if stage > 0 else 1.0))
+            found = priced[(work, stage > 0, id(here))] = (
+                here.price(work.forward), here.price(work.backward), here.price(work.backward_input),
+                here.price(work.backward_weight, here.weight_pass_slowdown if stage > 0 else 1.0))
         costs[(stage, "F")], costs[(stage, "B")], costs[(stage, "I")], costs[(stage, "W")] = found
     return costs
 

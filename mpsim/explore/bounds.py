@@ -39,7 +39,7 @@ class StepBound:
 _COUNTS: dict[int, tuple[Schedule, list]] = {}
 
 
-def _rank_counts(schedule: Schedule) -> list[tuple[Any, Counter]]:
+def rank_counts(schedule: Schedule) -> list[tuple[Any, Counter]]:
     """Per rank: its first item and how many items of each duration key it runs (cached per schedule)."""
     cached = _COUNTS.get(id(schedule))
     if cached is not None and cached[0] is schedule:
@@ -68,16 +68,18 @@ def forward_heads(schedule: Schedule, action_s: Mapping[tuple, float],
 
 
 def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transfer_s: Mapping[tuple[int, int], float],
-                     finalize_s: Sequence[float] = (), tp_exposed_s: Mapping[tuple, float] | None = None
-                     ) -> StepBound:
+                     finalize_s: Sequence[float] = (), tp_exposed_s: Mapping[tuple, float] | None = None,
+                     counts: list[tuple[Any, Counter]] | None = None) -> StepBound:
     """The largest per-rank bound (see the module doc); ``tp_exposed_s`` splits the busy time.
 
     The arguments are the fields of the same names of ``engine.EngineInput``, so the
     bound can be taken before the rest of the engine input (DP buckets) is priced.
+    ``counts`` is ``rank_counts(schedule)`` when the caller kept it and passes a shorter
+    schedule with the same stages, ranks and chains.
     """
     heads = forward_heads(schedule, action_s, transfer_s)
     best: StepBound | None = None
-    for rank, (first, counts) in enumerate(_rank_counts(schedule)):
+    for rank, (first, per_key) in enumerate(counts if counts is not None else rank_counts(schedule)):
         if first is None:
             continue
         head = 0.0
@@ -86,8 +88,9 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
             if action.kind != "F":
                 earliest += action_s[(action.stage, "F")]  # a backward follows its own forward
             head = max(head, earliest)
-        busy = sum(count * action_s[key] for key, count in counts.items())
-        exposed = sum(count * tp_exposed_s.get(key, 0.0) for key, count in counts.items()) if tp_exposed_s else 0.0
+        busy = sum(count * action_s[key] for key, count in per_key.items())
+        exposed = sum(count * tp_exposed_s.get(key, 0.0) for key, count in per_key.items()) if tp_exposed_s \
+            else 0.0
         optimizer = finalize_s[rank] if finalize_s else 0.0
         bound = StepBound(head + busy + optimizer, rank, head, busy, exposed, optimizer)
         if best is None or bound.lower_bound_s > best.lower_bound_s:

@@ -49,13 +49,17 @@ def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None) -> S
         raise InputError(str(exc), field="parallel.schedule") from None
 
 
-def layout_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Any) -> list:
+def layout_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Any, peak_of: Any = None
+                  ) -> list:
     """Memory of every pipeline rank, computed the way ``results.summarize`` computes it.
 
     This is the planner's pre-check before any simulation: the schedule's in-flight
-    activations and the model state, no timeline needed.
+    activations and the model state, no timeline needed. ``peak_of`` replaces the walk
+    (``memfast.CachedWalk``); the layers-only peak, which only reports show, is then skipped.
     """
-    return rank_memory(scenario, layout, schedule, workload)
+    if peak_of is None:
+        return rank_memory(scenario, layout, schedule, workload)
+    return rank_memory(scenario, layout, schedule, workload, peak_of=peak_of, layer_peaks=False)
 
 
 def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: str = "fast",

@@ -24,7 +24,13 @@ simulating every layout would give, at a fraction of the cost (``prune=False``
 simulates everything).
 
 Costs are cached per worker for layouts that differ only in the schedule: the cost of a
-stage's passes does not depend on the order the schedule runs them in.
+stage's passes does not depend on the order the schedule runs them in, so each layout
+group prices them once per schedule name. The check pass never holds a full schedule
+longer than it takes to shorten it: per (schedule, pp, vpp, microbatches) it keeps the
+lists with no actions (model state), the memory walk's short lists, one item per
+duration key and the bound's item counts (``_Short``), and the activation walk runs as
+array operations over a per-schedule index (``memfast.py``), the same sums in the same
+order as ``results.memory.walk_peak``.
 """
 
 from __future__ import annotations
@@ -40,9 +46,10 @@ from mpsim.cost.step import pipeline_transfer_s
 from mpsim.engine import simulate as engine_simulate, simulate_fast, supports
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
-from mpsim.explore.bounds import step_lower_bound
+from mpsim.explore.bounds import rank_counts, step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
+from mpsim.explore.memfast import CachedWalk
 from mpsim.explore.memwalk import distinct_items, memory_schedule
 from mpsim.explore.planbase import apply_fields
 from mpsim.explore.progress import Progress
@@ -68,9 +75,25 @@ class _Prepared:
     layout: Layout
     workload: Workload
     model: CostModel
+    walk: CachedWalk  # the activation walk over this workload's bytes (memfast.py)
+    costs: dict = field(default_factory=dict)  # duration key -> ActionCost, filled as schedules ask
+
+
+@dataclass(frozen=True)
+class _Short:
+    """What the check pass needs of a generated schedule, without its full lists: the same lists
+    with no actions (model state alone), the memory walk's shortened lists (``memwalk.py``), one
+    item per duration key, and per rank its first item and item counts (the bound)."""
+
+    idle: Any
+    memory: Any
+    distinct: Any
+    counts: list
 
 
 _PREPARED: OrderedDict[str, _Prepared] = OrderedDict()
+_SHORT: OrderedDict[tuple, _Short] = OrderedDict()
+SHORT_ENTRIES = 4096  # small: a few hundred items each, where full schedules hold up to a million
 _MEMORY: OrderedDict[str, tuple[float, float, str]] = OrderedDict()
 
 
@@ -97,14 +120,41 @@ class PlanEvaluator:
             scenario = apply_fields(self.scenario, fields)
             layout = resolve(scenario)
             # the cost model prices passes once per model object; sharing it shares that work
-            prepared = _remember(_PREPARED, group, _Prepared(scenario, layout, build_workload(scenario, layout),
-                                                             CostModel(scenario, layout)))
+            workload = build_workload(scenario, layout)
+            prepared = _remember(_PREPARED, group, _Prepared(scenario, layout, workload, CostModel(scenario, layout),
+                                                             CachedWalk(workload)))
         scenario = prepared.scenario
         if SCHEDULE_FIELD in fields and fields[SCHEDULE_FIELD] != scenario.parallel.schedule:
             # only the schedule's name differs from the group's validated scenario
             plan = scenario.parallel.model_copy(update={"schedule": fields[SCHEDULE_FIELD]})
             scenario = scenario.model_copy(update={"parallel": plan})
         return scenario, prepared
+
+    @staticmethod
+    def _costs(prepared: _Prepared, schedule: Any) -> dict:
+        """The schedule's costs, priced once per layout group and schedule name: a stage's passes cost
+        the same whatever order a schedule runs them in."""
+        costs = prepared.costs.get(schedule.name)
+        if costs is None:
+            costs = prepared.costs[schedule.name] = schedule_costs(distinct_items(schedule), prepared.workload,
+                                                                   prepared.model)
+        return costs
+
+    @staticmethod
+    def _short(scenario: Scenario, layout: Layout) -> _Short:
+        """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches)."""
+        name = scenario.parallel.schedule
+        key = (name, layout.pp, layout.vpp, layout.num_microbatches)
+        short = None if name.startswith("file:") else _SHORT.get(key)
+        if short is None:
+            schedule = schedule_for(scenario, layout, None)
+            short = _Short(replace(schedule, actions=tuple(() for _ in schedule.actions)), memory_schedule(schedule),
+                           distinct_items(schedule), rank_counts(schedule))
+            if not name.startswith("file:"):
+                _SHORT[key] = short
+                if len(_SHORT) > SHORT_ENTRIES:
+                    _SHORT.popitem(last=False)
+        return short
 
     def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str, bool]:
         """(peak bytes of the fullest rank, capacity, its largest category, exact), memoized per layout.
@@ -120,17 +170,17 @@ class PlanEvaluator:
             return known
         scenario, prepared = self._scenario(fields)
         layout = prepared.layout
-        schedule = schedule_for(scenario, layout, None)
+        short = self._short(scenario, layout)
         state_key = self.identity + canonical_json({k: v for k, v in fields.items() if k != RECOMPUTE_FIELD})
         state = _MEMORY.get(state_key)
         if state is None:
-            idle = replace(schedule, actions=tuple(() for _ in schedule.actions))
-            worst = max(layout_memory(scenario, layout, idle, prepared.workload), key=lambda m: m.peak_memory_bytes)
+            worst = max(layout_memory(scenario, layout, short.idle, prepared.workload, prepared.walk),
+                        key=lambda m: m.peak_memory_bytes)
             state = _remember(_MEMORY, state_key, (worst.peak_memory_bytes, worst.capacity_bytes,
                                                    worst.largest_category, False))
         if state[0] > state[1]:
             return _remember(_MEMORY, key, state)
-        worst = max(layout_memory(scenario, layout, memory_schedule(schedule), prepared.workload),
+        worst = max(layout_memory(scenario, layout, short.memory, prepared.workload, prepared.walk),
                     key=lambda m: m.peak_memory_bytes)
         return _remember(_MEMORY, key, (worst.peak_memory_bytes, worst.capacity_bytes, worst.largest_category,
                                         True))
@@ -174,24 +224,25 @@ class PlanEvaluator:
     def _check(self, fields: dict[str, Any], peak: float, capacity: float) -> dict[str, Any]:
         scenario, prepared = self._scenario(fields)
         layout, workload, model = prepared.layout, prepared.workload, prepared.model
-        schedule = schedule_for(scenario, layout, None)
-        costs = schedule_costs(distinct_items(schedule), workload, model)
+        short = self._short(scenario, layout)
+        schedule = short.distinct  # the full schedule's stages, ranks and chains; its counts are short.counts
+        costs = self._costs(prepared, schedule)
         # the bound needs the durations, the forward chain's transfers and the optimizer
         # steps of the engine input; its DP buckets (most of its price) wait for simulation
         rank_of, chains = schedule.stage_to_rank, schedule.topology
         hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
         transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
         metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer,
-                              optimizer_steps(workload, schedule, model), costs)
+                              optimizer_steps(workload, schedule, model), costs, short.counts)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
         return {"status": "fits", "error": None, "metrics": metrics}
 
     @staticmethod
     def _bound(schedule: Any, action_s: dict, transfer_s: dict, finalize_s: Sequence[float],
-               costs: dict) -> dict[str, float]:
+               costs: dict, counts: list | None = None) -> dict[str, float]:
         """The step-time lower bound and its busiest rank's split (``bounds.py``)."""
         bound = step_lower_bound(schedule, action_s, transfer_s, finalize_s,
-                                 {key: cost.tp_exposed_s for key, cost in costs.items()})
+                                 {key: cost.tp_exposed_s for key, cost in costs.items()}, counts)
         return {"lower_bound_s": bound.lower_bound_s, "bound_rank": bound.rank, "bound_head_s": bound.head_s,
                 "bound_busy_s": bound.busy_s, "bound_tp_exposed_s": bound.tp_exposed_s,
                 "bound_optimizer_s": bound.optimizer_s}
@@ -202,7 +253,7 @@ class PlanEvaluator:
         scenario, prepared = self._scenario(fields)
         layout, workload, model = prepared.layout, prepared.workload, prepared.model
         schedule = schedule_for(scenario, layout, None)
-        costs = schedule_costs(distinct_items(schedule), workload, model)
+        costs = self._costs(prepared, schedule)
         inp = engine_input(scenario, layout, workload, schedule, model, costs)
         try:
             timeline = simulate_fast(inp) if self.engine == "fast" and supports(inp) else engine_simulate(inp)

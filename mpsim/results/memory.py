@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpsim.cost.devices import part_of_pp_ranks
 from mpsim.schedules.actions import Schedule, flat, parts
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -174,10 +175,17 @@ def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
     return gathered_input + zero3_layers
 
 
-def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Workload) -> list[RankMemory]:
-    """Memory of every pipeline rank, by category."""
+def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Workload, *,
+                peak_of=walk_peak, layer_peaks: bool = True) -> list[RankMemory]:
+    """Memory of every pipeline rank, by category.
+
+    ``peak_of`` is ``walk_peak`` or a function that returns the same (the planner's cached
+    walk); without ``layer_peaks`` the layers-only peak is left at 0 (only reports show it).
+    """
     training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
+    # a heterogeneous cluster: each pipeline rank has its own part's memory
+    part_of = part_of_pp_ranks(scenario, layout) if scenario.cluster.parts else ()
     grad_bytes = training.grad_bytes
     reserved = reserved_parts(scenario, layout)
     reserved_total = sum(size for _, size in reserved)
@@ -193,12 +201,14 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
         state = model_state_bytes(dense, shard=layout.shard_ranks, **kwargs)
         expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
         layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.shard_ranks, **kwargs)
-        walk = walk_peak(schedule, rank, workload, hold_params=hold)
+        walk = peak_of(schedule, rank, workload, hold_params=hold)
         gathered = walk.gathered_params_bytes
         peak = walk.bytes - gathered  # the held parameters are reported with the buffers
-        layer_peak, _ = activation_walk(schedule, rank, workload, layers_only=True)
+        layer_peak = activation_walk(schedule, rank, workload, layers_only=True)[0] if layer_peaks else 0.0
         buffers = _buffers_bytes(works, workload, layout) + gathered
         allocated = state.total_bytes + expert_state.total_bytes + peak + buffers
+        if part_of and scenario.cluster.parts:
+            capacity = scenario.cluster.parts[part_of[rank]].system.accelerator.memory.capacity
         result.append(RankMemory(
             rank, stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
             state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,

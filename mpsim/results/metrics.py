@@ -150,6 +150,19 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
     capacity = accelerator.memory.capacity
     memory = rank_memory(scenario, layout, result.schedule, result.workload)
     peak_memory = max(m.peak_memory_bytes for m in memory)
+    out_of_memory = peak_memory > capacity
+    parts = scenario.cluster.parts or []
+    mixed = any(part.system != system for part in parts)  # parts of one system report as that system
+    system_name, accelerator_name = system.name, accelerator.name
+    if mixed:  # each part its own peak and memory: the mean peak FLOP/s, the fullest rank's memory
+        peak_flops = sum(part.nodes * part.system.devices_per_node * part.system.accelerator.peak(
+            scenario.training.dtype) for part in parts) / layout.devices
+        out_of_memory = any(not m.fits for m in memory)
+        fullest = max(memory, key=lambda m: m.peak_memory_bytes / m.capacity_bytes)
+        peak_memory, capacity = fullest.peak_memory_bytes, fullest.capacity_bytes
+        # "2 dgx-a100 + 2 dgx-h100 nodes", "a100-sxm-80gb/h100-sxm-80gb"
+        system_name = " + ".join(f"{part.nodes} {part.system.name}" for part in parts) + " nodes"
+        accelerator_name = "/".join(dict.fromkeys(part.system.accelerator.name for part in parts))
     mean = lambda values: sum(values) / n  # noqa: E731
     idle = [r.idle_s for r in ranks]
     # Zero Bubble's definition: cost is the longest stage span, ideal the busiest stage's compute
@@ -157,8 +170,8 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
     zb_rate = (longest - max(r.compute_s for r in ranks)) / longest if longest > 0 else 0.0
     return Summary(
         scenario=scenario.name,
-        system=system.name,
-        accelerator=accelerator.name,
+        system=system_name,
+        accelerator=accelerator_name,
         devices=layout.devices,
         tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=layout.dp, vpp=layout.vpp, ep=layout.ep,
         zero_stage=layout.zero_stage,
@@ -189,7 +202,7 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         optimizer_s=max(r.optimizer_s for r in ranks),
         peak_memory_bytes=peak_memory,
         capacity_bytes=capacity,
-        out_of_memory=peak_memory > capacity,
+        out_of_memory=out_of_memory,
         ranks=ranks,
         memory=memory,
         layers_per_stage=tuple(layout.layers_per_chunk),

@@ -29,6 +29,8 @@ Path_ = tuple[str, ...]
 REFERENCE_FIELDS: dict[Path_, str] = {
     ("cluster", "system"): "system",
     ("cluster", "system", "accelerator"): "accelerator",
+    ("cluster", "parts", "#", "system"): "system",  # "#": each item of the list (a heterogeneous cluster)
+    ("cluster", "parts", "#", "system", "accelerator"): "accelerator",
     ("model",): "model",
     ("calibration",): "calibration",
 }
@@ -189,6 +191,9 @@ def find_reference(ref: str, kind: str, relative_to: Path | None) -> Path:
 
 def _get(tree: Any, path: Path_) -> Any:
     for key in path:
+        if isinstance(tree, list) and key.isdigit() and int(key) < len(tree):
+            tree = tree[int(key)]
+            continue
         if not isinstance(tree, dict) or key not in tree:
             return None
         tree = tree[key]
@@ -220,7 +225,7 @@ def _resolve_at(tree: dict, path: Path_, origins: Origins, base_dirs: dict[Path_
         value = value["base"]
     if not isinstance(value, str):
         return
-    kind = REFERENCE_FIELDS[path]
+    kind = REFERENCE_FIELDS[tuple("#" if key.isdigit() else key for key in path)]
     source, rel = origins.file_for(path)
     source_root = path[:len(path) - len(rel)]
     base = None
@@ -250,7 +255,13 @@ def _resolve_at(tree: dict, path: Path_, origins: Origins, base_dirs: dict[Path_
 def resolve_references(tree: dict, origins: Origins, base_dirs: dict[Path_, Path]) -> None:
     """Resolve every string reference in the tree, outermost first."""
     for path in sorted(REFERENCE_FIELDS, key=len):
-        _resolve_at(tree, path, origins, base_dirs)
+        if "#" not in path:
+            _resolve_at(tree, path, origins, base_dirs)
+            continue
+        at = path.index("#")
+        items = _get(tree, path[:at])
+        for index in range(len(items) if isinstance(items, list) else 0):
+            _resolve_at(tree, (*path[:at], str(index), *path[at + 1:]), origins, base_dirs)
 
 
 def override_label(text: str, width: int = 80) -> str:

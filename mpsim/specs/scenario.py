@@ -8,8 +8,10 @@ from pydantic import Field, field_validator
 
 from mpsim.specs.base import Spec
 from mpsim.specs.calibration import CalibrationProfile
+from mpsim.specs.faults import FaultsSpec
 from mpsim.specs.model import ModelSpec, parse_model
 from mpsim.specs.parallel import ParallelPlan, TrainingOptions
+from mpsim.specs.reliability import ReliabilitySpec, VariabilitySpec
 from mpsim.specs.system import ClusterSpec
 
 
@@ -25,6 +27,13 @@ class Scenario(Spec):
     calibration: CalibrationProfile | None = Field(
         None, description="a calibration profile file (mpsim calibrate / validate) whose measurements replace the "
                           "datasheet efficiencies; see docs/calibration.md")
+    faults: FaultsSpec = Field(default_factory=FaultsSpec,
+                               description="slow GPUs, nodes and links (docs/heterogeneous.md)")
+    variability: VariabilitySpec | None = Field(
+        None, description="run-to-run variation of op times, for mpsim run --samples (docs/reliability.md)")
+    reliability: ReliabilitySpec | None = Field(
+        None, description="checkpoint storage, restart time and failure rates, for mpsim run --goodput "
+                          "(docs/reliability.md)")
 
     @field_validator("model", mode="wrap")
     @classmethod

@@ -204,12 +204,79 @@ class SystemSpec(Spec):
 MAX_DEVICES = 1 << 20
 
 
+def _restates_parts(data: dict, parts: object) -> bool:
+    """Whether ``system`` and ``nodes`` beside ``parts`` are what the parts make them (a dumped cluster read back)."""
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, (dict, ClusterPart)) for p in parts):
+        return False
+    items = [p.model_dump() if isinstance(p, ClusterPart) else p for p in parts]
+    system = data.get("system")
+    system = system.model_dump() if isinstance(system, SystemSpec) else system
+    first = items[0].get("system")
+    first = first.model_dump() if isinstance(first, SystemSpec) else first
+    nodes = [item.get("nodes") for item in items]
+    return (data.get("num_devices") is None and isinstance(first, dict) and system == first
+            and all(isinstance(n, int) for n in nodes) and data.get("nodes") == sum(nodes))
+
+
+class ClusterPart(Spec):
+    """One part of a heterogeneous cluster: ``nodes`` nodes of one system (docs/heterogeneous.md)."""
+
+    system: SystemSpec
+    nodes: int = Field(gt=0)
+
+
 class ClusterSpec(Spec):
-    """How many of a system's nodes the job gets."""
+    """How many of a system's nodes the job gets, or several parts each of its own system.
+
+    With ``parts`` the cluster is the parts in order (ranks fill the first part's nodes
+    first); ``system`` and ``nodes`` are then the first part's system and the total, filled
+    in here, and ``between_parts`` is the network that joins nodes of different parts.
+    """
 
     system: SystemSpec
     nodes: int | None = Field(None, gt=0)
     num_devices: int | None = Field(None, gt=0)
+    parts: list[ClusterPart] | None = Field(
+        None, min_length=1, description="a heterogeneous cluster: systems and node counts, in rank order "
+                                        "(give parts instead of system and nodes)")
+    between_parts: ScaleOutSpec | None = Field(
+        None, description="the network between nodes of different parts; required when the parts' systems differ")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_parts(cls, data: object) -> object:
+        """With ``parts``: the first part's system and the total node count stand for the cluster."""
+        if not isinstance(data, dict) or data.get("parts") is None:
+            return data
+        parts = data["parts"]
+        given = [key for key in ("system", "nodes", "num_devices") if data.get(key) is not None]
+        if given and not _restates_parts(data, parts):
+            raise ValueError(f"give either parts or {'/'.join(given)}, not both (parts sets the system and size)")
+        if not isinstance(parts, list) or not parts:
+            raise ValueError("parts must be a non-empty list of parts, each {system: NAME, nodes: N}")
+        for index, part in enumerate(parts):
+            if not isinstance(part, dict) or "system" not in part:
+                raise ValueError(f"parts.{index}: a part is a mapping with a system and nodes, "
+                                 f"e.g. {{system: dgx-h100, nodes: 4}}")
+        nodes = [p.get("nodes") for p in parts]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in nodes):
+            nodes = [1]  # a part's own error is reported; the total is never used
+        return {**data, "system": parts[0]["system"], "nodes": sum(nodes)}
+
+    @model_validator(mode="after")
+    def _parts_agree(self) -> "ClusterSpec":
+        if self.parts is None:
+            if self.between_parts is not None:
+                raise ValueError("between_parts is given without parts")
+            return self
+        per_node = {part.system.devices_per_node for part in self.parts}
+        if len(per_node) > 1:
+            raise ValueError(f"parts have {sorted(per_node)} devices per node; every part needs the same "
+                             f"devices_per_node (ranks are placed node by node)")
+        if self.between_parts is None and any(part.system != self.parts[0].system for part in self.parts):
+            raise ValueError("parts of different systems need between_parts: the network between their nodes "
+                             "(nics_per_node, nic_bandwidth, efficiency, step_latency)")
+        return self
 
     @model_validator(mode="after")
     def _size(self) -> "ClusterSpec":

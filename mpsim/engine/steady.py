@@ -1,0 +1,260 @@
+"""Steady state: evaluate a pipeline's repeated middle once and jump over the rest.
+
+After its warm-up, every shipped schedule repeats itself: a rank's list from some item
+on is the same list again ``p`` items later with every microbatch moved up by ``q``
+(1F1B: one forward and one backward, ``q = 1``). The recurrences of the longest path
+(``longest_path.py``) are then the same recurrences, layer after layer; once the
+pipeline is full, the times of one layer are those of the layer before plus a constant
+cycle, until the cool-down begins.
+
+This module finds that structure and uses it, without approximating anything:
+
+1. ``_layers`` (once per schedule, cached): the ``q`` and, per rank, ``p`` and the
+   run of items where item ``i + p`` is item ``i`` shifted by ``q`` microbatches, in
+   everything that decides a time (duration key, remote inputs, outputs, last-backward
+   marks). A schedule without such a run on every rank is evaluated in full.
+2. Walk layer by layer: each rank runs up to its next layer boundary (or until it waits
+   for an input). At each boundary the whole state that decides the future (each rank's
+   relative position, clock, send and DP-stream times, each link's free time, each
+   transfer in flight) is rebased to the latest clock and compared with the previous
+   boundary's, bit for bit, transfers matched by microbatch shifted by ``q``. Rebased,
+   two equal states run the same floating-point operations on the same numbers, so every
+   later layer repeats too: no tolerance is involved.
+3. On a match, the layers that are still images of the last one (the run's end decides
+   how many) are skipped: positions move by ``p`` per layer, transfers in flight by
+   ``q``, times by the cycle. The rest (the last steady layers and the cool-down) is
+   evaluated as usual, and the step ends exactly as the full evaluation ends.
+
+The result is a :class:`SteadyTimeline`: the step time, rank end times, final DP syncs,
+pair syncs and optimizer steps of the full evaluation, and the records (actions,
+transfers, per-action DP syncs, send waits) of every evaluated item; the skipped ones
+are counted in ``skipped``, not listed, so metrics that sum over records need the full
+timeline. ``full_timeline=True`` evaluates
+every item (as ``simulate_fast`` does) for the plots and traces that need each record.
+Where no exact period appears, the whole step is evaluated: the answer is always the
+full evaluation's, to floating-point rounding (rebasing rounds differently than
+absolute times do, by a few units in the last place).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mpsim.engine.core import EngineInput
+from mpsim.engine.longest_path import Walk, _plan
+from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
+
+
+@dataclass
+class SteadyTimeline(Timeline):
+    """A timeline whose repeated middle may be left out: ``skipped`` holds, per skip,
+    (layers, microbatch shift per layer, cycle seconds per layer, items per rank per layer)."""
+
+    skipped: list[tuple[int, int, float, tuple[int, ...]]] = field(default_factory=list)
+
+    @property
+    def skipped_items(self) -> int:
+        """Items whose records were not produced (their times are implied by the cycle)."""
+        return sum(layers * sum(items) for layers, _, _, items in self.skipped)
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """A schedule's repeated structure: microbatch shift, items per layer and matched run per rank."""
+
+    shift: int  # q: microbatches a layer moves up
+    items: tuple[int, ...]  # p per rank
+    start: tuple[int, ...]  # a per rank: first item whose image p items later matches
+    end: tuple[int, ...]  # e per rank: items in [a, e) match their images
+    consumer: dict  # slot -> (rank, index) of the item that waits for it
+
+
+def _shifted(a: tuple, b: tuple, q: int) -> bool:
+    """Whether step ``b`` is step ``a`` with every microbatch moved up by ``q``, in all that decides a time."""
+    if a[0] != b[0] or len(a[2]) != len(b[2]) or len(a[3]) != len(b[3]):
+        return False
+    for x, y in zip(a[2], b[2]):
+        if x + q != y:
+            return False
+    for (g, consumer, consumer_stage, stage, _, last), (g2, consumer2, consumer_stage2, stage2, _, last2) in zip(
+            a[3], b[3]):
+        if consumer != consumer2 or consumer_stage != consumer_stage2 or stage != stage2 or last != last2:
+            return False
+        if (g + q if g >= 0 else -1) != g2:
+            return False
+    return True
+
+
+_LAYERS: dict[int, tuple] = {}
+MIN_LAYERS = 4  # a run shorter than this many layers cannot pay for the comparisons
+
+
+def _layers(schedule, plan) -> _Layers | None:
+    """The repeated structure of ``schedule`` (module doc, step 1), or None; cached per schedule."""
+    cached = _LAYERS.get(id(schedule))
+    if cached is not None and cached[0] is schedule:
+        return cached[1]
+    found = None
+    micro = schedule.num_microbatches
+    candidates = []
+    for q in (1, 2, schedule.num_ranks, schedule.num_stages, 2 * schedule.num_ranks, 2 * schedule.num_stages):
+        if q not in candidates and 0 < q * MIN_LAYERS <= micro:
+            candidates.append(q)
+    for q in candidates:
+        items, start, end = [], [], []
+        for steps in plan:
+            count = len(steps)
+            if (count * q) % micro:
+                break
+            p = count * q // micro
+            if p == 0:
+                items.append(0), start.append(0), end.append(0)
+                continue
+            best = (0, 0)
+            run_start = 0
+            for i in range(count - p):
+                if not _shifted(steps[i], steps[i + p], q):
+                    if i - run_start > best[1] - best[0]:
+                        best = (run_start, i)
+                    run_start = i + 1
+            if count - p - run_start > best[1] - best[0]:
+                best = (run_start, count - p)
+            if best[1] - best[0] < MIN_LAYERS * p:
+                break
+            items.append(p), start.append(best[0]), end.append(best[1])
+        else:
+            consumer = {}
+            for rank, steps in enumerate(plan):
+                for index, step in enumerate(steps):
+                    for slot in step[2]:
+                        consumer[slot] = (rank, index)
+            found = _Layers(q, tuple(items), tuple(start), tuple(end), consumer)
+            break
+    if len(_LAYERS) > 64:
+        _LAYERS.clear()
+    _LAYERS[id(schedule)] = (schedule, found)
+    return found
+
+
+class _Marks:
+    """How many records of each list were already moved to absolute time."""
+
+    def __init__(self, timeline: Timeline):
+        self.actions = [len(records) for records in timeline.actions]
+        self.transfers, self.syncs, self.send_waits = (len(timeline.transfers), len(timeline.syncs),
+                                                       len(timeline.send_waits))
+
+    def settle(self, timeline: Timeline, offset_s: float) -> None:
+        """Add ``offset_s`` to the times of every record appended since the last call."""
+        if offset_s != 0.0:
+            o = offset_s
+            for rank, records in enumerate(timeline.actions):
+                for i in range(self.actions[rank], len(records)):
+                    r = records[i]
+                    records[i] = ActionRecord(r.rank, r.index, r.action, r.ready_s + o, r.start_s + o, r.end_s + o,
+                                              None if r.input_sent_s is None else r.input_sent_s + o)
+            transfers = timeline.transfers
+            for i in range(self.transfers, len(transfers)):
+                t = transfers[i]
+                transfers[i] = TransferRecord(t.src_rank, t.dst_rank, t.action, t.start_s + o, t.end_s + o)
+            syncs = timeline.syncs
+            for i in range(self.syncs, len(syncs)):
+                s = syncs[i]
+                syncs[i] = SyncRecord(s.rank, s.kind, s.label, s.start_s + o, s.end_s + o)
+            waits = timeline.send_waits
+            for i in range(self.send_waits, len(waits)):
+                rank, begin, end = waits[i]
+                waits[i] = (rank, begin + o, end + o)
+        self.__init__(timeline)
+
+
+def _shift_times(walk: Walk, live: set[int], by_s: float) -> None:
+    """Move every time of the state that decides the future by ``by_s`` seconds."""
+    walk.clock_s[:] = [t + by_s for t in walk.clock_s]
+    walk.sends_done_s[:] = [t + by_s for t in walk.sends_done_s]
+    walk.dp.free_s[:] = [t + by_s for t in walk.dp.free_s]
+    for link, t in walk.link_free_s.items():
+        walk.link_free_s[link] = t + by_s
+    arrival_s, sent_s = walk.arrival_s, walk.sent_s
+    for slot in live:
+        arrival_s[slot] += by_s
+        sent_s[slot] += by_s
+
+
+def _full(inp: EngineInput) -> SteadyTimeline:
+    """Every item evaluated (``simulate_fast``'s timeline, with nothing skipped)."""
+    num_ranks = inp.schedule.num_ranks
+    walk = Walk(inp, _plan(inp.schedule), SteadyTimeline(num_ranks, actions=[[] for _ in range(num_ranks)]))
+    walk.advance()
+    return walk.finish()
+
+
+def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTimeline:
+    """The longest-path timeline of ``inp`` with its repeated middle skipped where exact (module doc)."""
+    schedule = inp.schedule
+    plan = _plan(schedule)
+    layers = None if full_timeline else _layers(schedule, plan)
+    if layers is None:
+        return _full(inp)
+    num_ranks = schedule.num_ranks
+    timeline = SteadyTimeline(num_ranks, actions=[[] for _ in range(num_ranks)])
+    walk = Walk(inp, plan, timeline)
+    q, p, start, end, consumer = layers.shift, layers.items, layers.start, layers.end, layers.consumer
+    walk.produced = []
+    marks = _Marks(timeline)
+    position = walk.position
+    live: set[int] = set()
+    offset_s = 0.0
+    previous = None  # (state, positions) at the last boundary
+    layer = 0
+    while all(start[r] + layer * p[r] <= end[r] for r in range(num_ranks) if p[r]):
+        walk.advance([start[r] + layer * p[r] if p[r] else 0 for r in range(num_ranks)])
+        live.update(walk.produced)
+        walk.produced.clear()
+        live = {slot for slot in live if position[consumer[slot][0]] <= consumer[slot][1]}
+        marks.settle(timeline, offset_s)
+        base_s = max(walk.clock_s)
+        _shift_times(walk, live, -base_s)
+        offset_s += base_s
+        clock_s = walk.clock_s
+        # a send, link or DP stream free before its rank's clock cannot delay anything the rank
+        # does later (each later time is a max with a time past that clock): None, not its value
+        state = (tuple(position[r] - layer * p[r] for r in range(num_ranks)), tuple(clock_s),
+                 tuple(t if t > clock_s[r] else None for r, t in enumerate(walk.sends_done_s)),
+                 tuple(t if t > clock_s[r] else None for r, t in enumerate(walk.dp.free_s)),
+                 tuple(sorted((link, t if t > clock_s[link[0]] else None) for link, t in walk.link_free_s.items())),
+                 tuple((slot - layer * q, walk.arrival_s[slot], walk.sent_s[slot]) for slot in sorted(live)))
+        before = previous
+        previous = (state, list(position))
+        layer += 1
+        if before is None or before[0] != state:
+            continue
+        # the last layer repeats the one before: skip its images while the run lasts, keeping
+        # the last one to evaluate (so that every rank still ends on a record of its own)
+        ran = [r for r in range(num_ranks) if position[r] > before[1][r]]
+        if any(before[1][r] < start[r] for r in ran):
+            continue
+        skip = min(((end[r] - position[r]) // p[r] for r in range(num_ranks) if p[r]), default=0)
+        if skip < 1:
+            continue
+        cycle_s = base_s
+        per_layer = tuple(position[r] - before[1][r] for r in range(num_ranks))
+        for r in range(num_ranks):
+            position[r] += skip * p[r]
+        arrival_s, sent_s = walk.arrival_s, walk.sent_s
+        moved = {slot + skip * q: (arrival_s[slot], sent_s[slot]) for slot in live}
+        for slot, (arrival, sent) in moved.items():
+            arrival_s[slot], sent_s[slot] = arrival, sent
+        live = set(moved)
+        offset_s += skip * cycle_s
+        layer += skip
+        previous = None
+        timeline.skipped.append((skip, q, cycle_s, per_layer))
+    marks.settle(timeline, offset_s)
+    _shift_times(walk, live, offset_s)
+    walk.produced = None
+    walk.advance()
+    timeline = walk.finish()
+    if any(records and records[-1].index != len(plan[r]) - 1 for r, records in enumerate(timeline.actions)):
+        return _full(inp)  # a rank whose last item was skipped: its end is not a record
+    return timeline
