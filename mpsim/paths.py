@@ -61,3 +61,32 @@ def read_text(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
                          "save the file as UTF-8", label) from None
+
+
+def picture_formats() -> list[str]:
+    """File extensions matplotlib can write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_writable(value: str, field: str, picture: bool = False) -> None:
+    """Refuse, before any work, a file that could not be written: an empty name, a folder, a
+    missing or unwritable folder, or (for a picture) a format matplotlib cannot draw. The
+    command line checks its output options with it, the Python interface its writers."""
+    if not value.strip():
+        raise InputError("an empty file name", field=field)
+    path = Path(value)
+    if path.is_dir() or value.endswith(os.sep):
+        raise InputError(f"{value} is a folder; give a file name inside it", field=field)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"folder {folder} does not exist; create it or write elsewhere", field=field)
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"folder {folder} is not writable", field=field)
+    if picture:
+        suffix = path.suffix.lower().lstrip(".")
+        formats = picture_formats()
+        if suffix not in formats:
+            raise InputError(f"cannot draw a {'.' + suffix if suffix else 'file without an extension'}; "
+                             f"use one of {', '.join('.' + f for f in formats)}", field=field)

@@ -122,8 +122,6 @@ def check_rank(result, memory, rank) -> None:
         addresses = [block["address"] for block in segment["blocks"]]
         ends = [block["address"] + block["size"] for block in segment["blocks"]]
         assert addresses[0] == segment["address"] and addresses[1:] == ends[:-1], where
-    assert stats["segments"] == len(snapshot["segments"])
-    assert stats["total_reserved"] == sum(segment["total_size"] for segment in snapshot["segments"])
     assert sum(folded.values()) == stats["total_reserved"], where
 
     # every recorded allocation lies in a segment and is freed at its own address within the step
@@ -166,10 +164,11 @@ def test_an_out_of_memory_rank_records_one_oom_at_the_failing_request():
     result, memory = simulated(*VARIANTS["zb-h1 out of memory on the last ranks"])
     rank = max(range(len(memory)), key=lambda r: memory[r].peak_memory_bytes)
     assert not memory[rank].fits
-    events = memory_snapshot(result, memory, rank)["device_traces"][0]
+    snapshot = memory_snapshot(result, memory, rank)
+    events = snapshot["device_traces"][0]
     [oom] = [index for index, event in enumerate(events) if event["action"] == "oom"]
     # replaying the segments up to the oom: it is the first request that a segment past the device would serve
-    reserved = sum(segment["total_size"] for segment in memory_snapshot(result, memory, rank)["segments"]) \
+    reserved = sum(segment["total_size"] for segment in snapshot["segments"]) \
         - sum(e["size"] for e in events if e["action"] == "segment_alloc") \
         + sum(e["size"] for e in events if e["action"] == "segment_free")
     for event in events[:oom]:

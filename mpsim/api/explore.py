@@ -69,17 +69,6 @@ def _schedule_names(schedules: Sequence[str], allow_none: bool = False) -> list[
     return [canonical_name(name) for name in schedules]
 
 
-def chunks_for(schedule: str, vpp: int) -> int:
-    """The chunks per rank ``mpsim compare`` runs a schedule with: the scenario's when the
-    schedule allows them, else the nearest it allows (tests/test_api.py holds it to the command)."""
-    from mpsim.schedules import SCHEDULES
-
-    kind = SCHEDULES[schedule]
-    if kind.max_vpp is not None and vpp > kind.max_vpp:
-        return kind.max_vpp
-    return max(vpp, kind.min_vpp)
-
-
 def compare(scenario: str | os.PathLike | Scenario, schedules: Sequence[str],
             overrides: Mapping[str, Any] | Sequence[str] | None = None) -> Comparison:
     """Simulate the scenario under each schedule, with the chunks per rank ``mpsim compare`` gives it
@@ -87,8 +76,10 @@ def compare(scenario: str | os.PathLike | Scenario, schedules: Sequence[str],
     base = loaded_scenario(scenario, overrides)
     results: dict[str, Result] = {}
     errors: dict[str, str] = {}
+    from mpsim.schedules import chunks_per_rank
+
     for canonical in _schedule_names(schedules):
-        vpp = chunks_for(canonical, base.scenario.parallel.vpp)
+        vpp = chunks_per_rank(canonical, base.scenario.parallel.vpp)
         try:
             results[canonical] = simulate(base.scenario, [f"parallel.schedule={canonical}", f"parallel.vpp={vpp}"])
         except InputError as exc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpsim.errors import InputError
@@ -22,24 +21,15 @@ PANDAS_HINT = "pandas is needed for data frames: pip install pandas (or pip inst
 
 
 def writable_path(method: str, path: str | os.PathLike, picture: bool = False, argument: str = "path") -> str:
-    """The path as text, refused in one line before any work when it cannot be written: not a
-    name, a folder, a missing folder, or a picture format matplotlib cannot draw."""
+    """The path as text, refused in one line before any work when it cannot be written
+    (:func:`mpsim.paths.check_writable`, the check the command line makes)."""
+    from mpsim.paths import check_writable
+
     label = f"{method}({argument})"
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
         raise InputError(f"expected a file name, got {path!r}", field=label)
-    target = Path(text)
-    if target.is_dir():
-        raise InputError(f"{text} is a folder; give a file name inside it", field=label)
-    if not (target.parent if str(target.parent) else Path(".")).is_dir():
-        raise InputError(f"folder {target.parent} does not exist; create it or write elsewhere", field=label)
-    if picture:
-        from matplotlib.backend_bases import FigureCanvasBase
-
-        formats = sorted(FigureCanvasBase.get_supported_filetypes())
-        if target.suffix.lower().lstrip(".") not in formats:
-            raise InputError(f"cannot draw {target.suffix or 'a file without an extension'}; use one of "
-                             f"{', '.join('.' + f for f in formats)}", field=label)
+    check_writable(text, label, picture)
     return text
 
 
@@ -125,7 +115,7 @@ class Result:
 
     def write_memory_snapshot(self, path: str | os.PathLike, rank: int = 0) -> None:
         """A PyTorch memory snapshot of one pipeline rank (``mpsim run --memory-snapshot``)."""
-        from mpsim.results.memory_views import write_memory_snapshot
+        from mpsim.results.memory_snapshot import write_memory_snapshot
 
         ranks = self.simulation.schedule.num_ranks
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:

@@ -126,43 +126,18 @@ OUTPUT_OPTIONS = {
 }
 
 
-def picture_formats() -> list[str]:
-    """File extensions matplotlib can write."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    return sorted(FigureCanvasBase.get_supported_filetypes())
-
-
 def check_output_paths(args: argparse.Namespace) -> None:
     """Refuse, before any work, an output a command could not write: a folder, a missing
     folder, an unwritable one, or a picture format matplotlib lacks."""
-    import os
-    from pathlib import Path
-
     from mpsim.errors import InputError
+    from mpsim.paths import check_writable
 
     if getattr(args, "csv", None) == "-" and getattr(args, "json", False):
         raise InputError("--json prints to standard output already; give --csv a file name", field="--csv")
     for attribute, (option, picture) in OUTPUT_OPTIONS.items():
         value = getattr(args, attribute, None)
-        if not isinstance(value, str) or value == "-":
-            continue
-        path = Path(value)
-        if not value.strip():
-            raise InputError("an empty file name", field=option)
-        if path.is_dir() or value.endswith(os.sep):
-            raise InputError(f"{value} is a folder; give a file name inside it", field=option)
-        folder = path.parent if str(path.parent) else Path(".")
-        if not folder.is_dir():
-            raise InputError(f"folder {folder} does not exist; create it or write elsewhere", field=option)
-        if not os.access(folder, os.W_OK):
-            raise InputError(f"folder {folder} is not writable", field=option)
-        if picture:
-            suffix = path.suffix.lower().lstrip(".")
-            formats = picture_formats()
-            if suffix not in formats:
-                raise InputError(f"cannot draw a {'.' + suffix if suffix else 'file without an extension'}; "
-                                 f"use one of {', '.join('.' + f for f in formats)}", field=option)
+        if isinstance(value, str) and value != "-":
+            check_writable(value, option, picture)
 
 
 def schedule_list(text: str) -> list[str]:

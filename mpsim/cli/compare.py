@@ -10,19 +10,9 @@ from mpsim.cli.completion import complete_schedules
 from mpsim.errors import EXIT_OUT_OF_MEMORY, InputError
 
 
-def schedule_vpp(name: str, vpp: int) -> int:
-    """The chunks per rank a schedule runs with: the scenario's if it fits, else its requirement."""
-    from mpsim.schedules import SCHEDULES, canonical_name
-
-    kind = SCHEDULES[canonical_name(name)]
-    if kind.max_vpp is not None and vpp > kind.max_vpp:
-        return kind.max_vpp
-    return max(vpp, kind.min_vpp)
-
-
 def _compare(args: argparse.Namespace) -> int:
     from mpsim.results import summarize
-    from mpsim.schedules import canonical_name
+    from mpsim.schedules import canonical_name, chunks_per_rank
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
 
@@ -30,7 +20,7 @@ def _compare(args: argparse.Namespace) -> int:
     base = load_scenario(args.scenario, args.overrides)
     rows, panels, references = [], [], []
     for name in names:
-        vpp = schedule_vpp(name, base.scenario.parallel.vpp)
+        vpp = chunks_per_rank(name, base.scenario.parallel.vpp)
         overrides = [*args.overrides, f"parallel.schedule={canonical_name(name)}", f"parallel.vpp={vpp}"]
         loaded = load_scenario(args.scenario, overrides)
         try:

@@ -161,7 +161,7 @@ def _time_to_train(args: argparse.Namespace, result) -> list[dict]:
         run = asked.goodput
         rows.append({"step_rank": position, "point": record["point"], "label": layout_label(record["point"]),
                      "step_time_s": run.step_time_s, "days": run.days,
-                     "effective_training_time": run.run.training_s / run.run.wall_s,
+                     "effective_training_time": run.run.effective_fraction,
                      "interruptions_per_day": run.interruptions_per_day})
     if args.rank_by == "time-to-train":
         rows.sort(key=lambda row: (row["days"], row["step_rank"]))
@@ -184,14 +184,11 @@ def _report(args: argparse.Namespace, result) -> None:
     one's step in full."""
     from mpsim.explore.planbase import apply_fields
     from mpsim.explore.planreport import status_counts
-    from mpsim.results import summarize
+    from mpsim.cli.report import simulate_for_report
     from mpsim.results.html.explore import write_records_report
-    from mpsim.simulate import bubble_reference, simulate
 
     def best_run(point: dict):
-        run = simulate(apply_fields(result.scenario, point))
-        reference = bubble_reference(run)
-        return run, summarize(run, reference), reference
+        return simulate_for_report(apply_fields(result.scenario, point), [])
 
     counts = ", ".join(f"{count:,} {status}" for status, count in sorted(status_counts(result).items()))
     fields = list(dict.fromkeys(name for record in result.records if record is not None for name in record["point"]))

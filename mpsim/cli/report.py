@@ -9,11 +9,12 @@ from mpsim.cli.common import add_scenario_args
 from mpsim.errors import EXIT_OUT_OF_MEMORY
 
 
-def simulate_for_report(scenario_arg: str, overrides: list[str]):
-    """Load and simulate a scenario as ``mpsim run`` does: (result, summary, bubble reference)."""
+def simulate_for_report(scenario, overrides: list[str]):
+    """Load (a file, a shipped name or a ``Scenario``) and simulate as ``mpsim run`` does:
+    (result, summary, bubble reference)."""
     from mpsim.api import simulate
 
-    run = simulate(scenario_arg, overrides)
+    run = simulate(scenario, overrides)
     return run.simulation, run.summary, run.reference
 
 

@@ -47,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
         plot_memory(result, summary.memory, args.memory_plot)
         print(f"memory timeline written to {args.memory_plot}", file=sys.stderr)
     if args.memory_snapshot:
-        from mpsim.results.memory_views import write_memory_snapshot
+        from mpsim.results.memory_snapshot import write_memory_snapshot
 
         if not 0 <= args.memory_snapshot_rank < result.schedule.num_ranks:
             raise InputError(f"--memory-snapshot-rank must be 0..{result.schedule.num_ranks - 1}")

@@ -227,15 +227,15 @@ class CostModel:
         return cost
 
 
-def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, ...] | list[int] | None = None
+def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, ...] | list[int]
                 ) -> dict[tuple[int, str], ActionCost]:
     """(stage, kind) -> ActionCost for every stage and action kind, each stage priced on the
-    device of its pipeline rank when ``stage_to_rank`` is given (``CostModel.on_rank``)."""
+    device of its pipeline rank (``CostModel.on_rank``)."""
     costs: dict[tuple[int, str], ActionCost] = {}
     # stages of equal work on one device share one object
     priced: dict[tuple[StageWork, bool, int], tuple[ActionCost, ...]] = {}
     for stage, work in enumerate(workload.stages):
-        here = model.on_rank(stage_to_rank[stage]) if stage_to_rank is not None else model
+        here = model.on_rank(stage_to_rank[stage])
         found = priced.get((work, stage > 0, id(here)))
         if found is None:
             # the first stage has no input gradient to produce, so nothing is split there: its W

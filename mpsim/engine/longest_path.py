@@ -124,7 +124,7 @@ def _plan(schedule: Schedule) -> list[list[_Step]]:
         steps = []
         for index, item in enumerate(items):
             needs, outputs = [], []
-            for action in (item.forward, item.backward) if type(item) is Overlapped else (item,):
+            for action in parts(item):
                 stage, kind, mb = action
                 forward_in, backward_in, forward_out, backward_out = links[stage]
                 if kind == "F":
@@ -180,7 +180,6 @@ class Walk:
         # reductions in order, one at a time (no contention here)
         self.dp = DPStreams(self.timeline, num_ranks, inp.grad_buckets)
         self.link_free_s: dict[tuple[int, int], float] = {}
-        self.produced: list[int] | None = None  # when a list: every slot produced is appended (steady.py)
 
     def advance(self, limits: list[int] | None = None) -> None:
         """Evaluate items until each rank has run up to its limit (all of them: None) or waits
@@ -189,7 +188,7 @@ class Walk:
         arrival_s, sent_s, link_free_s = self.arrival_s, self.sent_s, self.link_free_s
         transfers, send_waits = timeline.transfers, timeline.send_waits
         action_s, transfer_s = inp.action_s, inp.transfer_s
-        action_buckets, dp, produced = inp.action_buckets, self.dp, self.produced
+        action_buckets, dp = inp.action_buckets, self.dp
         blocking, overlap = inp.send_blocking, inp.overlap_grad_sync
         position, clock_s, sends_done_s = self.position, self.clock_s, self.sends_done_s
         num_ranks = len(plan)
@@ -239,8 +238,6 @@ class Walk:
                         link_free_s[link] = tx_end
                         sent_s[gives] = now
                         arrival_s[gives] = tx_end
-                        if produced is not None:
-                            produced.append(gives)
                         transfers.append(TransferRecord(rank, consumer, action, tx_start, tx_end))
                         if tx_end > sends_done:
                             sends_done = tx_end

@@ -200,7 +200,6 @@ def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTime
     timeline = SteadyTimeline(num_ranks, actions=[[] for _ in range(num_ranks)])
     walk = Walk(inp, plan, timeline)
     q, p, start, end, consumer = layers.shift, layers.items, layers.start, layers.end, layers.consumer
-    walk.produced = []
     marks = _Marks(timeline)
     position = walk.position
     live: set[int] = set()
@@ -208,9 +207,11 @@ def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTime
     previous = None  # (state, positions) at the last boundary
     layer = 0
     while all(start[r] + layer * p[r] <= end[r] for r in range(num_ranks) if p[r]):
+        ran_from = list(position)
         walk.advance([start[r] + layer * p[r] if p[r] else 0 for r in range(num_ranks)])
-        live.update(walk.produced)
-        walk.produced.clear()
+        # the slots the items just run produced (a step's outputs lead with their slot, -1 for none)
+        live.update(output[0] for r in range(num_ranks) for step in plan[r][ran_from[r]:position[r]]
+                    for output in step[3] if output[0] >= 0)
         live = {slot for slot in live if position[consumer[slot][0]] <= consumer[slot][1]}
         marks.settle(timeline, offset_s)
         base_s = max(walk.clock_s)
@@ -252,7 +253,6 @@ def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTime
         timeline.skipped.append((skip, q, cycle_s, per_layer))
     marks.settle(timeline, offset_s)
     _shift_times(walk, live, offset_s)
-    walk.produced = None
     walk.advance()
     timeline = walk.finish()
     if any(records and records[-1].index != len(plan[r]) - 1 for r, records in enumerate(timeline.actions)):

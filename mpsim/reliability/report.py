@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpsim.reliability.goodput import GoodputReport
+from mpsim.reliability.goodput import SECONDS_PER_DAY, GoodputReport
 from mpsim.reliability.order_stats import Lognormal, Percentiles, max_of_replicas, replica_distribution
 from mpsim.reliability.sampling import ReplicaSamples
 from mpsim.units import format_bytes, format_seconds
@@ -96,7 +96,7 @@ def format_goodput(g: GoodputReport) -> str:
     lost = run.wall_s - run.training_s
 
     def share(seconds: float) -> str:
-        return f"{seconds / 86400:.2f} days ({seconds / lost:.0%} of lost)" if lost > 0 else "0 days"
+        return f"{seconds / SECONDS_PER_DAY:.2f} days ({seconds / lost:.0%} of lost)" if lost > 0 else "0 days"
 
     by = ", ".join(f"{c} {rate * 24:.2f}" for c, rate in g.failures.per_hour.items())
     return "\n".join([

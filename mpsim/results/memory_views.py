@@ -4,7 +4,7 @@ The lines come from the engine's timeline: activations are allocated when a forw
 starts and freed when the backward that consumes them ends
 (``memory.activation_timeline``); model state, buffers and reserved memory are the floor
 for the whole step. The same memory as a PyTorch memory snapshot is
-``memory_snapshot`` (re-exported here for the CLI).
+written by ``mpsim/results/memory_snapshot.py``.
 
 A plot of every rank of a deep pipeline would be a tangle, so past ``ALL_RANKS_UP_TO``
 ranks it draws a few chosen ones (the first two, the middle one, the last two and the one
@@ -22,7 +22,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mpsim.results.memory import RankMemory, activation_timeline  # noqa: E402
-from mpsim.results.memory_snapshot import memory_snapshot, write_memory_snapshot  # noqa: E402, F401 (the CLI's import)
 from mpsim.simulate import SimulationResult  # noqa: E402
 
 GiB = 2.0**30

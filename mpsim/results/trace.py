@@ -37,7 +37,8 @@ _THREADS = {"compute": 0, "tp": 1, "pp": 2, "dp": 3}
 _THREAD_NAMES = {0: "compute", 1: "TP collectives", 2: "pipeline sends", 3: "DP gradients / optimizer"}
 
 
-def _ns(seconds: float) -> int:
+def whole_ns(seconds: float) -> int:
+    """Seconds as whole nanoseconds (traces and the HTML report count time in them)."""
     return round(seconds * 1e9)
 
 
@@ -45,7 +46,7 @@ def _slice(pid: int, tid: int, start_s: float, end_s: float, name: str, category
            args: dict[str, Any] | None = None) -> Row:
     """Start and end rounded to whole nanoseconds each on its own (not the start plus a rounded
     duration), so a slice that ends where another ends or starts still does after rounding."""
-    start, end = _ns(start_s), _ns(end_s)
+    start, end = whole_ns(start_s), whole_ns(end_s)
     return ("X", pid, tid, start, max(start, end), name, category, args)
 
 
@@ -95,7 +96,7 @@ def _full_rows(result: SimulationResult, ops: bool, reference: BubbleReference |
             for segment in result.cost(item).segments:
                 tid = _THREADS[segment.stream]
                 op_start_s = record.start_s + segment.offset_s
-                start, end = _ns(op_start_s), _ns(op_start_s + segment.duration_s)
+                start, end = whole_ns(op_start_s), whole_ns(op_start_s + segment.duration_s)
                 if tid == 0:
                     start, end = max(start, free_ns), min(end, action_end_ns)
                     end = free_ns = max(start, end)

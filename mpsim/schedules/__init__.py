@@ -11,7 +11,7 @@ from pathlib import Path
 from mpsim.errors import did_you_mean
 from mpsim.schedules.actions import (Action, Item, Overlapped, Schedule, ScheduleTextError, flat,
                                     load_schedule_file, parts, schedule_from_text)
-from mpsim.schedules.registry import SCHEDULES, canonical_name, generate
+from mpsim.schedules.registry import SCHEDULES, canonical_name, chunks_per_rank, generate
 from mpsim.schedules.validate import ScheduleError, validate
 from mpsim.schedules.zb_search import Timer
 
@@ -72,4 +72,4 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
 
 
 __all__ = ["Action", "Item", "Overlapped", "SCHEDULES", "Schedule", "ScheduleError", "build_schedule",
-           "canonical_name", "flat", "parts", "schedule_from_text", "schedule_names", "validate"]
+           "canonical_name", "chunks_per_rank", "flat", "parts", "schedule_from_text", "schedule_names", "validate"]

@@ -69,6 +69,15 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(key, ALIASES.get(key.replace("-", ""), key))
 
 
+def chunks_per_rank(name: str, vpp: int) -> int:
+    """The model chunks per rank schedule ``name`` runs when asked for ``vpp``: ``vpp`` when
+    the schedule allows it, else the nearest it allows (what ``mpsim compare`` runs)."""
+    kind = SCHEDULES[canonical_name(name)]
+    if kind.max_vpp is not None and vpp > kind.max_vpp:
+        return kind.max_vpp
+    return max(vpp, kind.min_vpp)
+
+
 def stage_chains(name: str, pp: int, vpp: int) -> tuple[int, ...]:
     """Chain lengths a registered schedule's stages form ((): one chain); () for files and unknown names."""
     kind = SCHEDULES.get(canonical_name(name)) if not name.startswith("file:") else None

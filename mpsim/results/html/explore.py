@@ -24,15 +24,22 @@ def _out_of_memory(record: dict[str, Any]) -> bool:
     return record["status"] == "oom" or bool((record.get("metrics") or {}).get("out_of_memory"))
 
 
+def _fits(record: dict[str, Any]) -> bool:
+    return record["status"] == "ok" and not _out_of_memory(record)
+
+
+def _fitting_first(records: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """Finished records, the simulated ones that fit first (fastest first), then the others."""
+    done = [r for r in records if r is not None]
+    fitting = sorted((r for r in done if _fits(r)), key=lambda r: r["metrics"]["step_time_s"])
+    return fitting + [r for r in done if not _fits(r)]
+
+
 def records_rows(records: Sequence[dict[str, Any] | None], fields: Sequence[str]) -> list[dict[str, Any]]:
     """One row per finished record: its fields by their short names, its metrics, status and
     error; simulated layouts that fit first (fastest first), then the others."""
-    done = [r for r in records if r is not None]
-    fitting = sorted((r for r in done if r["status"] == "ok" and not _out_of_memory(r)),
-                     key=lambda r: r["metrics"]["step_time_s"])
-    rest = [r for r in done if not (r["status"] == "ok" and not _out_of_memory(r))]
     rows = []
-    for record in fitting + rest:
+    for record in _fitting_first(records):
         metrics = record.get("metrics") or {}
         row = {name: record["point"].get(name) for name in fields}
         row.update({key: metrics.get(key) for key, _, _ in METRICS[:5]})
@@ -66,9 +73,8 @@ def write_records_report(path: str | Path, title: str, subtitle: str, records: S
                                   "x_label": "peak memory per device", "y_label": f"throughput ({unit}/s)",
                                   "capacity": capacity})
     runs = []
-    best = next((r for r in records if r is not None and r["status"] == "ok" and not _out_of_memory(r)
-                 and rows and r["point"].get(fields[0]) == rows[0].get(fields[0])
-                 and all(str(r["point"].get(f)) == str(rows[0].get(f)) for f in fields)), None)
+    ordered = _fitting_first(records)
+    best = ordered[0] if ordered and _fits(ordered[0]) else None
     if best is not None and best_run is not None:
         result, summary, reference = best_run(best["point"])
         runs.append((result, summary, reference, f"best layout: {summary.scenario}"))

@@ -19,16 +19,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from mpsim.results.idle import KINDS as IDLE_KINDS
 from mpsim.results.idle import idle_intervals
 from mpsim.results.memory import activation_timeline
 from mpsim.results.metrics import Summary
 from mpsim.results.report import summary_dict
+from mpsim.results.trace import whole_ns
 from mpsim.schedules.actions import Overlapped
 from mpsim.simulate import BubbleReference, SimulationResult
 
-# drawing order and colours of the kinds, shared with the PNG timeline (mpsim/results/plot.py)
+# drawing order, colours and names of the kinds in the report (the PNG timeline keeps its own, mpsim/results/plot.py)
 ACTION_KINDS = ("F", "B", "W", "FB")
-IDLE_KINDS = ("schedule", "imbalance", "stage-wait", "transfer", "send")
 SYNC_KINDS = ("dp-comm", "embedding-sync", "optimizer")
 KINDS = ACTION_KINDS + IDLE_KINDS + SYNC_KINDS
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#8C8C3F", "FB": "#3E9C9C", "schedule": "#E4E4E4",
@@ -39,10 +40,6 @@ LABELS = {"F": "forward", "B": "backward", "W": "weight gradient", "FB": "forwar
           "transfer": "idle: transfer in flight", "send": "idle: own blocking send",
           "dp-comm": "gradient reduction", "embedding-sync": "embedding gradient sync", "optimizer": "optimizer step"}
 OPS_SHOWN = 8  # ops listed per action on hover; the rest are summed as "other"
-
-
-def _ns(seconds: float) -> int:
-    return round(seconds * 1e9)
 
 
 class _Costs:
@@ -63,14 +60,14 @@ class _Costs:
             name = segment.label.rsplit(" ", 1)[-1]
             by_op[f"{name} ({segment.stream})"] += segment.duration_s
         ranked = sorted(by_op.items(), key=lambda item: -item[1])
-        ops = [[name, _ns(seconds)] for name, seconds in ranked[:OPS_SHOWN]]
+        ops = [[name, whole_ns(seconds)] for name, seconds in ranked[:OPS_SHOWN]]
         rest = sum(seconds for _, seconds in ranked[OPS_SHOWN:])
         if rest > 0:
-            ops.append([f"{len(ranked) - OPS_SHOWN} other ops", _ns(rest)])
-        exposed = [[group, _ns(seconds)] for group, seconds in cost.exposed_by_group if seconds > 0]
+            ops.append([f"{len(ranked) - OPS_SHOWN} other ops", whole_ns(rest)])
+        exposed = [[group, whole_ns(seconds)] for group, seconds in cost.exposed_by_group if seconds > 0]
         if cost.dp_exposed_s > 0:
-            exposed.append(["zero-gather", _ns(cost.dp_exposed_s)])
-        self.entries.append({"duration": _ns(cost.duration_s), "compute": _ns(cost.compute_s),
+            exposed.append(["zero-gather", whole_ns(cost.dp_exposed_s)])
+        self.entries.append({"duration": whole_ns(cost.duration_s), "compute": whole_ns(cost.compute_s),
                              "tflop": round(cost.flops / 1e12, 3), "exposed": exposed, "ops": ops})
         self.index[key] = len(self.entries) - 1
         return self.index[key]
@@ -90,9 +87,9 @@ def _rank_actions(result: SimulationResult, rank: int, costs: _Costs) -> dict[st
             microbatch.append(item.microbatch)
             pair.append(-1)
             chunk.append(item.stage)
-        begin = _ns(record.start_s)
+        begin = whole_ns(record.start_s)
         start.append(begin)
-        duration.append(max(0, _ns(record.end_s) - begin))
+        duration.append(max(0, whole_ns(record.end_s) - begin))
         cost.append(costs.of(result.cost(item)))
     return {"start": start, "duration": duration, "kind": kind, "microbatch": microbatch, "pair": pair,
             "chunk": chunk, "cost": cost}
@@ -103,9 +100,9 @@ def _rank_idle(result: SimulationResult, rank: int, reference: BubbleReference |
     waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
     start, duration, kind = [], [], []
     for gap in idle_intervals(timeline, rank, timeline.pipeline_end_s, waits):
-        begin = _ns(gap.start_s)
+        begin = whole_ns(gap.start_s)
         start.append(begin)
-        duration.append(max(0, _ns(gap.end_s) - begin))
+        duration.append(max(0, whole_ns(gap.end_s) - begin))
         kind.append(KINDS.index(gap.kind))
     return {"start": start, "duration": duration, "kind": kind}
 
@@ -114,7 +111,7 @@ def _rank_memory(result: SimulationResult, summary: Summary, rank: int) -> dict[
     memory = summary.memory[rank]
     points = activation_timeline(result.timeline, result.workload, rank)
     return {"resident": round(memory.peak_memory_bytes - memory.activations_peak_bytes),
-            "peak": round(memory.peak_memory_bytes), "time": [_ns(t) for t, _ in points],
+            "peak": round(memory.peak_memory_bytes), "time": [whole_ns(t) for t, _ in points],
             "activations": [round(level) for _, level in points]}
 
 
@@ -129,12 +126,12 @@ def run_payload(result: SimulationResult, summary: Summary, reference: BubbleRef
         ranks.append({
             "actions": _rank_actions(result, rank, costs),
             "idle": _rank_idle(result, rank, reference),
-            "syncs": {"start": [_ns(s.start_s) for s in syncs],
-                      "duration": [max(0, _ns(s.end_s) - _ns(s.start_s)) for s in syncs],
+            "syncs": {"start": [whole_ns(s.start_s) for s in syncs],
+                      "duration": [max(0, whole_ns(s.end_s) - whole_ns(s.start_s)) for s in syncs],
                       "kind": [KINDS.index(s.kind) for s in syncs], "label": [s.label for s in syncs]},
             "memory": _rank_memory(result, summary, rank),
         })
-    return {"title": title, "summary": summary_dict(summary), "step_ns": _ns(timeline.step_time_s),
+    return {"title": title, "summary": summary_dict(summary), "step_ns": whole_ns(timeline.step_time_s),
             "ranks": ranks, "costs": costs.entries}
 
 
