@@ -12,10 +12,17 @@ device count). For each, the engine input is built once and timed through
   schedule and finds its repeated structure (both cached per schedule), and the best
   of five calls after it.
 
-Each step time is checked against the engine's (1e-9 relative). The last line is
+* the compiled longest path (``mpsim.engine.simulate_compiled``, numba): best of five
+  calls after a first one, with its per-action records (what the planner's summaries
+  read) and without them (the step time, rank ends and syncs: what an analytical tool
+  gives).
+
+Each step time is checked against the engine's (1e-9 relative). The fast path of a row is
+the faster of the steady walk and the compiled loop without records. The last line is
 ``m4096_over_m64=<r> fast_1t_3072_ms=<t> engine_over_fast=<e>``: the fast path's time at
 4,096 microbatches over its time at 64, its time for the 1T layout itself (64 stages, 64
-microbatches) in milliseconds, and the engine's time over the fast path's there.
+microbatches) in milliseconds, and the engine's time over the fast path's there. The
+line before it gives the same ratio for the steady walk and the compiled loop alone.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import argparse
 import time
 from pathlib import Path
 
-from mpsim.engine import EngineInput, Timeline, simulate as engine_simulate, simulate_steady
+from mpsim.engine import EngineInput, Timeline, simulate as engine_simulate, simulate_compiled, simulate_steady
+from mpsim.engine.compiled import available
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 
@@ -60,8 +68,19 @@ def measure(pp: int, microbatches: int, with_engine: bool) -> dict[str, float]:
         fast = simulate_steady(inp)
         best = min(best, time.perf_counter() - start)
     assert fast.step_time_s == first.step_time_s
+    compiled = {}
+    for records in (True, False):
+        simulate_compiled(inp, records=records)
+        compiled[records] = float("inf")
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            timeline = simulate_compiled(inp, records=records)
+            compiled[records] = min(compiled[records], time.perf_counter() - start)
+        assert abs(timeline.step_time_s - fast.step_time_s) <= 1e-9 * fast.step_time_s
     row = {"pp": pp, "m": microbatches, "actions": sum(len(a) for a in inp.schedule.actions), "fast_cold_s": cold,
-           "fast_s": best, "skipped": fast.skipped_items, "step_s": fast.step_time_s, "engine_s": float("nan")}
+           "steady_s": best, "compiled_records_s": compiled[True], "compiled_s": compiled[False],
+           "fast_s": min(best, compiled[False]), "skipped": fast.skipped_items, "step_s": fast.step_time_s,
+           "engine_s": float("nan")}
     if with_engine:
         start = time.perf_counter()
         engine = engine_simulate(inp)
@@ -75,19 +94,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-engine", action="store_true", help="time the fast path only (the engine takes minutes)")
     args = parser.parse_args()
+    if not available():
+        parser.error("the compiled evaluator needs numba: pip install 'mpsim[fast]'")
     rows = []
-    print(f"{'pp':>4} {'m/pipe':>7} {'actions':>9} {'engine s':>9} {'fast 1st s':>10} {'fast s':>8} "
-          f"{'skipped':>9} {'engine/fast':>11}  step s")
+    print(f"{'pp':>4} {'m/pipe':>7} {'actions':>9} {'engine s':>9} {'steady 1st s':>12} {'steady s':>9} "
+          f"{'skipped':>9} {'compiled s':>10} {'no records s':>12} {'engine/fast':>11}  step s")
     for pp, micro in [(64, 64), (64, 256), (64, 1024), (64, 4096), (16, 256), (32, 256), (128, 256)]:
         row = measure(pp, micro, not args.no_engine)
         rows.append(row)
-        print(f"{pp:>4} {micro:>7} {row['actions']:>9} {row['engine_s']:>9.3f} {row['fast_cold_s']:>10.3f} "
-              f"{row['fast_s']:>8.4f} {row['skipped']:>9} {row['engine_s'] / row['fast_s']:>11.1f}  "
-              f"{row['step_s']:.4f}", flush=True)
+        print(f"{pp:>4} {micro:>7} {row['actions']:>9} {row['engine_s']:>9.3f} {row['fast_cold_s']:>12.3f} "
+              f"{row['steady_s']:>9.4f} {row['skipped']:>9} {row['compiled_records_s']:>10.5f} "
+              f"{row['compiled_s']:>12.5f} {row['engine_s'] / row['fast_s']:>11.1f}  {row['step_s']:.4f}", flush=True)
     by = {(r["pp"], r["m"]): r for r in rows}
     base = by[(64, 64)]
+    ratios = {name: by[(64, 4096)][name] / base[name] for name in ("steady_s", "compiled_records_s", "compiled_s")}
+    print("m4096_over_m64 by evaluator: " + " ".join(f"{name[:-2]}={r:.2f}" for name, r in ratios.items()))
     ratio = by[(64, 4096)]["fast_s"] / base["fast_s"]
-    print(f"m4096_over_m64={ratio:.2f} fast_1t_3072_ms={1e3 * base['fast_s']:.1f} "
+    print(f"m4096_over_m64={ratio:.2f} fast_1t_3072_ms={1e3 * base['fast_s']:.2f} "
           f"engine_over_fast={base['engine_s'] / base['fast_s']:.1f}")
 
 

@@ -4,13 +4,14 @@ Two evaluators of the same :class:`EngineInput` give the same :class:`Timeline`:
 engine (``core.py``, the reference, with links shared between concurrent transfers) and
 the longest-path evaluator (``longest_path.py``, faster, for inputs whose every resource
 has one writer; ``supports`` tells which), which ``steady.py`` runs with the repeated middle of a
-pipeline skipped where it repeats exactly.
+pipeline skipped where it repeats exactly, and ``compiled.py`` runs as one compiled loop (numba).
 """
 
+from mpsim.engine.compiled import simulate_compiled
 from mpsim.engine.core import EngineInput, GradBucket, simulate
 from mpsim.engine.longest_path import rank_spans, simulate_fast, supports
 from mpsim.engine.steady import SteadyTimeline, simulate_steady
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
 
 __all__ = ["ActionRecord", "EngineInput", "GradBucket", "SyncRecord", "Timeline", "TransferRecord", "rank_spans",
-           "simulate", "simulate_fast", "simulate_steady", "SteadyTimeline", "supports"]
+           "simulate", "simulate_compiled", "simulate_fast", "simulate_steady", "SteadyTimeline", "supports"]

@@ -73,10 +73,12 @@ class DPStreams:
         """A stage's gradients are final after the action running ``start``..``end``: queue its reductions."""
         self.add(rank, self.stage_buckets.get(stage, ()), start, end, f"stage {stage}")
 
-    def close(self, rank: int) -> None:
-        """The rank has run its last action: its gradients are done when its stream drains."""
+    def close(self, rank: int, compute_end_s: float | None = None) -> None:
+        """The rank has run its last action (ending at ``compute_end_s``; None: its last record's
+        end): its gradients are done when its stream drains."""
         if self.shared is None:
-            self.grad_done[rank] = max(self.free_s[rank], self._compute_end(rank))
+            end = self._compute_end(rank) if compute_end_s is None else compute_end_s
+            self.grad_done[rank] = max(self.free_s[rank], end)
             return
         self.closed[rank] = True
         if not self.busy[rank]:

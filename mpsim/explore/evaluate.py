@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mpsim.engine import EngineInput, Timeline, rank_spans, simulate as engine_simulate, simulate_fast, supports
+from mpsim.engine import EngineInput, Timeline, rank_spans, simulate as engine_simulate, simulate_compiled, supports
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
 from mpsim.resolve import resolve
@@ -72,7 +72,7 @@ def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: 
     layout = layout or resolve(scenario)
 
     def run(inp: EngineInput) -> Timeline:
-        return simulate_fast(inp) if engine == "fast" and supports(inp) else engine_simulate(inp)
+        return simulate_compiled(inp) if engine == "fast" and supports(inp) else engine_simulate(inp)
 
     return simulate(scenario, base_dir, engine=run, layout=layout,
                     schedule=schedule or schedule_for(scenario, layout, base_dir))

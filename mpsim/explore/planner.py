@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import pipeline_transfer_s
-from mpsim.engine import simulate as engine_simulate, simulate_fast, supports
+from mpsim.engine import simulate as engine_simulate, simulate_compiled, supports
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.bounds import rank_counts, step_lower_bound
@@ -256,7 +256,7 @@ class PlanEvaluator:
         costs = self._costs(prepared, schedule)
         inp = engine_input(scenario, layout, workload, schedule, model, costs)
         try:
-            timeline = simulate_fast(inp) if self.engine == "fast" and supports(inp) else engine_simulate(inp)
+            timeline = simulate_compiled(inp) if self.engine == "fast" and supports(inp) else engine_simulate(inp)
             result = SimulationResult(scenario, prepared.layout, inp.schedule, prepared.workload, costs, timeline, inp)
             metrics = {**summary_metrics(summarize(result)),
                        **self._bound(schedule, inp.action_s, inp.transfer_s, inp.finalize_s, costs)}

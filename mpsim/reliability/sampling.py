@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mpsim.cost.actions import CostModel
-from mpsim.engine import simulate as run_engine, simulate_fast, supports
+from mpsim.engine import simulate as run_engine, simulate_compiled, supports
 from mpsim.reliability.op_variation import OP_KINDS
 from mpsim.simulate import SimulationResult
 from mpsim.workload.ops import Op, Overlap, Pass
@@ -127,7 +127,7 @@ def sample_replica(result: SimulationResult, cv: dict[str, float], samples: int,
                           for key, buckets in sorted(inp.action_buckets.items(), key=lambda item: repr(item[0]))}
     sync_factors = [lognormal_factors(rng, cv["collective"], samples) for _ in inp.pair_syncs]
     optimizer_factors = [lognormal_factors(rng, cv["memory"], samples) for _ in inp.finalize_s]
-    engine = simulate_fast if supports(inp) else run_engine
+    engine = simulate_compiled if supports(inp) else run_engine
     times = []
     for i in range(samples):
         drawn = replace(
