@@ -396,6 +396,7 @@ def _calibration_cases() -> list[Case]:
 def cases() -> list[Case]:
     """Every case of the corpus, ids unique."""
     every = _set_cases() + _file_cases() + _hf_cases() + _schedule_cases() + _calibration_cases() + _cli_cases()
+    every += _trace_cases()
     ids = [case.id for case in every]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     return every
@@ -422,3 +423,26 @@ def judge(case: Case, exit_code: int | None, stderr: str) -> str:
     elif case.exit == 3 and case.expect and not all(fragment in stderr for fragment in case.expect):
         return "wrong-line"
     return "clean"
+
+
+def _trace_cases() -> list[Case]:
+    """``mpsim trace summary`` on broken profiler traces: one line naming the file."""
+    import gzip
+    import json
+
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+              "args": {"correlation": 1, "stream": 7, "device": 0}}
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100}
+    good = json.dumps({"traceEvents": [step, kernel]}).encode()
+    cpu_only = json.dumps({"traceEvents": [step]}).encode()
+
+    def summary(case_id: str, name: str, data: bytes, *expect: str, extra: tuple[str, ...] = ()) -> Case:
+        return Case(case_id, ("trace", "summary", name, *extra), (name, *expect), 2, {name: data})
+
+    return [
+        summary("trace truncated gzip", "t.json.gz", gzip.compress(good, mtime=0)[:30], "truncated"),
+        summary("trace not JSON", "t.json", b"{not json", "not valid JSON"),
+        summary("trace without traceEvents", "t.json", b'{"schemaVersion": 1}', "traceEvents"),
+        summary("trace without GPU kernels", "t.json", cpu_only, "no GPU kernels"),
+        summary("trace step absent", "t.json", good, "--step", "ProfilerStep#7", extra=("--step", "7")),
+    ]

@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("simulate",),  # the main path: scenario -> timeline
     ("results",),  # metrics, reports, traces and plots of a simulation
     ("reliability",),  # step-time distributions from op-time variation; failures, checkpoints and goodput
+    ("traces",),  # PyTorch profiler (Kineto) traces of real GPU runs: kernels, shapes, collectives, summaries
     ("torchio",),  # PyTorch modules on the meta device as layer stacks (optional)
     ("explore",),  # sweeps and the layout planner
     ("calibrate",),  # measuring a real device with PyTorch, fitting a profile, checking predictions

@@ -12,7 +12,7 @@ from mpsim.cli.common import Parser, check_output_paths
 from mpsim.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, InputError
 
 # one module per subcommand, each with register(commands)
-COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.report", "mpsim.cli.compare", "mpsim.cli.schedule", "mpsim.cli.hardware", "mpsim.cli.collective", "mpsim.cli.sweep", "mpsim.cli.plan", "mpsim.cli.calibrate", "mpsim.cli.validate", "mpsim.cli.import_torch", "mpsim.cli.listing"]
+COMMAND_MODULES = ["mpsim.cli.run", "mpsim.cli.report", "mpsim.cli.compare", "mpsim.cli.schedule", "mpsim.cli.hardware", "mpsim.cli.collective", "mpsim.cli.sweep", "mpsim.cli.plan", "mpsim.cli.calibrate", "mpsim.cli.validate", "mpsim.cli.import_torch", "mpsim.cli.listing", "mpsim.cli.trace"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,21 @@ GEMMs, attention kernels, memory-bound kernels, collectives and pipeline transfe
 figure belongs in ``PUBLISHED_CV`` only with a published measurement of that quantity
 behind it, named in a comment next to it.
 
-No such figure is in the table yet. What is published measures something else:
+The figures in the table are measured on published profiler traces of real A100
+training runs (Holistic Trace Analysis test data, github.com/facebookresearch/
+HolisticTraceAnalysis ``tests/data``, commit f4d0062, MIT licence): the same kernel's
+time from one training step to the next, per kind, as ``benchmarks/trace_variation.py``
+prints it (the method: ``mpsim/traces/variation.py``). GEMMs and memory-bound kernels
+only:
+
+* attention: the traces have no attention kernels;
+* collectives: an NCCL kernel's time includes its wait for the slowest peer (6 % and 41 %
+  step-to-step in the two devices' traces), which the order statistics over replicas
+  already model (``order_stats.py``); taking it as the op's own variation would count
+  the straggling twice;
+* pipeline transfers: a trace does not tell them from other NCCL send/receive kernels.
+
+Other published figures measure something else:
 
 * Sinha et al., "Not All GPUs Are Created Equal" (SC22, arXiv 2208.11035), report an
   average performance variation of 8 % (22 % at most) across nominally identical V100 and
@@ -15,8 +29,7 @@ No such figure is in the table yet. What is published measures something else:
 * The Llama 3 paper (arXiv 2407.21783, section 3.3.4) reports a 1-2 % throughput swing
   over a day from temperature, again for the whole job.
 
-Turning either into a per-kind coefficient of variation would need a distribution shape
-they do not give, so every kind must be given by the scenario (``variability.cv``) or a
+A kind without a figure must be given by the scenario (``variability.cv``) or a
 ``--set variability.cv.KIND=...`` override before ``mpsim run --samples`` draws anything.
 """
 
@@ -29,8 +42,15 @@ from mpsim.specs.scenario import Scenario
 OP_KINDS = ("gemm", "attention", "memory", "collective", "transfer")
 
 # accelerator name -> {op kind: coefficient of variation}, each with its source in a comment.
-# Empty: no published per-kind figure was found (see the module docstring).
-PUBLISHED_CV: dict[str, dict[str, float]] = {}
+PUBLISHED_CV: dict[str, dict[str, float]] = {
+    # HTA-TRACES negative_queue_length_values_check/rank0 (NVIDIA A100-SXM4-80GB, 5 steps of a
+    # 16-rank recommendation model): benchmarks/trace_variation.py
+    "a100-sxm-80gb": {"gemm": 0.0051, "memory": 0.0122},
+    # HTA-TRACES trace_diff/control and nccl_parser_config (NVIDIA A100-PG509-200, the 40 GB SXM4
+    # board: 108 SMs, 42.5 GB in the traces' deviceProperties; 6 and 3 steps), pooled:
+    # benchmarks/trace_variation.py
+    "a100-sxm-40gb": {"gemm": 0.0082, "memory": 0.0084},
+}
 
 
 def op_cvs(scenario: Scenario) -> dict[str, float]:

@@ -1,0 +1,76 @@
+"""A ``TraceSummary`` as the text ``mpsim trace summary`` prints, and as JSON-ready data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from mpsim.traces.summary import TraceSummary
+from mpsim.units import format_bytes, format_seconds
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:5.1f} %" if whole > 0 else "    -"
+
+
+def _rate(value: float | None, unit: float, suffix: str) -> str:
+    return f"{value / unit:.1f} {suffix}".rstrip() if value is not None else "-"
+
+
+def _cpu(summary: TraceSummary) -> str:
+    return f" (ProfilerStep on the CPU {format_seconds(summary.cpu_step_s)})" if summary.cpu_step_s is not None else ""
+
+
+def _steps_line(summary: TraceSummary) -> str:
+    if summary.steps == (None,):
+        return "whole trace (no ProfilerStep ranges recorded)"
+    if len(summary.steps) == 1:
+        return f"step {summary.steps[0]}"
+    return f"mean over {len(summary.steps)} steps ({summary.steps[0]}..{summary.steps[-1]})"
+
+
+def format_summary(summary: TraceSummary, top: int = 10) -> str:
+    """The summary as aligned text: times, the ``top`` GEMM shapes and collective groups."""
+    rank = f"rank {summary.rank}" if summary.rank is not None else "rank ?"
+    world = f" of {summary.world_size}" if summary.world_size is not None else ""
+    times = (f"  {_steps_line(summary)}: on the GPU {format_seconds(summary.span_s)}{_cpu(summary)}, busy "
+             f"{format_seconds(summary.busy_s)} ({_share(summary.busy_s, summary.span_s).strip()}), idle "
+             f"{format_seconds(summary.idle_s)}")
+    lines = [f"{summary.source}: {rank}{world}, {summary.device_name or 'unknown device'}", times,
+             "  busy by category (union of each category's kernels; streams may overlap):"]
+    for category, seconds in summary.category_s.items():
+        if seconds > 0:
+            lines.append(f"    {category:<16} {format_seconds(seconds):>10}  {_share(seconds, summary.span_s)}")
+            if category == "collective":
+                for kind, kind_s in summary.collective_kind_s.items():
+                    lines.append(f"      {kind:<14} {format_seconds(kind_s):>10}  {_share(kind_s, summary.span_s)}")
+    if summary.overlap_share is not None:
+        lines.append(f"  compute overlapping collectives: {format_seconds(summary.overlap_s)} "
+                     f"({100.0 * summary.overlap_share:.1f} % of collective time)")
+    shaped = sum(row.count for row in summary.gemms)
+    where = "in the step" if len(summary.steps) == 1 else f"in {len(summary.steps)} steps" \
+        if summary.steps != (None,) else "in the trace"
+    lines.append(f"  GEMM shapes ({shaped} of the {summary.gemm_kernels} GEMM kernels {where} have one; "
+                 f"largest total first):")
+    if summary.gemms:
+        lines.append(f"    {'op':<12} {'B':>4} {'M':>7} {'N':>7} {'K':>7} {'dtype':<5} {'count':>6} {'mean':>10} "
+                     f"{'TFLOP/s':>8}")
+    for row in summary.gemms[:top]:
+        lines.append(f"    {row.op:<12} {row.batch:>4} {row.m:>7} {row.n:>7} {row.k:>7} {row.dtype:<5} {row.count:>6} "
+                     f"{format_seconds(row.mean_s):>10} {_rate(row.achieved_flop_rate, 1e12, ''):>8}")
+    lines.append(f"  collectives ({summary.collective_kernels} kernels {where}; largest total first):")
+    if summary.collectives:
+        lines.append(f"    {'kind':<14} {'alg/proto':<12} {'ranks':>5} {'message':>11} {'count':>6} {'mean':>10} "
+                     f"{'algbw':>11} {'busbw':>11}")
+    for row in summary.collectives[:top]:
+        algo = "/".join(part for part in (row.algorithm, row.protocol) if part) or "-"
+        size = format_bytes(row.message_bytes) if row.message_bytes is not None else "-"
+        ranks = str(row.group_size) if row.group_size is not None else "-"
+        lines.append(f"    {row.kind:<14} {algo:<12} {ranks:>5} {size:>11} {row.count:>6} "
+                     f"{format_seconds(row.mean_s):>10} {_rate(row.algbw_bytes_per_s, 1e9, 'GB/s'):>11} "
+                     f"{_rate(row.busbw_bytes_per_s, 1e9, 'GB/s'):>11}")
+    return "\n".join(lines)
+
+
+def summary_dict(summary: TraceSummary) -> dict:
+    """The summary as JSON-ready data: SI units (seconds, bytes, FLOP/s), names say which."""
+    return asdict(summary)
