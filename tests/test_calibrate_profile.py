@@ -17,9 +17,10 @@ from mpsim.calibrate.fit import fitting
 from mpsim.calibrate.fit.build import compute_profile, links_profile, split_backward
 from mpsim.calibrate.check.compare import fit_in_range
 from mpsim.calibrate.fit.fitting import weight_slowdown
-from mpsim.calibrate.measure.jobs import (MeasureSettings, calibration_job, measured_ops, validation_job,
+from mpsim.calibrate.measure.jobs import (MeasureSettings, measured_ops, validation_job,
                                   validation_plan)
 from mpsim.calibrate.measure.machine import CpuSample, foreign_share, worker_environment
+from mpsim.calibrate.runner import calibration_job
 from mpsim.calibrate.check.measured import framework_gaps, order_mismatch, parse_steps
 from mpsim.cli import main
 from mpsim.cost.actions import CostModel
@@ -156,13 +157,18 @@ def test_split_backward_merges_over_ranks_and_rejects_an_impossible_measurement(
         weight_slowdown(0.01, 0.012, 0.001)
 
 
-def test_only_the_validation_job_measures_the_split_backward():
+def test_only_the_validation_model_measures_the_split_backward():
     plan = validation_plan(VALIDATION, ["1f1b", "zbv"], 2)
     job = validation_job(plan, "cpu", MeasureSettings())
     assert job["split"]["shape"]["layers"] == 8 and job["split"]["shape"]["hidden"] == 512
-    # a calibration job prices a scenario at its per-rank shapes; one whole layer of a large model is not one
-    assert "split" not in calibration_job(load_scenario(SCENARIOS / "gpt3_175b_64xa100.yaml").scenario, "cpu",
-                                          MeasureSettings())
+    # a calibration job prices a scenario at its per-rank shapes; one whole layer of a large model is not a
+    # microbenchmark, so its split backward is the validation model's, measured with the fit schedule
+    _, scenario, calibration = calibration_job("cpu", 2, str(SCENARIOS / "gpt3_175b_64xa100.yaml"), [],
+                                               MeasureSettings())
+    assert scenario.model.hidden_size == 12288
+    assert calibration["split"]["shape"]["hidden"] == 512 and calibration["split"]["shape"]["layers"] == 8
+    assert [entry["name"] for entry in calibration["pipeline"]["schedules"]] == ["1f1b"]
+    assert "tp" not in calibration["phases"]
 
 
 def test_links_come_from_the_profile():
@@ -266,7 +272,12 @@ def test_validation_plan_places_stages_as_the_schedules_do():
     layout = resolve_layout(plan.variants["zbv"])
     schedule = build_schedule("zbv", layout.pp, layout.vpp, layout.num_microbatches)
     assert schedule.stage_to_rank == (0, 1, 1, 0)  # the V
-    assert plan.tp_split.parallel.tp == 2 and plan.tp_single.parallel.tp == 1
+    # the TP check at the model's own width first, then at narrower and wider ones
+    assert [single.model.hidden_size for single, _ in plan.tp_pairs] == [512, 256, 768]
+    for single, split in plan.tp_pairs:
+        assert split.parallel.tp == 2 and single.parallel.tp == 1
+        assert split.model.hidden_size == single.model.hidden_size
+        assert single.model.ffn_hidden_size == 4 * single.model.hidden_size
 
 
 def test_commands_without_torch_say_how_to_install_it(monkeypatch, capsys):

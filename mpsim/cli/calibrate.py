@@ -1,4 +1,5 @@
-"""``mpsim calibrate``: measure this machine's ops and links with PyTorch into a calibration profile."""
+"""``mpsim calibrate``: measure this machine's ops and links with PyTorch, fit them on a real training job,
+and write the calibration profile (the same profile ``mpsim validate --out`` writes)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a field of the scenario measured (repeatable)")
     parser.add_argument("--wait", type=float, default=60.0, metavar="S",
-                        help="how long to wait for a busy machine to quiet down before refusing (default 60 s)")
+                        help="how long to wait for a busy machine to quiet down before refusing (default 60 s; "
+                             "not with --allow-busy)")
     parser.add_argument("--allow-busy", action="store_true",
-                        help="measure even when other processes still load the machine after --wait: a training "
+                        help="measure at once, without waiting for a busy machine (--wait is skipped): a training "
                              "step none of whose tries was quiet keeps its least disturbed try instead of being "
                              "dropped, and once the job's pauses for quiet are used up nothing is tried again; the "
                              "numbers, and how disturbed they were, are flagged in the report")
@@ -29,6 +31,10 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    if args.from_trace is not None:  # fitting profiler traces measures nothing and needs no torch
+        from mpsim.calibrate.from_trace import run_from_trace
+
+        return run_from_trace(args)
     from mpsim.calibrate import require_torch
     from mpsim.calibrate.measure.jobs import MeasureSettings
     from mpsim.calibrate.measure.launch import JobError
@@ -41,20 +47,27 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise InputError("must be 1 or more", "--ranks")
     say = (lambda text: print(text, file=sys.stderr))
     try:
-        profile = calibrate(args.device, args.scenario, args.overrides, MeasureSettings(), ranks=args.ranks,
-                            wait_s=args.wait, allow_busy=args.allow_busy, timeout_s=args.timeout, say=say)
+        outcome = calibrate(args.device, args.scenario, args.overrides, MeasureSettings(warmup_steps=1, steps=5),
+                            ranks=args.ranks, wait_s=args.wait, allow_busy=args.allow_busy, timeout_s=args.timeout,
+                            say=say)
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    profile = outcome.profile
     if args.out:
         write_profile(profile, args.out)
-        print(format_calibration(profile))
+        print(format_calibration(profile, outcome.fit_problems))
         print(f"profile written to {args.out}; name it from a scenario as `calibration: {args.out}`")
     else:
         import yaml
 
-        print(format_calibration(profile), file=sys.stderr)
+        print(format_calibration(profile, outcome.fit_problems), file=sys.stderr)
         print(yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False, width=120), end="")
+    if outcome.fit_problems:
+        print(f"error: the fit is out of its sensible range: {'; '.join(outcome.fit_problems)}; the measurements "
+              f"are not fit to predict with (a busy machine, or ops the job runs unlike their microbenchmarks)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -65,6 +78,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("scenario", nargs="?",
                         help="scenario whose ops to measure (default: the validation scenario for --device)")
     add_measure_args(parser)
-    parser.add_argument("--out", metavar="PROFILE", help="write the profile here (.yaml or .json); "
+    parser.add_argument("-o", "--out", metavar="PROFILE", help="write the profile here (.yaml or .json); "
                                                          "without it the profile is printed as YAML")
+    parser.add_argument("--from-trace", nargs="+", metavar="TRACE",
+                        help="fit the profile to PyTorch profiler (Kineto) traces of a real run instead of measuring "
+                             "(.json or .json.gz files, or folders of them); needs --system")
+    parser.add_argument("--system", metavar="SYSTEM",
+                        help="with --from-trace: the system whose accelerator and links price the datasheet model")
+    parser.add_argument("--accelerator", metavar="NAME",
+                        help="with --from-trace: the accelerator file of the traced device when it is not the "
+                             "system's own (e.g. a100-sxm-40gb in dgx-a100)")
     parser.set_defaults(handler=_calibrate)

@@ -11,6 +11,10 @@ from mpsim.errors import InputError
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.trace or args.trace_scenario:  # profiler traces against a scenario: no torch, nothing measured
+        from mpsim.cli.validate_trace import validate_trace
+
+        return validate_trace(args)
     from mpsim.calibrate import require_torch
     from mpsim.calibrate.measure.jobs import MeasureSettings
     from mpsim.calibrate.measure.launch import JobError
@@ -42,12 +46,17 @@ def _validate(args: argparse.Namespace) -> int:
         plot_validation(outcome.checks, args.plot)
         print(f"measured and simulated timelines written to {args.plot}", file=sys.stderr)
     print(format_validation(outcome))
+    if outcome.fit_problems:
+        print(f"error: the fit is out of its sensible range: {'; '.join(outcome.fit_problems)}; the predictions "
+              f"above rest on it", file=sys.stderr)
+        return 1
     return 0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``validate`` to the command parser."""
     from mpsim.calibrate.measure.jobs import DEFAULT_SCHEDULES
+    from mpsim.cli.validate_trace import add_trace_args
 
     parser = commands.add_parser(
         "validate", help="train a small model with PyTorch's pipeline schedules and compare mpsim's predictions")
@@ -63,4 +72,5 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="hardware file of the device (default local-cpu on cpu, hgx-h200 on cuda)")
     parser.add_argument("--out", metavar="PROFILE", help="write the measured profile, with its fit, here")
     parser.add_argument("--plot", metavar="FILE", help="write the measured and simulated timelines (.png, .svg)")
+    add_trace_args(parser)
     parser.set_defaults(handler=_validate)

@@ -8,10 +8,18 @@ and store phases (``gemm_tile_k``), memory-bound ops follow the HBM bandwidth, f
 attention kernels have their own published fraction of peak, or, where a sweep of the
 kernel over sequence lengths is published, its measured rate at the length each call
 sees (``attention_sweep``).
+
+``device_kind`` and ``device_names`` say which real devices the file describes, so a
+calibration profile measured on one device is not applied to another: a profile
+records the torch device kind and the name the device reported
+(``torch.cuda.get_device_name()``, a Kineto trace's ``deviceProperties.name``, or the
+CPU model), and :meth:`AcceleratorSpec.matches_device` compares them with the file's
+case-insensitive shell patterns.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from typing import Literal
 
@@ -117,6 +125,15 @@ class AcceleratorSpec(Spec):
     memory: MemorySpec
     compute_units: int = Field(gt=0, description="SMs / CUs / cores: parallel units GEMM tiles fill")
     efficiency: EfficiencySpec
+    device_kind: Literal["cpu", "cuda"] = Field(
+        "cuda", description="the torch device kind a calibration profile of this part records: cuda for GPUs "
+                            "(NVIDIA, and AMD's under ROCm), cpu for the host's cores")
+    device_names: list[str] = Field(
+        default_factory=list, description="names this part reports as a device (torch.cuda.get_device_name(), "
+                                          "nvidia-smi's name, a profiler trace's deviceProperties.name), as "
+                                          "case-insensitive shell patterns; a calibration profile measured on "
+                                          "a device whose name none of them matches is refused. Empty: no "
+                                          "profile is accepted")
 
     @model_validator(mode="after")
     def _positive_peaks(self) -> "AcceleratorSpec":
@@ -134,6 +151,13 @@ class AcceleratorSpec(Spec):
                 raise ValueError(f"efficiency.attention_sweep: {fastest / 1e12:.0f} TFLOP/s is above the 16-bit "
                                  f"peak of {peak / 1e12:.0f} TFLOP/s")
         return self
+
+    def matches_device(self, kind: str, name: str) -> bool:
+        """Whether a device of torch kind ``kind`` that reported ``name`` is this part."""
+        if kind != self.device_kind:
+            return False
+        reported = " ".join(name.split()).casefold()  # names come padded or with doubled spaces
+        return any(fnmatch.fnmatchcase(reported, pattern.casefold()) for pattern in self.device_names)
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``."""

@@ -20,6 +20,21 @@ datasheet efficiencies of the scenario's accelerator and links:
 * ``fit`` (written by ``mpsim validate``): a multiplier on every op's speed and a fixed
   overhead per action, fitted on one schedule of a real training job.
 
+A profile fitted from PyTorch profiler traces (``mpsim calibrate --from-trace``,
+``source: trace``) has no microbenchmark points. Its GEMMs are ``compute.gemm_fits``,
+one per math mode (tf32, fp32, ...): every kernel is a fixed part, a compute part and
+two memory parts, ``t = launch_s + flops / (peak_flops * efficiency) + operand_bytes /
+bandwidth + output_bytes / output_bandwidth``, so four numbers per dtype price every
+shape (the operands read once, the output written once; the fit and its checks are in
+``mpsim/calibrate/trace_fit``). Its collectives
+carry the NCCL ``algorithm`` and ``protocol`` they ran with, may be kinds the
+microbenchmarks never measure (send-recv, broadcast, all-to-all) and may lack ``ranks``
+when the trace did not say the group size; ``compute.launch`` holds the gaps between
+kernels; ``trace_fit`` the files, the held-out split and the errors before and after
+fitting. What such a profile lacks (attention, point-to-point sends, the streaming fit
+when no memory-bound kernel could be sized) stays absent and is priced from the
+datasheet.
+
 Each measured point carries its median ``seconds``, the ``spread`` of its repeats
 (interquartile range / median) and the number of ``samples``. Units are SI: seconds,
 bytes, bytes/s, FLOP, FLOP/s. The format is documented in ``docs/calibration.md``.
@@ -103,6 +118,11 @@ class StreamFit(_Strict):
     bandwidth: float = Field(gt=0)
     latency_s: float = Field(ge=0)
     rms_error: float = Field(0.0, ge=0)
+    max_bytes: float | None = Field(None, gt=0, description="the largest size fitted (trace fits): larger ones are "
+                                                            "priced from the datasheet, not extrapolated; null: any")
+
+    def covers(self, message_bytes: float) -> bool:
+        return self.max_bytes is None or message_bytes <= self.max_bytes
 
     def seconds(self, message_bytes: float) -> float:
         return self.latency_s + message_bytes / self.bandwidth
@@ -122,19 +142,77 @@ class SplitBackward(_Strict):
     samples: int = Field(1, ge=1, description="measurement passes")
 
 
+class GemmShapeFit(_Strict):
+    """GEMM kernel time against shape in one math mode, fitted on a trace's kernels:
+    ``t = launch_s + flops / (peak_flops * efficiency) + operand_bytes / bandwidth
+    + output_bytes / output_bandwidth``.
+
+    ``operand_bytes`` is both operands read once, ``batch * (m k + k n)`` elements of
+    ``element_bytes``; ``output_bytes`` the output written once, ``batch * m n`` of them.
+    They are priced apart because a kernel streams its operands through the L2 cache
+    while its output (and, when cuBLAS splits K, its partial outputs) goes to memory. A
+    term is switched off (its field null) when the kernels gave it no weight: the others
+    then carry the time.
+    """
+
+    dtype: str = Field(description="the math mode: tf32, fp32, bf16, fp16 or fp8")
+    element_bytes: int = Field(gt=0, description="bytes of one operand element as stored (4 for tf32 on fp32 tensors)")
+    peak_flops: float = Field(gt=0, description="the accelerator file's peak for the dtype, FLOP/s")
+    launch_s: float = Field(ge=0, description="fixed part of every kernel")
+    efficiency: float | None = Field(None, gt=0, description="fraction of peak_flops the compute part runs at")
+    bandwidth: float | None = Field(None, gt=0, description="bytes/s the operands are read at")
+    output_bandwidth: float | None = Field(None, gt=0, description="bytes/s the output is written at")
+    kernels: int = Field(0, ge=0, description="kernels fitted")
+    shapes: int = Field(0, ge=0, description="distinct (batch, m, n, k) among them")
+    median_error_pct: float = Field(0.0, ge=0, description="median absolute error on the fitted kernels")
+    max_flops: float | None = Field(None, gt=0, description="the largest GEMM fitted: larger ones are priced from the "
+                                                            "datasheet, not extrapolated; null: any")
+
+    def covers(self, flops: float) -> bool:
+        return self.max_flops is None or flops <= self.max_flops
+
+    def seconds(self, batch: int, m: int, n: int, k: int) -> float:
+        seconds = self.launch_s
+        if self.efficiency is not None:
+            seconds += 2.0 * batch * m * n * k / (self.peak_flops * self.efficiency)
+        if self.bandwidth is not None:
+            seconds += batch * (m * k + k * n) * self.element_bytes / self.bandwidth
+        if self.output_bandwidth is not None:
+            seconds += batch * m * n * self.element_bytes / self.output_bandwidth
+        return seconds
+
+
+class LaunchGaps(_Strict):
+    """Idle time between consecutive kernels of one stream, from a trace."""
+
+    waiting_gap_s: float | None = Field(None, ge=0, description="median gap when the next kernel's CPU op began after "
+                                                                  "the previous kernel ended: the GPU waited for the "
+                                                                  "CPU to launch it (the per-kernel cost of a "
+                                                                  "launch-bound step)")
+    waiting_samples: int = Field(0, ge=0)
+    queued_gap_s: float | None = Field(None, ge=0, description="median gap when the next kernel was launched "
+                                                                 "before the previous one ended: the device's own "
+                                                                 "kernel-to-kernel overhead, added to every op the "
+                                                                 "profile prices")
+    queued_samples: int = Field(0, ge=0)
+
+
 class ComputeProfile(_Strict):
     """Everything measured about compute ops, in one dtype."""
 
     dtype: str
     gemm_points: list[GemmPoint] = Field(default_factory=list)
-    gemm_curve: GemmCurve
+    gemm_curve: GemmCurve | None = Field(None, description="absent: GEMMs from gemm_fits, else the datasheet")
+    gemm_fits: list[GemmShapeFit] = Field(default_factory=list, description="fitted on trace kernels, one per dtype")
     attention_points: list[AttentionPoint] = Field(default_factory=list)
-    attention_curve: AttentionCurve
+    attention_curve: AttentionCurve | None = Field(None, description="absent: attention from the datasheet")
     memory_points: list[MemoryPoint] = Field(default_factory=list)
-    memory_fit: StreamFit = Field(description="over every memory-bound op measured: the streaming bandwidth")
+    memory_fit: StreamFit | None = Field(None, description="over every memory-bound op measured: the streaming "
+                                                             "bandwidth; absent: the datasheet's")
     memory_by_name: dict[str, StreamFit] = Field(default_factory=dict, description="per op name")
     split_backward: SplitBackward | None = Field(None, description="what a deferred weight gradient costs in the "
                                                                    "framework; absent: as its ops")
+    launch: LaunchGaps | None = Field(None, description="gaps between kernels seen in a trace")
 
 
 class SizePoint(Measured):
@@ -152,15 +230,25 @@ class LinkFit(StreamFit):
 class CollectiveFit(LinkFit):
     """Alpha-beta fit of one collective on a group of ``ranks``."""
 
-    kind: Literal["all-reduce", "all-gather", "reduce-scatter"]
-    ranks: int = Field(ge=2)
+    kind: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast", "reduce"]
+    bandwidth: float | None = Field(None, gt=0, description="bytes/s; null (trace fits only) when the time did "
+                                                            "not grow with size over the sizes seen: the line is "
+                                                            "its latency")
+    ranks: int | None = Field(None, ge=2, description="group size; null when the trace did not record it (such a fit "
+                                                "prices nothing, it documents what was seen)")
+    algorithm: str | None = Field(None, description="NCCL algorithm the kernels ran (RING, TREE, ...), from a trace")
+    protocol: str | None = Field(None, description="NCCL protocol (LL, LL128, SIMPLE), from a trace")
+    kernels: int = Field(0, ge=0, description="trace kernels fitted (0: microbenchmark points)")
+
+    def seconds(self, message_bytes: float) -> float:
+        return self.latency_s + (message_bytes / self.bandwidth if self.bandwidth is not None else 0.0)
 
 
 class LinksProfile(_Strict):
     """Point-to-point and collective costs between ranks of this machine."""
 
     backend: str = Field(description="torch.distributed backend measured: gloo or nccl")
-    p2p: LinkFit
+    p2p: LinkFit | None = Field(None, description="absent (a trace without sized sends): sends from the datasheet")
     collectives: list[CollectiveFit] = Field(default_factory=list)
 
 
@@ -169,12 +257,14 @@ class DeviceInfo(_Strict):
 
     kind: Literal["cpu", "cuda"]
     name: str
-    cores: int = Field(ge=1, description="CPU cores available to the job")
-    ranks: int = Field(ge=1, description="processes that ran at once")
-    threads_per_rank: int = Field(ge=1)
-    torch: str
-    python: str
-    platform: str
+    # a profile fitted from a trace knows the device but not the host that ran it: these are null there
+    cores: int | None = Field(None, ge=1, description="CPU cores available to the job")
+    ranks: int | None = Field(None, ge=1, description="processes that ran at once")
+    threads_per_rank: int | None = Field(None, ge=1)
+    torch: str | None = None
+    python: str | None = None
+    platform: str | None = None
+    compute_units: int | None = Field(None, ge=1, description="SMs the trace's device reported")
 
 
 class Conditions(_Strict):
@@ -202,10 +292,35 @@ class ActionFit(_Strict):
     rms_error_pct: float = Field(0.0, ge=0, description="of the per-action fit on its schedule")
 
 
+class HeldOutError(_Strict):
+    """Absolute relative error of predicted kernel times on kernels the fit never saw."""
+
+    kernels: int = Field(ge=0)
+    shapes: int = Field(ge=0, description="distinct shapes (GEMMs) or sizes (collectives) among them")
+    before_median_pct: float | None = Field(None, ge=0, description="datasheet model only")
+    before_max_pct: float | None = Field(None, ge=0)
+    after_median_pct: float | None = Field(None, ge=0, description="with the fitted profile")
+    after_max_pct: float | None = Field(None, ge=0)
+
+
+class TraceFitInfo(_Strict):
+    """Where a profile fitted from traces came from, and how well it predicts what it did not see."""
+
+    traces: list[str] = Field(description="trace files as they were named")
+    system: str = Field(description="system whose accelerator priced the datasheet model")
+    accelerator: str
+    held_out: str = Field(description="the rule that chose the held-out kernels")
+    gemm: HeldOutError
+    collectives: HeldOutError
+    skipped: dict[str, int] = Field(default_factory=dict, description="kernels not used, by reason")
+
+
 class CalibrationProfile(_Strict):
     """A calibration profile file (``docs/calibration.md``)."""
 
     format: Literal["mpsim-calibration/1"] = FORMAT
+    source: Literal["measurement", "trace"] = Field("measurement", description="measured by mpsim's own benchmarks, "
+                                                                                  "or fitted from profiler traces")
     description: str = ""
     created: str = Field("", description="UTC time of the measurement, ISO 8601")
     device: DeviceInfo
@@ -213,11 +328,14 @@ class CalibrationProfile(_Strict):
     compute: ComputeProfile
     links: LinksProfile | None = None
     fit: ActionFit | None = None
+    trace_fit: TraceFitInfo | None = None
 
 
 def write_profile(profile: CalibrationProfile, path: str | Path) -> None:
     """Write a profile as YAML (or JSON when the name ends in .json)."""
-    data = profile.model_dump(mode="json")
+    # exclude_none keeps a trace profile free of the host fields it cannot know; every
+    # optional field defaults to None, so the file reads back the same
+    data = profile.model_dump(mode="json", exclude_none=True)
     path = Path(path)
     if path.suffix == ".json":
         path.write_text(json.dumps(data, indent=1) + "\n")

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from mpsim.errors import InputError, did_you_mean
 from mpsim.paths import KIND_DIRS, data_roots, display_path, normalize_name, read_text
 from mpsim.specs.hf import from_hf_config, looks_like_hf
+from mpsim.specs.profile_device import check_profile_device
 from mpsim.specs.scenario import Scenario
 
 Path_ = tuple[str, ...]
@@ -378,11 +379,16 @@ def scenario_from_tree(tree: dict, file: Path, overrides: list[str] | tuple[str,
     parsed = [(parse_override(text), override_label(text)) for text in overrides]
     for (opath, value), olabel in parsed:
         apply_override(tree, opath, value, origins, base_dirs, olabel)
+    # where ``calibration:`` was written (the scenario file or a --set), before the
+    # reference is replaced by the profile file's own tree
+    calibration_source = origins.file_for(("calibration",))
     resolve_references(tree, origins, base_dirs)
     try:
         scenario = Scenario.model_validate(tree)
     except ValidationError as exc:
         raise validation_error(exc, origins) from None
+    check_profile_device(scenario, calibration_source, origins.sources.get(("calibration",), ""),
+                         origins.file_for, matching_accelerator_files)
     return LoadedScenario(scenario, origins, file)
 
 
@@ -396,3 +402,18 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
     file, tree = read_scenario_file(path)
     tree = {key: value for key, value in tree.items() if key != SWEEP_KEY}
     return scenario_from_tree(tree, file, overrides)
+
+
+def matching_accelerator_files(kind: str, name: str) -> list[str]:
+    """Accelerator files (shipped and on $MPSIM_PATH) that describe a ``kind`` device named ``name``."""
+    from mpsim.specs.accelerator import AcceleratorSpec
+
+    found = []
+    for path in sorted(set(_index("accelerator").values())):
+        try:
+            accelerator = AcceleratorSpec.model_validate(read_yaml(path))
+        except (InputError, ValidationError, TypeError):
+            continue  # a broken file is reported when a scenario names it
+        if accelerator.matches_device(kind, name):
+            found.append(display_path(path))
+    return found

@@ -160,16 +160,24 @@ def _steps(events: _Events, origin_us: float) -> tuple[Step, ...]:
     return tuple(sorted(steps, key=lambda step: (step.start_s, step.number)))
 
 
-def load_trace(path: str) -> Trace:
-    """One rank's trace from a Kineto ``.json`` or ``.json.gz`` file."""
+def load_trace(path: str, cpu_only: bool = False) -> Trace:
+    """One rank's trace from a Kineto ``.json`` or ``.json.gz`` file.
+
+    A trace without GPU kernels is refused unless ``cpu_only``: a pipeline run on CPU ranks
+    (the validation job over gloo) records only its ``ProfilerStep#N`` ranges and pass
+    annotations, which is what comparing passes needs (``compare.py``); it must have
+    annotations then.
+    """
     top = _read_json(path)
     if isinstance(top, list):  # Chrome's other trace layout: the bare list of events
         top = {"traceEvents": top}
     if not isinstance(top, dict) or not isinstance(top.get("traceEvents"), list):
         raise InputError("not a PyTorch profiler trace: no 'traceEvents' list", path)
     events = _Events(top["traceEvents"], path)
-    if not events.gpu:
+    if not events.gpu and not cpu_only:
         raise InputError("no GPU kernels in the trace (was it recorded with ProfilerActivity.CUDA?)", path)
+    if not events.gpu and not any(op.get("cat") == "user_annotation" for ops in events.ops.values() for op in ops):
+        raise InputError("neither GPU kernels nor record_function annotations in the trace", path)
     origin = events.origin_us
 
     # where each GPU event was launched: its runtime call, else the start of its flow
@@ -233,7 +241,7 @@ def load_trace(path: str) -> Trace:
             collective=collective))
     kernels.sort(key=lambda k: (k.start_s, k.stream, k.name))
 
-    device = _device(top, events.gpu)
+    device = _device(top, events.gpu) if events.gpu else {}  # a CPU-only trace names no GPU it ran on
     info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
     major, minor = _int_or_none(device.get("computeMajor")), _int_or_none(device.get("computeMinor"))
     annotations = sorted((cpu_op(op) for ops in events.ops.values() for op in ops
@@ -263,10 +271,11 @@ def trace_files(paths: list[str]) -> list[str]:
     return files
 
 
-def load_traces(paths: list[str]) -> list[Trace]:
+def load_traces(paths: list[str], cpu_only: bool = False, field: str | None = None) -> list[Trace]:
     """Every rank's trace from files or folders (one file per rank), sorted by rank (traces
-    without ``distributedInfo`` last, by file name)."""
+    without ``distributedInfo`` last, by file name); ``cpu_only`` as in :func:`load_trace`,
+    ``field`` names the option the paths came from in the error for none."""
     if not paths:
-        raise InputError("no trace file given")
-    traces = [load_trace(path) for path in trace_files(paths)]
+        raise InputError("no trace file given", field=field)
+    traces = [load_trace(path, cpu_only) for path in trace_files(paths)]
     return sorted(traces, key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.source))

@@ -58,9 +58,8 @@ def profile_lines(profile: CalibrationProfile) -> list[str]:
     return lines
 
 
-def fit_lines(outcome) -> list[str]:
-    fit = outcome.fit
-    verdict = "in range" if not outcome.fit_problems else "OUT OF RANGE: " + "; ".join(outcome.fit_problems)
+def fit_lines(fit, problems: list[str]) -> list[str]:
+    verdict = "in range" if not problems else "OUT OF RANGE: " + "; ".join(problems)
     return [f"fit on {fit.fitted_on}: efficiency multiplier {fit.efficiency_multiplier:.3f} (sensible: "
             f"{MULTIPLIER_RANGE[0]}-{MULTIPLIER_RANGE[1]}), action overhead {fit.action_overhead_s * 1e3:.2f} ms "
             f"(sensible: {OVERHEAD_RANGE_S[0] * 1e3:.0f}-{OVERHEAD_RANGE_S[1] * 1e3:.0f} ms); per-action rms "
@@ -106,14 +105,23 @@ def action_lines(outcome, limit: int = 4) -> list[str]:
     return lines
 
 
-def tp_lines(tp) -> list[str]:
-    if tp is None:
+def tp_lines(widths) -> list[str]:
+    """One line per MLP width of the TP check (the model's own first)."""
+    if not widths:
         return ["TP check     not run (needs 2 ranks or more)"]
-    return [f"TP check     DTensor MLP block, {tp.tokens} tokens, forward+backward: TP=1 "
-            f"{format_seconds(tp.measured_single_s)}, TP={tp.tp} {format_seconds(tp.measured_split_s)}: measured "
-            f"speed-up {tp.measured_speedup:.3f}, predicted {tp.predicted_speedup:.3f} "
-            f"({format_seconds(tp.predicted_single_s)} / {format_seconds(tp.predicted_split_s)}), error "
-            f"{tp.error_pct:+.1f} %"]
+    first = widths[0]
+    lines = [f"TP check     MLP block, {first.tokens} tokens, forward+backward, TP=1 against TP={first.tp} split the "
+             f"Megatron way (and through DTensor, whose own overhead mpsim does not model):"]
+    for tp in widths:
+        line = (f"  hidden {tp.hidden:>5}, FFN {tp.ffn_hidden:>5}: TP=1 {format_seconds(tp.measured_single_s)}, "
+                f"TP={tp.tp} {format_seconds(tp.measured_split_s)}: measured speed-up {tp.measured_speedup:.3f}, "
+                f"predicted {tp.predicted_speedup:.3f} ({format_seconds(tp.predicted_single_s)} / "
+                f"{format_seconds(tp.predicted_split_s)}), error {tp.error_pct:+.1f} %")
+        if tp.measured_dtensor_s is not None:
+            line += (f"; DTensor {format_seconds(tp.measured_dtensor_s)} (speed-up {tp.dtensor_speedup:.3f}, "
+                     f"{format_seconds(tp.dtensor_overhead_s)} over the written-out split)")
+        lines.append(line)
+    return lines
 
 
 def format_validation(outcome) -> str:
@@ -121,16 +129,18 @@ def format_validation(outcome) -> str:
     lines = ["mpsim validate: predicted against measured, PyTorch pipeline schedules on this machine"]
     lines += machine_lines(outcome.profile)
     lines += profile_lines(outcome.profile)
-    lines += fit_lines(outcome)
+    lines += fit_lines(outcome.fit, outcome.fit_problems)
     lines += ["", "step time = first rank's start of schedule.step() to the last action's end (no optimizer); "
                   "error = (predicted - measured) / measured"]
     lines += schedule_table(outcome)
-    lines += [""] + action_lines(outcome) + [""] + tp_lines(outcome.tp)
+    lines += [""] + action_lines(outcome) + [""] + tp_lines(outcome.tp_widths)
     med, worst, count = step_errors(outcome.checks)
     lines.append(f"median_abs_error_pct={med:.2f} max_abs_error_pct={worst:.2f} schedules={count}")
     return "\n".join(lines)
 
 
-def format_calibration(profile: CalibrationProfile) -> str:
+def format_calibration(profile: CalibrationProfile, fit_problems: list[str] | None = None) -> str:
+    """The short report of ``mpsim calibrate``: machine, fitted curves and the in-job fit."""
+    fit = fit_lines(profile.fit, fit_problems or []) if profile.fit is not None else []
     return "\n".join(["mpsim calibrate: " + (profile.description or "profile"), *machine_lines(profile),
-                      *profile_lines(profile)])
+                      *profile_lines(profile), *fit])

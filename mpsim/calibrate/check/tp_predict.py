@@ -1,10 +1,13 @@
-"""mpsim's prediction for the DTensor MLP check, and the check's verdict.
+"""mpsim's prediction for the MLP tensor-parallel check, and the check's verdict, per MLP width.
 
-The prediction prices the MLP ops of one layer (``mlp.*`` without the norm and the
-residual add: FC1, activation, FC2, their gradients, and under TP the all-reduces)
-with the calibrated cost model, forward plus backward, once at TP = 1 and once at the
-job's TP; the speed-up is their ratio. The scenarios have ``tp_comm_overlap_backward``
-off, as DTensor runs the input-gradient all-reduce after the GEMMs, not beside them.
+The check measures the split written out the Megatron way (what mpsim models) and,
+beside it, through DTensor, which is reported but not predicted
+(``mpsim/calibrate/measure/tp_check.py`` says why). The prediction prices the MLP ops
+of one layer (``mlp.*`` without the norm and the residual add: FC1, activation, FC2,
+their gradients, and under TP the all-reduces) with the calibrated cost model, forward
+plus backward, once at TP = 1 and once at the job's TP; the speed-up is their ratio.
+The scenarios have ``tp_comm_overlap_backward`` off, as both splits run the
+input-gradient all-reduce after the GEMMs, not beside them.
 """
 
 from __future__ import annotations
@@ -47,16 +50,28 @@ class TpCheck:
 
     tp: int
     tokens: int
+    hidden: int
+    ffn_hidden: int
     measured_single_s: float
     measured_split_s: float
     predicted_single_s: float
     predicted_split_s: float
     foreign_cpu_share: float
     slowdown: float
+    measured_dtensor_s: float | None = None  # the same split through DTensor (not what mpsim models)
 
     @property
     def measured_speedup(self) -> float:
         return self.measured_single_s / self.measured_split_s
+
+    @property
+    def dtensor_speedup(self) -> float | None:
+        return None if self.measured_dtensor_s is None else self.measured_single_s / self.measured_dtensor_s
+
+    @property
+    def dtensor_overhead_s(self) -> float | None:
+        """What DTensor adds to the written-out split, per forward+backward of the block."""
+        return None if self.measured_dtensor_s is None else self.measured_dtensor_s - self.measured_split_s
 
     @property
     def predicted_speedup(self) -> float:
@@ -68,7 +83,21 @@ class TpCheck:
 
 
 def tp_check(raw: dict, single: Scenario, split: Scenario, profile: CalibrationProfile) -> TpCheck:
-    """The verdict on the workers' TP measurement."""
-    return TpCheck(raw["tp"], single.parallel.microbatch_size * single.model.seq_length,
-                   raw["tp1"]["seconds"], raw["tpn"]["seconds"], mlp_seconds(single, profile),
-                   mlp_seconds(split, profile), raw.get("foreign_cpu_share", 0.0), raw.get("slowdown", 1.0))
+    """The verdict on the workers' TP measurement of one MLP width."""
+    return TpCheck(raw["tp"], single.parallel.microbatch_size * single.model.seq_length, single.model.hidden_size,
+                   single.model.ffn_hidden_size, raw["tp1"]["seconds"], raw["tpn"]["seconds"],
+                   mlp_seconds(single, profile), mlp_seconds(split, profile), raw.get("foreign_cpu_share", 0.0),
+                   raw.get("slowdown", 1.0), raw["dtensor"]["seconds"] if "dtensor" in raw else None)
+
+
+def tp_checks(raws: list[dict], pairs: list[tuple[Scenario, Scenario]], profile: CalibrationProfile) -> list[TpCheck]:
+    """The verdict on every MLP width the workers measured, in the plan's order (the model's own first)."""
+    if len(raws) != len(pairs):
+        raise ValueError(f"the TP check measured {len(raws)} widths for {len(pairs)} planned")
+    checks = []
+    for raw, (single, split) in zip(raws, pairs):
+        if raw.get("hidden") != single.model.hidden_size:
+            raise ValueError(f"the TP check measured hidden {raw.get('hidden')} where hidden "
+                             f"{single.model.hidden_size} was planned")
+        checks.append(tp_check(raw, single, split, profile))
+    return checks

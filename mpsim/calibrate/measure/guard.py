@@ -28,6 +28,7 @@ from mpsim.calibrate.measure.machine import cpu_sample, process_cpu_s
 
 MAX_TRIES = 3  # measurements of one thing under disturbance before keeping the least disturbed
 SLOWDOWN_LIMIT = 1.25  # canary a quarter slower than its reference: the machine is not itself
+SAY_EVERY_S = 10.0  # at most one progress line about pausing for quiet per this many seconds
 
 
 class Disturbance(NamedTuple):
@@ -88,8 +89,10 @@ class LoadGuard:
     """
 
     def __init__(self, device: torch.device, kind: str, limit: float, wait_budget_s: float,
-                 keep_disturbed: bool = False):
+                 keep_disturbed: bool = False, say=None):
         self.device = device
+        self.say = say  # told when the ranks pause for quiet (the job's progress), or None
+        self.said_s = -SAY_EVERY_S
         self.limit = limit
         self.wait_left_s = wait_budget_s
         self.keep_disturbed = keep_disturbed  # --allow-busy: keep the least disturbed try of anything
@@ -132,7 +135,7 @@ class LoadGuard:
             if not self.disturbed(self.check()):
                 return
 
-    def pause_to_retry(self) -> bool:
+    def pause_to_retry(self, disturbance: Disturbance | None = None) -> bool:
         """After a disturbed try: pause for quiet, and whether to try again.
 
         Always, unless disturbed measurements are kept and the wait budget is spent.
@@ -140,6 +143,12 @@ class LoadGuard:
         """
         if self.keep_disturbed and self.wait_left_s <= 0:
             return False
+        if self.say is not None and self.wait_left_s > 0 and time.monotonic() - self.said_s >= SAY_EVERY_S:
+            self.said_s = time.monotonic()
+            seen = "" if disturbance is None else (f" (other processes {100 * disturbance.share:.0f} % of the CPU, "
+                                                   f"speed canary {disturbance.slowdown:.2f}x)")
+            self.say(f"  machine disturbed{seen}: pausing for it to settle, then measuring again; "
+                     f"{self.wait_left_s:.0f} s of pauses left in this job")
         self.wait_for_quiet()
         return True
 
@@ -154,6 +163,6 @@ def least_disturbed(measure, guard: LoadGuard):
         disturbance = guard.check()
         if best is None or guard.score(disturbance) < guard.score(best[1]):
             best = (value, disturbance)
-        if not guard.disturbed(disturbance) or not guard.pause_to_retry():
+        if not guard.disturbed(disturbance) or not guard.pause_to_retry(disturbance):
             break
     return best

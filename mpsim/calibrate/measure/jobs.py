@@ -1,11 +1,13 @@
 """What a calibration or validation job measures, as the JSON the workers read.
 
-``mpsim calibrate`` measures the compute ops of a scenario (both attention paths), a
-sweep of square GEMMs for the efficiency curve, and the links. ``mpsim validate`` adds
-the real training job: the validation scenario under each schedule (its placement of
-stages on ranks comes from mpsim's own schedule, which reproduces PyTorch's order), and
-the DTensor MLP check at TP = 1 and TP = ranks; the ops of all of these are measured in
-the same job, before the training steps, so the fit and the check see the same machine.
+Both commands run a validation job: the compute ops (both attention paths), a sweep of
+square GEMMs for the efficiency curve, the links, and the real training job, the
+validation scenario under each schedule (its placement of stages on ranks comes from
+mpsim's own schedule, which reproduces PyTorch's order). ``mpsim calibrate`` runs only
+the fit schedule, and adds the ops of the scenario it calibrates for; ``mpsim validate``
+runs every schedule and the MLP check at TP = 1 and TP = ranks, at several widths. The
+ops are measured in the same job as the training steps, interleaved with them, so the
+fit and the check see the same machine.
 The validation job also measures what splitting a layer's backward into input and
 weight gradients costs in PyTorch (``mpsim/calibrate/measure/splitbench.py``).
 """
@@ -29,6 +31,11 @@ DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev")
 FIT_SCHEDULE = "1f1b"
 VALIDATION_SCENARIO = "validation-2xcpu"
 TP_CHECK_SEQUENCES = 8  # sequences per MLP call in the TP check: 1024 tokens, so the all-reduces are a small part
+# The TP check runs the MLP block at several widths, the model's own and scaled by these
+# factors (hidden and FFN alike): a prediction right at one shape can be right by luck,
+# and on a CPU the share of the all-reduces and of the framework's fixed costs changes
+# with the width. 0.5 and 1.5 keep the largest block a few seconds on one core.
+TP_CHECK_WIDTH_SCALES = (0.5, 1.0, 1.5)
 
 
 @dataclass
@@ -58,8 +65,8 @@ class ValidationPlan:
     schedules: list[str]
     variants: dict[str, Scenario] = field(default_factory=dict)  # per schedule
     unavailable: dict[str, str] = field(default_factory=dict)  # schedule -> why mpsim cannot plan it
-    tp_single: Scenario | None = None
-    tp_split: Scenario | None = None
+    # the TP check: per MLP width, the scenario at TP = 1 and at TP = ranks (the model's own width first)
+    tp_pairs: list[tuple[Scenario, Scenario]] = field(default_factory=list)
 
 
 def schedule_variant(path: Path, name: str, overrides: list[str]) -> Scenario:
@@ -93,9 +100,30 @@ def validation_plan(path: Path, schedules: list[str], ranks: int, overrides: lis
         tp = [*overrides, "parallel.pp=1", "parallel.vpp=1", "parallel.schedule=1f1b",
               f"parallel.microbatch_size={TP_CHECK_SEQUENCES}", f"parallel.global_batch_size={TP_CHECK_SEQUENCES}",
               "training.tp_comm_overlap_backward=false"]
-        plan.tp_single = load_scenario(path, [*tp, "parallel.tp=1", "cluster.num_devices=1"]).scenario
-        plan.tp_split = load_scenario(path, [*tp, f"parallel.tp={ranks}", f"cluster.num_devices={ranks}"]).scenario
+        for hidden, ffn in tp_check_widths(base, ranks):
+            width = [*tp, f"model.hidden_size={hidden}", f"model.ffn_hidden_size={ffn}"]
+            plan.tp_pairs.append((load_scenario(path, [*width, "parallel.tp=1", "cluster.num_devices=1"]).scenario,
+                                  load_scenario(path, [*width, f"parallel.tp={ranks}",
+                                                       f"cluster.num_devices={ranks}"]).scenario))
     return plan
+
+
+def tp_check_widths(base: Scenario, ranks: int) -> list[tuple[int, int]]:
+    """(hidden, FFN hidden) of each MLP block the TP check runs: the model's own first, then scaled ones.
+
+    A scaled width is rounded to a multiple of the model's heads times ``ranks`` (so
+    heads and the TP split divide it); a scale that rounds onto a width already
+    listed is left out.
+    """
+    model = base.model
+    step = model.num_attention_heads * ranks
+    widths = [(model.hidden_size, model.ffn_hidden_size)]
+    for scale in TP_CHECK_WIDTH_SCALES:
+        hidden = max(step, round(model.hidden_size * scale / step) * step)
+        ffn = max(ranks, round(model.ffn_hidden_size * hidden / model.hidden_size / ranks) * ranks)
+        if (hidden, ffn) not in widths:
+            widths.append((hidden, ffn))
+    return widths
 
 
 def _record_key(record: dict) -> tuple:
@@ -133,20 +161,16 @@ def model_shape(scenario: Scenario) -> dict:
             "dtype": scenario.training.dtype}
 
 
-def calibration_job(scenario: Scenario, device: str, settings: MeasureSettings) -> dict:
-    """Ops and links of one scenario (per-rank shapes; a whole layer of a large model would not fit,
-    so the split backward is left to the validation job's small model)."""
-    return {"device": device, "timeout_s": settings.group_timeout_s, "foreign_limit": settings.foreign_limit,
-            "wait_budget_s": settings.wait_budget_s, "keep_disturbed": settings.keep_disturbed,
-            "phases": ["ops", "links"],
-            "ops": measured_ops([scenario], scenario.training.dtype), "links": {"repeats": settings.link_repeats}}
+def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings,
+                   also_measure: tuple[Scenario, ...] = ()) -> dict:
+    """Ops, links, the pipeline schedules and the TP check of a validation plan.
 
-
-def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings) -> dict:
-    """Ops, links, the pipeline schedules and the TP check of a validation plan."""
+    ``also_measure``: scenarios whose ops the job measures too (``mpsim calibrate``'s
+    own scenario, whose profile the fit on the plan's schedule then completes).
+    """
     base = plan.base
-    tp_scenarios = [s for s in (plan.tp_single, plan.tp_split) if s is not None]
-    ops = measured_ops([base, *plan.variants.values(), *tp_scenarios], base.training.dtype)
+    tp_scenarios = [s for pair in plan.tp_pairs for s in pair]
+    ops = measured_ops([*also_measure, base, *plan.variants.values(), *tp_scenarios], base.training.dtype)
     entries = []
     for name, variant in plan.variants.items():
         layout = resolve(variant)
@@ -162,10 +186,11 @@ def validation_job(plan: ValidationPlan, device: str, settings: MeasureSettings)
            "pipeline": {"shape": shape, "microbatches": layout.num_microbatches,
                         "microbatch_size": layout.microbatch_size, "warmup_steps": settings.warmup_steps,
                         "steps": settings.steps, "seed": settings.seed, "schedules": entries}}
-    if plan.tp_split is not None:
+    if plan.tp_pairs:
         model = base.model
         job["phases"].append("tp")
-        job["tp"] = {"hidden": model.hidden_size, "ffn_hidden": model.ffn_hidden_size, "bias": model.linear_bias,
-                     "batch": TP_CHECK_SEQUENCES, "seq": model.seq_length, "repeats": settings.tp_repeats,
-                     "warmup": 3, "seed": settings.seed, "dtype": base.training.dtype}
+        job["tp"] = {"shapes": [{"hidden": single.model.hidden_size, "ffn_hidden": single.model.ffn_hidden_size}
+                                for single, _ in plan.tp_pairs],
+                     "bias": model.linear_bias, "batch": TP_CHECK_SEQUENCES, "seq": model.seq_length,
+                     "repeats": settings.tp_repeats, "warmup": 3, "seed": settings.seed, "dtype": base.training.dtype}
     return job

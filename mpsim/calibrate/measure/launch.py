@@ -62,9 +62,15 @@ def _tail(path: Path, lines: int = 6) -> str:
     return " | ".join(line.strip() for line in text[-lines:])
 
 
-def run_job(job: dict, world: int, threads: int, timeout_s: float, keep: bool = False) -> list[dict]:
-    """Run ``job`` on ``world`` worker processes; their results in rank order."""
+def run_job(job: dict, world: int, threads: int, timeout_s: float, keep: bool = False, progress=None) -> list[dict]:
+    """Run ``job`` on ``world`` worker processes; their results in rank order.
+
+    ``progress``, when given, gets each line the workers report on their phases
+    (``mpsim/calibrate/measure/progress.py``), prefixed with the time since the start.
+    """
     from mpsim.calibrate.measure.machine import worker_environment
+    from mpsim.calibrate.measure.progress import ProgressReader
+    from mpsim.explore.progress import format_duration
 
     folder = Path(tempfile.mkdtemp(prefix="mpsim-calibrate-"))
     job = {**job, "folder": str(folder), "world": world, "threads": threads}
@@ -82,9 +88,17 @@ def run_job(job: dict, world: int, threads: int, timeout_s: float, keep: bool = 
         logs.append((log, log_path))
         workers.append(subprocess.Popen([sys.executable, "-m", "mpsim.calibrate.measure.worker", str(job_file), str(rank)],
                                         env=env, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    reader = ProgressReader(folder)
+
+    def report() -> None:
+        for line in reader.new_lines() if progress is not None else ():
+            progress(f"[{format_duration(time.monotonic() - started)}] {line}")
+
     try:
         while any(w.poll() is None for w in workers):
+            report()
             if time.monotonic() > deadline:
                 raise JobError(f"the measurement job ran past {timeout_s:.0f} s and was stopped "
                                f"(worker logs in {folder})")
@@ -99,6 +113,7 @@ def run_job(job: dict, world: int, threads: int, timeout_s: float, keep: bool = 
                 worker.wait()
         for log, _ in logs:
             log.close()
+        report()
     results = []
     for rank in range(world):
         path = folder / f"rank{rank}.json"

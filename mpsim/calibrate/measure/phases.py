@@ -152,32 +152,49 @@ class PipelineRounds:
                     break
                 if best is None or self.guard.score(disturbance) < best[0]:
                     best = (self.guard.score(disturbance), step)
-                if not self.guard.pause_to_retry():
+                if not self.guard.pause_to_retry(disturbance):
                     break
             if best is not None and self.guard.keep_disturbed:
                 record["steps"].append({**best[1], "disturbed": True})
 
 
+def _quiet(text: str) -> None:
+    """No progress report."""
+
+
 def run_measurements(job: dict, rank: int, world: int, device: torch.device, kind: str, guard: LoadGuard,
-                     clock) -> dict:
-    """The job's phases on this rank: links, then op passes and pipeline rounds interleaved, then TP."""
+                     clock, say=_quiet) -> dict:
+    """The job's phases on this rank: links, then op passes and pipeline rounds interleaved, then TP.
+
+    ``say`` gets a line at the start of every phase and of every pass or round in it
+    (``mpsim/calibrate/measure/progress.py`` carries it to the user).
+    """
     phases, result = job["phases"], {}
     if "links" in phases:
         from mpsim.calibrate.measure.commbench import bench_links
 
         repeats = job.get("links", {}).get("repeats", 15)
+        say(f"links: point-to-point and collectives on {world} rank(s), {repeats} repeats per size ...")
         links, disturbance = least_disturbed(lambda: bench_links(rank, world, device, kind, repeats), guard)
         result["links"] = {**links, **disturbance.as_dict()}
     ops = OpPasses(job["ops"], device, kind, guard) if "ops" in phases else None
     split = SplitPasses(job["split"], device, kind, guard) if ops is not None and job.get("split") else None
+    if "pipeline" in phases:
+        names = ", ".join(entry["name"] for entry in job["pipeline"]["schedules"])
+        say(f"pipeline: building the model's stages and {job['pipeline']['warmup_steps']} warm-up step(s) of "
+            f"each schedule ({names}) ...")
     rounds = PipelineRounds(job["pipeline"], rank, device, guard, clock) if "pipeline" in phases else None
     steps = job["pipeline"]["steps"] if rounds is not None else 0
-    for index in range(max(MIN_OP_PASSES if ops is not None else 0, steps)):
+    passes = max(MIN_OP_PASSES if ops is not None else 0, steps)
+    for index in range(passes):
         if ops is not None:
+            say(f"ops: pass {index + 1} of {passes} over {len(ops.ops)} ops"
+                + (" and the split backward" if split is not None else "") + " ...")
             ops.run_pass()
         if split is not None:
             split.run_pass()
         if rounds is not None and index < steps:
+            say(f"pipeline: step {index + 1} of {steps} of {len(rounds.runners)} schedule(s) ...")
             rounds.run_round(index)
     if ops is not None:
         result["ops"] = ops.results()
@@ -188,6 +205,13 @@ def run_measurements(job: dict, rank: int, world: int, device: torch.device, kin
     if "tp" in phases and world >= 2:
         from mpsim.calibrate.measure.tp_check import run_tp_check
 
-        tp, disturbance = least_disturbed(lambda: run_tp_check(job["tp"], rank, world, device, kind), guard)
-        result["tp"] = {**tp, **disturbance.as_dict()}
+        shapes = job["tp"]["shapes"]
+        result["tp"] = []
+        for index, shape in enumerate(shapes):
+            config = {**job["tp"], **shape}
+            say(f"TP check: shape {index + 1} of {len(shapes)} (hidden {shape['hidden']}, FFN {shape['ffn_hidden']}), "
+                f"TP=1 against TP={world} ...")
+            tp, disturbance = least_disturbed(lambda: run_tp_check(config, rank, world, device, kind), guard)
+            result["tp"].append({**tp, **shape, **disturbance.as_dict()})
+    say("done; collecting the results")
     return result

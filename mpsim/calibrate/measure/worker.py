@@ -10,7 +10,7 @@ process per rank with the allocator and thread settings of
    ``links`` (point-to-point and collectives), ``ops`` (every compute op, all ranks at
    once, since that is how the cores are loaded during training) interleaved with
    ``pipeline`` (each PyTorch schedule: warm-up steps, then measured steps), then
-   ``tp`` (the DTensor MLP check);
+   ``tp`` (the MLP tensor-parallel check at several widths);
 3. writes ``rank<N>.json`` into the job's folder.
 
 A measurement taken while the machine was disturbed (other processes over the job's
@@ -36,6 +36,7 @@ import torch.distributed as dist
 from mpsim.calibrate.measure.guard import LoadGuard
 from mpsim.calibrate.measure.machine import cpu_name, load_average
 from mpsim.calibrate.measure.phases import run_measurements
+from mpsim.calibrate.measure.progress import ProgressWriter
 
 
 def main(argv: list[str]) -> int:
@@ -65,11 +66,12 @@ def main(argv: list[str]) -> int:
     try:
         from mpsim.calibrate.measure.timing import make_clock
 
+        say = ProgressWriter(folder, rank)
         guard = LoadGuard(device, kind, job["foreign_limit"], job.get("wait_budget_s", 0.0),
-                          job.get("keep_disturbed", False))
+                          job.get("keep_disturbed", False), say=say)
         clock = make_clock(kind)
         began = time.monotonic()
-        result.update(run_measurements(job, rank, world, device, kind, guard, clock))
+        result.update(run_measurements(job, rank, world, device, kind, guard, clock, say))
         result["measure_s"] = time.monotonic() - began  # waits for a quiet machine included
         result["wait_left_s"] = guard.wait_left_s
         result["load_average_after"] = load_average()

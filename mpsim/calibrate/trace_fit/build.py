@@ -1,0 +1,160 @@
+"""From trace samples to a calibration profile, with its error on held-out kernels.
+
+The samples are split by shape (``split.py``); GEMM, collective and memory-bound fits
+see only the fitted half. Each held-out kernel is then priced twice: by the datasheet
+model alone (``before``) and as the fitted profile would price it in ``mpsim run``
+(``after``: its dtype's GEMM fit, its collective line, or the datasheet where the profile
+has neither). The errors are absolute relative errors of the kernel's time, one per
+kernel. The final profile is fitted again on every kernel, since the split exists only to
+measure how well the form predicts shapes it has not seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mpsim.calibrate.trace_fit.comms import datasheet_seconds, fit_collectives, fitted_seconds
+from mpsim.calibrate.trace_fit.gemm import DatasheetGemm, fit_gemms
+from mpsim.calibrate.trace_fit.memory import fit_memory, launch_summary
+from mpsim.calibrate.trace_fit.samples import TraceSamples
+from mpsim.calibrate.trace_fit.split import HOLD_OUT_RULE, split_by_key
+from mpsim.specs.accelerator import AcceleratorSpec
+from mpsim.specs.calibration import (CalibrationProfile, ComputeProfile, DeviceInfo, HeldOutError, LinksProfile,
+                                     TraceFitInfo)
+from mpsim.specs.system import SystemSpec
+
+
+@dataclass
+class HeldOut:
+    """Per held-out kernel: absolute relative error (%) before and after fitting."""
+
+    before_pct: list[float] = field(default_factory=list)
+    after_pct: list[float] = field(default_factory=list)
+    shapes: set = field(default_factory=set)
+
+    def add(self, key, measured_s: float, before_s: float, after_s: float) -> None:
+        self.before_pct.append(100.0 * abs(before_s / measured_s - 1.0))
+        self.after_pct.append(100.0 * abs(after_s / measured_s - 1.0))
+        self.shapes.add(key)
+
+    def summary(self) -> HeldOutError:
+        def stat(values, how):
+            return round(float(how(values)), 3) if values else None
+        return HeldOutError(kernels=len(self.after_pct), shapes=len(self.shapes),
+                            before_median_pct=stat(self.before_pct, np.median),
+                            before_max_pct=stat(self.before_pct, np.max),
+                            after_median_pct=stat(self.after_pct, np.median),
+                            after_max_pct=stat(self.after_pct, np.max))
+
+
+@dataclass
+class TraceFitResult:
+    """The profile and the held-out errors behind its ``trace_fit`` summary."""
+
+    profile: CalibrationProfile
+    gemm: HeldOut
+    collectives: HeldOut
+
+
+def held_out_gemms(samples: TraceSamples, accelerator: AcceleratorSpec, skipped: dict[str, int]) -> HeldOut:
+    """Fit GEMMs on the fitted half, price the held-out half before and after."""
+    datasheet = DatasheetGemm(accelerator)
+    known = [s for s in samples.gemms if datasheet.knows(s.dtype)]
+    if len(known) < len(samples.gemms):
+        skipped["GEMMs in a dtype the accelerator file has no peak for"] = len(samples.gemms) - len(known)
+    fitted, held = split_by_key(known, key=lambda s: s.key)
+    fits = {fit.dtype: fit for fit in fit_gemms(fitted, accelerator)[0]}
+    result = HeldOut()
+    for sample in held:
+        before = datasheet.seconds(sample)
+        fit = fits.get(sample.dtype)
+        flops = 2.0 * sample.batch * sample.m * sample.n * sample.k
+        covered = fit is not None and fit.covers(flops)
+        after = fit.seconds(sample.batch, sample.m, sample.n, sample.k) if covered else before
+        result.add(sample.key, sample.seconds, before, after)
+    return result
+
+
+def held_out_collectives(samples: TraceSamples, system: SystemSpec, skipped: dict[str, int]) -> HeldOut:
+    """Fit collective lines on the fitted half, price the held-out half before and after."""
+    priced = [s for s in samples.collectives if (s.ranks or s.world_size)]
+    if len(priced) < len(samples.collectives):
+        skipped["collectives of unknown group and job size"] = len(samples.collectives) - len(priced)
+    fitted, held = split_by_key(priced, key=lambda s: s.key, group=lambda s: s.group)
+    fits = fit_collectives(fitted)[0]
+    result = HeldOut()
+    for sample in held:
+        before = datasheet_seconds(sample, system, sample.ranks or sample.world_size)
+        after = fitted_seconds(sample, fits)
+        result.add(sample.key, sample.seconds, before, after if after is not None else before)
+    return result
+
+
+def build_profile(samples: TraceSamples, traces: list[str], device_name: str, device_sms: int | None,
+                  system_name: str, system: SystemSpec, accelerator: AcceleratorSpec,
+                  created: str = "") -> TraceFitResult:
+    """The profile fitted on every usable kernel of ``samples``, and its held-out errors."""
+    skipped: dict[str, int] = dict(samples.skipped)
+    gemm_error = held_out_gemms(samples, accelerator, skipped)
+    collective_error = held_out_collectives(samples, system, skipped)
+    gemm_fits, gemm_skipped = fit_gemms(samples.gemms, accelerator)
+    collective_fits, collective_skipped = fit_collectives(samples.collectives)
+    skipped.update({f"unfitted {reason}": count for reason, count in {**gemm_skipped, **collective_skipped}.items()})
+    memory_fit = fit_memory(samples.memory)
+    if memory_fit is None and samples.memory:
+        skipped["memory-bound kernels (too few sizes for a line)"] = len(samples.memory)
+    dtype = max(gemm_fits, key=lambda f: f.kernels).dtype if gemm_fits else "fp32"
+    compute = ComputeProfile(dtype=dtype, gemm_fits=gemm_fits, memory_fit=memory_fit,
+                             launch=launch_summary(samples.waiting_gaps_s, samples.queued_gaps_s))
+    links = LinksProfile(backend="nccl", collectives=collective_fits) if collective_fits else None
+    info = TraceFitInfo(traces=traces, system=system_name, accelerator=accelerator.name, held_out=HOLD_OUT_RULE,
+                        gemm=gemm_error.summary(), collectives=collective_error.summary(),
+                        skipped=dict(sorted(skipped.items())))
+    profile = CalibrationProfile(
+        source="trace", description=f"fitted from {len(traces)} profiler trace(s) of {device_name}", created=created,
+        device=DeviceInfo(kind="cuda", name=device_name, compute_units=device_sms), compute=compute, links=links,
+        trace_fit=info)
+    return TraceFitResult(profile, gemm_error, collective_error)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} %"
+
+
+def format_trace_fit(profile: CalibrationProfile) -> list[str]:
+    """Lines for the terminal: what was fitted and the held-out errors before and after."""
+    info = profile.trace_fit
+    assert info is not None
+    lines = [f"device       cuda: {profile.device.name} (datasheet: {info.accelerator} in {info.system})"]
+    for fit in profile.compute.gemm_fits:
+        efficiency = "-" if fit.efficiency is None else f"{100 * fit.efficiency:.1f} % of peak"
+        bandwidth = "-" if fit.bandwidth is None else f"{fit.bandwidth / 1e9:.0f} GB/s"
+        output = "-" if fit.output_bandwidth is None else f"{fit.output_bandwidth / 1e9:.0f} GB/s"
+        lines.append(f"  gemm {fit.dtype:<6} t = {fit.launch_s * 1e6:.2f} us + flops at {efficiency} + operands at "
+                     f"{bandwidth} + output at {output}  ({fit.kernels} kernels, {fit.shapes} shapes, median error "
+                     f"{fit.median_error_pct:.1f} %)")
+    memory = profile.compute.memory_fit
+    if memory is not None:
+        lines.append(f"  memory      {memory.bandwidth / 1e9:.0f} GB/s after {memory.latency_s * 1e6:.2f} us "
+                     f"(rms error {100 * memory.rms_error:.1f} %)")
+    launch = profile.compute.launch
+    if launch is not None:
+        def us(value):
+            return "n/a" if value is None else f"{value * 1e6:.2f} us"
+        lines.append(f"  launch gaps waiting for the CPU {us(launch.waiting_gap_s)} ({launch.waiting_samples}), "
+                     f"queued {us(launch.queued_gap_s)} ({launch.queued_samples})")
+    for fit in (profile.links.collectives if profile.links else []):
+        lines.append(f"  {fit.kind:<14} {fit.algorithm or '?'}/{fit.protocol or '?'} on {fit.ranks or '?'} ranks: "
+                     f"{fit.latency_s * 1e6:.1f} us + bytes at "
+                     f"{'-' if fit.bandwidth is None else format(fit.bandwidth / 1e9, '.2f') + ' GB/s'} "
+                     f"({fit.kernels} kernels, {len(fit.points)} sizes)")
+    lines.append(f"held out     {info.held_out}")
+    for name, error in (("gemm", info.gemm), ("collectives", info.collectives)):
+        lines.append(f"  {name:<12} {error.kernels} kernels, {error.shapes} shapes: median error "
+                     f"{_pct(error.before_median_pct)} -> {_pct(error.after_median_pct)}, max "
+                     f"{_pct(error.before_max_pct)} -> {_pct(error.after_max_pct)} (datasheet -> fitted)")
+    for reason, count in info.skipped.items():
+        lines.append(f"  skipped      {count} {reason}")
+    return lines
