@@ -127,3 +127,23 @@ def test_a_cluster_of_parts_reads_back_from_its_own_dump(tmp_path):
     changed["cluster"]["nodes"] = 5  # no longer what the parts add up to
     with pytest.raises(ValueError, match="give either parts or system/nodes"):
         Scenario.model_validate(changed)
+
+
+def test_one_part_of_the_cluster_is_set_by_its_number(tmp_path):
+    path = halves(tmp_path)
+    # the second part's system swapped for the first's: the same as writing it in the file
+    swapped, _ = run(path, "cluster.parts.1.system=dgx-a100")
+    written, _ = run(write(tmp_path, {"parts": [{"system": "dgx-a100", "nodes": 2}, {"system": "dgx-a100", "nodes": 2}],
+                                      "between_parts": BETWEEN}, name="written"))
+    assert swapped.timeline.step_time_s == written.timeline.step_time_s
+    # a field inside a part's referenced system file, reached through the list
+    slower = load_scenario(path, ["cluster.parts.0.system.scale_out.nic_bandwidth=100 Gb/s"]).scenario
+    assert slower.cluster.parts[0].system.scale_out.nic_bandwidth == 100e9 / 8
+    assert slower.cluster.parts[1].system.name == "dgx-h100"
+
+
+@pytest.mark.parametrize("field", ["cluster.parts.2.nodes=1", "cluster.parts.x.nodes=1"])
+def test_a_part_number_out_of_range_is_one_line(tmp_path, field, capsys):
+    assert main(["run", halves(tmp_path), "--set", field]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "list of 2 item(s)" in err and "Traceback" not in err

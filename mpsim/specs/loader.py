@@ -288,21 +288,36 @@ def parse_override(text: str) -> tuple[Path_, Any]:
     return path, value
 
 
+def _list_index(items: list, key: str, here: Path_, label: str) -> int:
+    """The item of a list that a ``--set`` path names by its number (``cluster.parts.1.nodes``)."""
+    if not key.isdigit() or int(key) >= len(items):
+        raise InputError(f"{'.'.join(here[:-1])} is a list of {len(items)} item(s): give an item's number from 0 "
+                         f"to {len(items) - 1}, not {key!r}", label)
+    return int(key)
+
+
 def apply_override(tree: dict, path: Path_, value: Any, origins: Origins, base_dirs: dict[Path_, Path],
                    label: str) -> None:
-    """Set ``path`` in the tree to ``value``, resolving references on the way down."""
-    node = tree
+    """Set ``path`` in the tree to ``value``, resolving references on the way down; a number
+    in the path is an item of a list (``cluster.parts.0.nodes=16``)."""
+    node: Any = tree
     for depth, key in enumerate(path[:-1]):
         here = path[: depth + 1]
-        if here in REFERENCE_FIELDS and isinstance(node.get(key), str):
-            _resolve_at(tree, here, origins, base_dirs)
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
+        if isinstance(node, list):
+            child = node[_list_index(node, key, here, label)]
+        else:
+            if tuple("#" if k.isdigit() else k for k in here) in REFERENCE_FIELDS and isinstance(node.get(key), str):
+                _resolve_at(tree, here, origins, base_dirs)
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+        if not isinstance(child, (dict, list)):
             raise InputError(f"{'.'.join(here)} is a value, not a group of fields", label)
         node = child
-    node[path[-1]] = value
+    if isinstance(node, list):
+        node[_list_index(node, path[-1], path, label)] = value
+    else:
+        node[path[-1]] = value
     origins.sources[path] = label
 
 
