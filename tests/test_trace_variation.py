@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from mpsim.cli import main
 from mpsim.errors import InputError
 from mpsim.reliability.op_variation import PUBLISHED_CV, op_cvs
 from mpsim.specs import load_scenario
@@ -69,3 +72,35 @@ def test_an_a100_scenario_takes_the_published_figures_and_must_give_the_others()
     bare = load_scenario(SCENARIOS / "megatron_1t_3072xa100.yaml").scenario
     with pytest.raises(InputError, match="attention, collective, transfer"):
         op_cvs(bare)
+
+
+def _kineto(tmp_path, gemm_us: list[float]) -> str:
+    """A Kineto JSON of len(gemm_us) ProfilerSteps, each launching one GEMM kernel of that many microseconds."""
+    events, correlation = [], 1
+    for step, duration in enumerate(gemm_us):
+        start = 1000.0 * step
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 900.0})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": start + 10, "dur": 5.0, "args": {"correlation": correlation}})
+        events.append({"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7,
+                       "ts": start + 20, "dur": duration,
+                       "args": {"correlation": correlation, "stream": 7, "device": 0}})
+        correlation += 1
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "traceEvents": events}))
+    return str(path)
+
+
+def test_trace_variation_prints_the_overrides(tmp_path, capsys):
+    assert main(["trace", "variation", _kineto(tmp_path, [100.0, 110.0, 120.0])]) == 0
+    out = capsys.readouterr().out
+    # 100, 110, 120 us: mean 110, sample standard deviation 10
+    assert f"--set variability.cv.gemm={10 / 110:.4f}" in out
+
+
+def test_trace_variation_needs_three_steps(tmp_path, capsys):
+    assert main(["trace", "variation", _kineto(tmp_path, [100.0, 110.0])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "record more steps" in err
