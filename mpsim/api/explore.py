@@ -57,15 +57,16 @@ class Comparison:
 
 def _schedule_names(schedules: Sequence[str], allow_none: bool = False) -> list[str]:
     """Registered schedule names, each known; a typo is an error, not a shorter list."""
-    from mpsim.schedules import SCHEDULES, canonical_name
+    from mpsim.schedules import canonical_name, unknown_schedule
 
     if isinstance(schedules, str) or not all(isinstance(name, str) for name in schedules):
         raise InputError("expected a list of schedule names like ['1f1b', 'zb-h1']", field="schedules")
     if not schedules and not allow_none:
         raise InputError("no schedule named; e.g. ['1f1b', 'interleaved-1f1b']", field="schedules")
     for name in schedules:
-        if canonical_name(name) not in SCHEDULES:
-            raise InputError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}", field="schedules")
+        problem = unknown_schedule(name)
+        if problem:
+            raise InputError(problem, field="schedules")
     return [canonical_name(name) for name in schedules]
 
 

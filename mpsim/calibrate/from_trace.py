@@ -60,7 +60,7 @@ def accelerator_for(traces, system, accelerator_name: str | None):
     if not accelerator.matches_device("cuda", names[0]):
         matching = matching_accelerator_files("cuda", names[0])
         hint = (f"name a matching one with --accelerator ({', '.join(matching)})" if matching
-                else f"add the device's name to device_names of the accelerator file that describes it")
+                else "add the device's name to device_names of the accelerator file that describes it")
         raise InputError(f"the traces ran on {names[0]!r}, which {accelerator.name} does not describe; {hint}",
                          field="--accelerator" if accelerator_name else "--system")
     return accelerator

@@ -143,8 +143,8 @@ def check_output_paths(args: argparse.Namespace) -> None:
 def schedule_list(text: str) -> list[str]:
     """``--schedules A,B,...``: names of registered schedules, at least one, each known; a typo
     is an error, not a silently smaller list."""
-    from mpsim.errors import InputError, did_you_mean
-    from mpsim.schedules import SCHEDULES, canonical_name
+    from mpsim.errors import InputError
+    from mpsim.schedules import unknown_schedule
 
     parts = [part.strip() for part in text.split(",")]
     if not any(parts):
@@ -152,9 +152,9 @@ def schedule_list(text: str) -> list[str]:
     if "" in parts:
         raise InputError(f"an empty name in {text!r}", field="--schedules")
     for name in parts:
-        if canonical_name(name) not in SCHEDULES:
-            hint = did_you_mean(canonical_name(name), list(SCHEDULES)) or f"known: {', '.join(SCHEDULES)}"
-            raise InputError(f"unknown schedule {name!r}; {hint}", field="--schedules")
+        problem = unknown_schedule(name)
+        if problem:
+            raise InputError(problem, field="--schedules")
     return parts
 
 

@@ -22,6 +22,16 @@ def schedule_names() -> list[str]:
     return list(SCHEDULES)
 
 
+def unknown_schedule(name: str, files: bool = False) -> str | None:
+    """The message for a name no schedule is registered under (None for a known one), with the
+    closest names as a hint; ``files``: ``file:PATH`` is accepted where the name is asked."""
+    key = canonical_name(name)
+    if key in SCHEDULES:
+        return None
+    known = f"known: {', '.join(schedule_names())}" + (", or file:PATH" if files else "")
+    return f"unknown schedule {name!r}; {did_you_mean(key, schedule_names()) or known}"
+
+
 # Stage-microbatch pairs a schedule may hold: a few million actions, a minute or so of
 # simulation; real steps have at most tens of thousands (1,024 microbatches on 64 stages).
 MAX_STAGE_PASSES = 1_000_000
@@ -58,9 +68,9 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
                                 f"the plan has pp={pp}, pp x vpp={pp * vpp} stages, {num_microbatches} microbatches")
     else:
         key = canonical_name(name)
-        if key not in SCHEDULES:
-            hint = did_you_mean(key, schedule_names()) or f"known: {', '.join(schedule_names())}, or file:PATH"
-            raise ScheduleError(f"unknown schedule {name!r}; {hint}")
+        problem = unknown_schedule(name, files=True)
+        if problem:
+            raise ScheduleError(problem)
         try:
             schedule = generate(key, pp, vpp, num_microbatches, timer)
         except ValueError as exc:
@@ -72,4 +82,4 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
 
 
 __all__ = ["Action", "Item", "Overlapped", "SCHEDULES", "Schedule", "ScheduleError", "build_schedule",
-           "canonical_name", "chunks_per_rank", "flat", "parts", "schedule_from_text", "schedule_names", "validate"]
+           "canonical_name", "chunks_per_rank", "flat", "parts", "schedule_from_text", "schedule_names", "unknown_schedule", "validate"]

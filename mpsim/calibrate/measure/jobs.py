@@ -22,7 +22,7 @@ from mpsim.calibrate.measure.ops import scenario_ops, sweep_ops
 from mpsim.engine import rank_spans
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
-from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule, canonical_name
+from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule, canonical_name, unknown_schedule
 from mpsim.specs import load_scenario
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.embedding import padded_vocab
@@ -85,8 +85,9 @@ def validation_plan(path: Path, schedules: list[str], ranks: int, overrides: lis
     plan = ValidationPlan(path, base, [])
     for raw in schedules:
         name = canonical_name(raw)
-        if name not in SCHEDULES:
-            raise InputError(f"unknown schedule {raw!r}; known: {', '.join(SCHEDULES)}", "--schedules")
+        problem = unknown_schedule(raw)
+        if problem:
+            raise InputError(problem, "--schedules")
         try:
             variant = schedule_variant(path, name, sized)
             layout = resolve(variant)
