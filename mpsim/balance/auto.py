@@ -22,7 +22,7 @@ from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import p2p_time
 from mpsim.cost.topology import pipeline_neighbours_share_node
 from mpsim.engine import rank_spans
-from mpsim.schedules import build_schedule, flat
+from mpsim.schedules import Schedule, build_schedule, flat
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
@@ -30,12 +30,21 @@ from mpsim.workload.memory import model_state_bytes, reserved_bytes
 from mpsim.workload.stage_work import StageWork
 
 
-def in_flight_per_stage(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
-    """Peak microbatches each stage holds between its forward and its backward, from the schedule."""
+def _schedule(scenario: Scenario, layout: Layout) -> Schedule | None:
+    """The layout's schedule, or None where it cannot be built here (a schedule file the layout check
+    reports later)."""
     try:
-        schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
-                                  timer=rank_spans)
-    except Exception:  # a schedule file the layout check reports later: assume 1F1B's warm-up
+        return build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
+                              timer=rank_spans)
+    except Exception:
+        return None
+
+
+def in_flight_per_stage(scenario: Scenario, layout: Layout, schedule: Schedule | None = None) -> tuple[int, ...]:
+    """Peak microbatches each stage holds between its forward and its backward, from the schedule
+    (built here when not given; 1F1B's warm-up where it cannot be built)."""
+    schedule = schedule or _schedule(scenario, layout)
+    if schedule is None:
         return tuple(min(layout.num_microbatches, layout.pp - s % layout.pp) for s in range(layout.num_stages))
     peak = [0] * layout.num_stages
     for actions in schedule.actions:
@@ -94,7 +103,8 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
     same_node = layout.pp > 1 and pipeline_neighbours_share_node(layout, 0, 1)
     extra_s = [0.0] * parts
     extra_bytes = [0.0] * parts
-    in_flight = in_flight_per_stage(scenario, layout)
+    schedule = _schedule(scenario, layout)
+    in_flight = in_flight_per_stage(scenario, layout, schedule)
     for stage_index, work in ((0, first), (parts - 1, last)):
         if work is not None:
             extra_s[stage_index] += seconds(work)
@@ -103,7 +113,8 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
     training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
     budget = (capacity * (1 - training.memory_fragmentation) - reserved_bytes(scenario, layout)) / layout.vpp
-    slowdown, budgets = _device_differences(scenario, layout, model, stages,
+    ranks = tuple(schedule.stage_to_rank) if schedule is not None else tuple(s % layout.pp for s in range(parts))
+    slowdown, budgets = _device_differences(model, ranks, stages,
                                             lambda cap: (cap * (1 - training.memory_fragmentation)
                                                          - reserved_bytes(scenario, layout)) / layout.vpp)
     return PartitionProblem(
@@ -115,25 +126,16 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
         stage_slowdown=slowdown, stage_capacity_bytes=budgets)
 
 
-def _stage_ranks(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
-    """The pipeline rank of each stage, as the schedule places it (round robin if it cannot be built)."""
-    try:
-        schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
-                                  timer=rank_spans)
-        return tuple(schedule.stage_to_rank)
-    except Exception:  # a schedule file the layout check reports later
-        return tuple(s % layout.pp for s in range(layout.num_stages))
-
-
-def _device_differences(scenario: Scenario, layout: Layout, model: CostModel, units: list[StageWork],
+def _device_differences(model: CostModel, ranks: tuple[int, ...], units: list[StageWork],
                         budget_of: Callable[[float], float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(slowdown, memory budget) of each stage on its own device; ((), ()) when every stage has the base device.
+    """(slowdown, memory budget) of each stage on its own device (``ranks``: each stage's pipeline
+    rank as the schedule places it, round robin where it cannot be built); ((), ()) when every
+    stage has the base device.
 
     A stage's slowdown is how much longer its device takes for all the model's units than
     the base device does: one ratio per device, exact for identical layers and a close
     estimate for mixed ones (docs/heterogeneous.md).
     """
-    ranks = _stage_ranks(scenario, layout)
     models = [model.on_rank(rank) for rank in ranks]
     if all(here is model for here in models):
         return (), ()
