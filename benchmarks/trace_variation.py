@@ -1,4 +1,4 @@
-"""Step-to-step variation of real kernels, per op kind, measured on published profiler traces.
+"""Step-to-step variation of real kernels, per op kind, and the gap between queued kernels, on published traces.
 
 Reads the PyTorch profiler traces in ``../shared/traces`` (beside the repository: Holistic
 Trace Analysis test data, commit f4d0062, MIT licence, copyright Meta Platforms, Inc. and
@@ -9,7 +9,12 @@ piece of work; its time's standard deviation over its mean, the median over kern
 weighted by their time). These are the figures ``PUBLISHED_CV`` in
 ``mpsim/reliability/op_variation.py`` ships, for the kinds it takes from here.
 
-The last line is ``devices=<n> kinds=<n> traces=<n>``.
+It also prints the median gap between consecutive kernels of a stream when the next one
+was already queued (``mpsim/calibrate/trace_fit/samples.py``, ``launch_gaps``: the
+device's own switch between kernels, without waiting for the CPU) per trace and pooled
+over all traces given: the A100 files' ``kernel_overhead``.
+
+The last line is ``devices=<n> kinds=<n> traces=<n> queued_gap_us=<pooled median>``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
+from mpsim.calibrate.trace_fit.samples import trace_samples
 from mpsim.traces import load_trace
 from mpsim.traces.variation import kind_variation
 
@@ -32,9 +40,13 @@ def main() -> None:
     if not paths:
         parser.error(f"no traces given and none found in {TRACES}")
     by_device = defaultdict(list)
+    gaps_s: list[float] = []
     for path in paths:
         trace = load_trace(path)
-        print(f"read {Path(path).name}: {trace.device_name}, {len(trace.steps)} steps, {len(trace.kernels)} kernels",
+        queued = trace_samples([trace]).queued_gaps_s
+        gaps_s += queued
+        print(f"read {Path(path).name}: {trace.device_name}, {len(trace.steps)} steps, {len(trace.kernels)} kernels; "
+              f"median gap between queued kernels {1e6 * float(np.median(queued)):.2f} us over {len(queued)}",
               flush=True)
         by_device[trace.device_name].append(trace)
     kinds = 0
@@ -43,7 +55,8 @@ def main() -> None:
         for kind, row in kind_variation(traces).items():
             kinds += 1
             print(f"{device:<24} {kind:<11} {row.cv:>7.4f} {row.groups:>8} {row.kernels:>9} {row.seconds * 1e3:>9.1f}")
-    print(f"devices={len(by_device)} kinds={kinds} traces={len(paths)}")
+    print(f"devices={len(by_device)} kinds={kinds} traces={len(paths)} "
+          f"queued_gap_us={1e6 * float(np.median(gaps_s)):.2f}")
 
 
 if __name__ == "__main__":
