@@ -32,6 +32,7 @@ engine stays the judge of both (``tests/test_compiled.py``).
 from __future__ import annotations
 
 import math
+from itertools import repeat
 
 import numpy as np
 
@@ -105,6 +106,18 @@ class _Compiled:
             self.sent_actions[row] = tuple(sends)
         self.keys = list(key_id)
         self.transfer_keys = list(transfer_id)
+        # for the records, per rank in program order: its rows and items; every send as
+        # (row, output slot) with its source rank, consumer rank and producing action
+        self.rank_rows = [np.array(rows, dtype=np.int64) for rows in self.row_of]
+        self.rank_items = [[step[1] for step in steps] for steps in plan]
+        sends = [(self.row_of[rank][index], j, rank, consumer, action) for rank, steps in enumerate(plan)
+                 for index in range(len(steps))
+                 for j, (consumer, action) in enumerate(self.sent_actions[self.row_of[rank][index]])]
+        self.send_rows = np.array([s[0] for s in sends], dtype=np.int64)
+        self.send_slots = np.array([s[1] for s in sends], dtype=np.int64)
+        self.send_sources = [s[2] for s in sends]
+        self.send_consumers = [s[3] for s in sends]
+        self.send_actions = [s[4] for s in sends]
         self.num_links = len(link_id)
         self.slots = 2 * schedule.num_stages * schedule.num_microbatches
         self.plan = plan
@@ -232,30 +245,27 @@ def simulate_compiled(inp: EngineInput, records: bool = True) -> Timeline:
         c.num_links, c.slots, bool(inp.send_blocking))
     timeline = Timeline(num_ranks, actions=[[] for _ in range(num_ranks)])
     if records:
-        _records(timeline, c, ready.tolist(), start.tolist(), end.tolist(), input_sent.tolist(), tx_start.tolist(),
-                 tx_end.tolist())
+        _records(timeline, c, ready, start, end, input_sent, tx_start, tx_end)
         if inp.send_blocking:
             waits = np.flatnonzero(~np.isnan(wait_from))
-            for row, begin, until in zip(waits.tolist(), wait_from[waits].tolist(), ready[waits].tolist()):
-                timeline.send_waits.append((int(c.rank[row]), begin, until))
+            timeline.send_waits.extend(zip(c.rank[waits].tolist(), wait_from[waits].tolist(), ready[waits].tolist()))
     _finish(inp, timeline, c, start, end, clock.tolist(), sends_done.tolist())
     return timeline
 
 
-def _records(timeline: Timeline, c: _Compiled, ready: list, start: list, end: list, input_sent: list,
-             tx_start: list, tx_end: list) -> None:
-    """The per-action records in each rank's program order, and the transfers."""
-    transfers = timeline.transfers
-    for rank, steps in enumerate(c.plan):
-        rows = c.row_of[rank]
-        out = timeline.actions[rank]
-        for index, step in enumerate(steps):
-            row = rows[index]
-            sent = input_sent[row]
-            out.append(ActionRecord(rank, index, step[1], ready[row], start[row], end[row],
-                                    None if sent != sent else sent))
-            for j, (consumer, action) in enumerate(c.sent_actions[row]):
-                transfers.append(TransferRecord(rank, consumer, action, tx_start[row][j], tx_end[row][j]))
+def _records(timeline: Timeline, c: _Compiled, ready: np.ndarray, start: np.ndarray, end: np.ndarray,
+             input_sent: np.ndarray, tx_start: np.ndarray, tx_end: np.ndarray) -> None:
+    """The per-action records in each rank's program order, and the transfers (built column-wise:
+    one ``tolist`` per column and rank, one tuple per record)."""
+    for rank, rows in enumerate(c.rank_rows):
+        sent = [None if value != value else value for value in input_sent[rows].tolist()]  # NaN: no remote input
+        timeline.actions[rank].extend(map(ActionRecord._make, zip(
+            repeat(rank), range(len(rows)), c.rank_items[rank], ready[rows].tolist(), start[rows].tolist(),
+            end[rows].tolist(), sent)))
+    begins = tx_start[c.send_rows, c.send_slots].tolist()
+    ends = tx_end[c.send_rows, c.send_slots].tolist()
+    timeline.transfers.extend(map(TransferRecord._make, zip(c.send_sources, c.send_consumers, c.send_actions,
+                                                            begins, ends)))
 
 
 def _finish(inp: EngineInput, timeline: Timeline, c: _Compiled, start: np.ndarray, end: np.ndarray, clock: list,
