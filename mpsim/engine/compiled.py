@@ -70,10 +70,8 @@ class _Compiled:
         plan = _plan(schedule)
         order = _visit_order(plan)
         rows = len(order)
-        self.keys: list[tuple] = []  # duration keys, numbered in order of first use
-        self.transfer_keys: list[tuple[int, int]] = []  # (stage, consumer stage), numbered likewise
-        key_id: dict[tuple, int] = {}
-        transfer_id: dict[tuple[int, int], int] = {}
+        key_id: dict[tuple, int] = {}  # duration keys, numbered in order of first use
+        transfer_id: dict[tuple[int, int], int] = {}  # (stage, consumer stage), numbered likewise
         link_id: dict[tuple[int, int], int] = {}
         self.rank = np.empty(rows, np.int64)
         self.key = np.empty(rows, np.int64)
@@ -82,8 +80,6 @@ class _Compiled:
         self.link = np.full((rows, 2), -1, np.int64)
         self.transfer = np.full((rows, 2), -1, np.int64)
         self.row_of = [[0] * len(steps) for steps in plan]  # (rank, index) -> row
-        # outputs sent to another rank, per row: (consumer rank, producing action), for the records
-        self.sent_actions: list[tuple] = [()] * rows
         for row, (rank, index) in enumerate(order):
             key, item, needs, outputs = plan[rank][index]
             self.row_of[rank][index] = row
@@ -93,26 +89,20 @@ class _Compiled:
                 raise ValueError(f"item {item} has more inputs or outputs than an overlapped pair")
             for j, slot in enumerate(needs):
                 self.needs[row, j] = slot
-            sends = []
-            j = 0
-            for gives, consumer, consumer_stage, stage, action, _ in outputs:
-                if gives < 0:
-                    continue
+            sent = [output for output in outputs if output[0] >= 0]  # outputs sent to another rank
+            for j, (gives, consumer, consumer_stage, stage, _, _) in enumerate(sent):
                 self.gives[row, j] = gives
                 self.link[row, j] = link_id.setdefault((rank, consumer), len(link_id))
                 self.transfer[row, j] = transfer_id.setdefault((stage, consumer_stage), len(transfer_id))
-                sends.append((consumer, action))
-                j += 1
-            self.sent_actions[row] = tuple(sends)
         self.keys = list(key_id)
         self.transfer_keys = list(transfer_id)
         # for the records, per rank in program order: its rows and items; every send as
         # (row, output slot) with its source rank, consumer rank and producing action
         self.rank_rows = [np.array(rows, dtype=np.int64) for rows in self.row_of]
         self.rank_items = [[step[1] for step in steps] for steps in plan]
-        sends = [(self.row_of[rank][index], j, rank, consumer, action) for rank, steps in enumerate(plan)
-                 for index in range(len(steps))
-                 for j, (consumer, action) in enumerate(self.sent_actions[self.row_of[rank][index]])]
+        sends = [(self.row_of[rank][index], j, rank, output[1], output[4]) for rank, steps in enumerate(plan)
+                 for index, step in enumerate(steps)
+                 for j, output in enumerate(o for o in step[3] if o[0] >= 0)]
         self.send_rows = np.array([s[0] for s in sends], dtype=np.int64)
         self.send_slots = np.array([s[1] for s in sends], dtype=np.int64)
         self.send_sources = [s[2] for s in sends]
@@ -121,8 +111,8 @@ class _Compiled:
         self.num_links = len(link_id)
         self.slots = 2 * schedule.num_stages * schedule.num_microbatches
         self.plan = plan
-        # per rank, the items that feed its DP stream: (index, stage) of last backwards, and
-        # every index (an action may start its own reductions: ZeRO-2/3)
+        # per rank, (index, stage) of each stage's last backward: it queues the stage's gradient
+        # reductions on the DP stream (actions that start their own, ZeRO-2/3, are found per input)
         self.last_backward = [[(index, output[3]) for index, step in enumerate(steps) for output in step[3]
                                if output[5]] for steps in plan]
 

@@ -40,6 +40,16 @@ COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#8C8C3F", "FB": 
           "recompute": "#DD8452", "tp": "#C44E52", "dp-comm": "#8172B3", "embedding-sync": "#8172B3",
           "optimizer": "#937860", "schedule": "#EEEEEE", "imbalance": "#F7E7B4", "stage-wait": "#F7E7B4",
           "transfer": "#F4C7C3", "send": "#DCD0EE"}
+# the passes of a measured-over-predicted picture (mpsim validate, with or without --trace), where
+# an input-gradient pass is drawn apart from a full backward
+PASS_LABELS = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad", "FB": "forward+backward"}
+
+
+def pass_color(kind: str) -> str:
+    """The colour of a pass kind in those pictures (I lighter than B)."""
+    return COLORS.get(kind, COLORS["B"]) if kind != "I" else "#7FBF8E"
+
+
 HATCHES = {"schedule": "///", "imbalance": "...", "stage-wait": "...", "transfer": "xxx", "send": "\\\\\\"}
 LABELS = {"F": "forward", "B": "backward", "W": "weight grad", "FB": "forward+backward",
           "dense": "mixed actions too dense to split", "recompute": "recompute", "tp": "TP comm",
@@ -79,7 +89,8 @@ def _kind(item) -> str:
     return "FB" if isinstance(item, Overlapped) else ("B" if item.kind == "I" else item.kind)
 
 
-def _label(item) -> str:
+def action_label(item) -> str:
+    """What a drawn action is labelled with: its microbatch, or both of an overlapped pair's."""
     if isinstance(item, Overlapped):
         return f"{item.forward.microbatch}|{item.backward.microbatch}"
     return str(item.microbatch)
@@ -129,7 +140,7 @@ def _lane_actions(timeline, rank: int, scale: float, px_per_unit: float, merged:
         close_run()
         single[kind if (end - start) * px_per_unit >= EDGE_PX else "thin:" + kind].append((start, end - start))
         if labels_fit:
-            label = _label(item)
+            label = action_label(item)
             # about 0.62 em per digit, plus a margin, in pixels at RASTER_DPI
             if (end - start) * px_per_unit > 0.62 * TEXT_PT * RASTER_DPI / 72 * len(label) + 4:
                 texts.append((start + (end - start) / 2, y, label))

@@ -18,21 +18,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from mpsim.results.plot import COLORS  # noqa: E402
+from mpsim.results.plot import PASS_LABELS, action_label, pass_color  # noqa: E402
 from mpsim.schedules.actions import Overlapped  # noqa: E402
 from mpsim.traces.compare import TraceComparison  # noqa: E402
 from mpsim.traces.predicted import convolution_ops, segment_categories, sync_category  # noqa: E402
 
 LANE = 0.8
 WAIT_COLOR = "#F4C7C3"
-KIND_LABELS = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad", "FB": "forward+backward"}
 # kernel categories, apart from the pass colours so that the two modes never read alike
 CATEGORY_COLORS = {"gemm": "#1F3A93", "attention": "#E67E22", "convolution": "#8E44AD", "elementwise": "#16A085",
                    "collective": "#C0392B", "memcpy": "#7F8C8D", "memset": "#BDC3C7", "other": "#95A5A6"}
-
-
-def _kind_color(kind: str) -> str:
-    return COLORS.get(kind, COLORS["B"]) if kind != "I" else "#7FBF8E"
 
 
 def _blocks(ax, lane: int, spans, color: str, label: str | None, right: float) -> None:
@@ -58,7 +53,7 @@ def _measured_passes(ax, comparison: TraceComparison, lanes: dict[int, int], sca
                                facecolors=WAIT_COLOR, edgecolor="#BBBBBB", hatch="xxx", linewidth=0)
             kind = "FB" if p.parsed.kind == "F&B" else p.parsed.kind
             spans = [((a - origin) * scale, (b - a) * scale) for a, b in p.spans if b > a]
-            _blocks(ax, lanes[rank], spans, _kind_color(kind), str(p.parsed.microbatch), right)
+            _blocks(ax, lanes[rank], spans, pass_color(kind), str(p.parsed.microbatch), right)
 
 
 def _category_color(category: str) -> str:
@@ -105,12 +100,9 @@ def _predicted(ax, comparison: TraceComparison, lanes: dict[int, int], scale: fl
     for rank, records in enumerate(comparison.result.timeline.actions):
         for record in records:
             item = record.action
-            if isinstance(item, Overlapped):
-                kind, label = "FB", f"{item.forward.microbatch}|{item.backward.microbatch}"
-            else:
-                kind, label = item.kind, str(item.microbatch)
+            kind = "FB" if isinstance(item, Overlapped) else item.kind
             _blocks(ax, lanes[rank], [(record.start_s * scale, (record.end_s - record.start_s) * scale)],
-                    _kind_color(kind), label, right)
+                    pass_color(kind), action_label(item), right)
 
 
 def plot_comparison(comparison: TraceComparison, path: str) -> None:
@@ -154,7 +146,7 @@ def plot_comparison(comparison: TraceComparison, path: str) -> None:
                  for records in comparison.result.timeline.actions for r in records}
         drawn |= {"FB" if p.parsed.kind == "F&B" else p.parsed.kind for passes in comparison.measured.values()
                   for p in passes}
-        handles = [Patch(facecolor=_kind_color(k), label=v) for k, v in KIND_LABELS.items() if k in drawn]
+        handles = [Patch(facecolor=pass_color(k), label=v) for k, v in PASS_LABELS.items() if k in drawn]
         handles.append(Patch(facecolor=WAIT_COLOR, hatch="xxx", edgecolor="#BBBBBB", label="waiting for its input"))
     else:
         handles = [Patch(facecolor=color, label=name) for name, color in CATEGORY_COLORS.items()

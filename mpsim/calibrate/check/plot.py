@@ -15,21 +15,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from mpsim.calibrate.check.measured import median_step  # noqa: E402
-from mpsim.results.plot import COLORS  # noqa: E402
+from mpsim.results.plot import PASS_LABELS, action_label, pass_color  # noqa: E402
 from mpsim.schedules.actions import Overlapped  # noqa: E402
 
 LANE = 0.8
-KIND_LABELS = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad", "FB": "forward+backward",
-               "wait": "blocked in a receive"}
-
-
-def _kind_color(kind: str) -> str:
-    return COLORS.get(kind, COLORS["B"]) if kind != "I" else "#7FBF8E"
+KIND_LABELS = {**PASS_LABELS, "wait": "blocked in a receive"}
 
 
 def _lane(ax, rank: int, spans: list[tuple[float, float, str, str]]) -> None:
     for start, duration, kind, label in spans:
-        ax.broken_barh([(start, duration)], (rank - LANE / 2, LANE), facecolors=_kind_color(kind), edgecolor="white",
+        ax.broken_barh([(start, duration)], (rank - LANE / 2, LANE), facecolors=pass_color(kind), edgecolor="white",
                        linewidth=0.4)
         if duration > 0.02 * ax.get_xlim()[1]:
             ax.text(start + duration / 2, rank, label, ha="center", va="center", fontsize=6, color="white")
@@ -49,11 +44,8 @@ def _simulated(ax, result, scale: float) -> None:
         spans = []
         for record in records:
             item = record.action
-            if isinstance(item, Overlapped):
-                kind, label = "FB", f"{item.forward.microbatch}|{item.backward.microbatch}"
-            else:
-                kind, label = item.kind, str(item.microbatch)
-            spans.append((record.start_s * scale, (record.end_s - record.start_s) * scale, kind, label))
+            kind = "FB" if isinstance(item, Overlapped) else item.kind
+            spans.append((record.start_s * scale, (record.end_s - record.start_s) * scale, kind, action_label(item)))
         _lane(ax, rank, spans)
 
 
@@ -84,7 +76,7 @@ def plot_validation(checks, path: str) -> None:
         simulated_ax.set_title(f"{check.name}, simulated: {check.predicted_step_s * scale:.4g} {unit} "
                                f"({check.error_pct:+.1f} %)", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel(f"time ({unit}) from the start of the step; numbers on blocks are microbatches")
-    handles = [Patch(facecolor=_kind_color(k), label=v) for k, v in KIND_LABELS.items() if k != "wait"]
+    handles = [Patch(facecolor=pass_color(k), label=v) for k, v in KIND_LABELS.items() if k != "wait"]
     handles.append(Patch(facecolor="#F4C7C3", hatch="xxx", edgecolor="#BBBBBB", label=KIND_LABELS["wait"]))
     fig.legend(handles=handles, loc="upper left", ncol=len(handles), frameon=False, fontsize=8,
                bbox_to_anchor=(0.01, 1.0))
