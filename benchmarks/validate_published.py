@@ -220,6 +220,9 @@ KORTHIKANTI_FRAMEWORK = [
     # pipeline sends: batched isend/irecv waited for before the next pass (Megatron's
     # p2p_communication; the overlapped pipeline communication of later versions did not exist)
     "training.pp_send_blocking=true",
+    # ... followed by torch.cuda.synchronize() "to protect against race condition when using
+    # batch_isend_irecv()" (p2p_communication._communicate): every pass starts on an empty queue
+    "training.host_sync_between_passes=true",
     # scatter/gather of pipeline activations over the TP ranks (Narayanan et al. 2021, Sec. 4.1)
     "training.pp_scatter_gather=true",
     # Megatron-LM of 2022 all-reduced the gradients after the backward pass, without a
@@ -475,7 +478,9 @@ ZB_FRAMEWORK = [
 # paper's name -> (mpsim schedule, chunks per rank: None = one layer per chunk as the paper's
 # 1F1B-I runs (--num-layers-per-virtual-pipeline-stage 1), blocking pipeline sends)
 ZB_SCHEDULES = {
-    # Megatron's non-interleaved 1F1B waits for its batched isend/irecv (p2p_communication)
+    # Megatron's non-interleaved 1F1B waits for its batched isend/irecv (p2p_communication),
+    # then calls torch.cuda.synchronize() (batch_p2p_sync; the fork's arguments.py turns
+    # overlap_p2p_comm off for non-interleaved schedules, so batch_p2p_comm is on)
     "1F1B": ("1f1b", 1, True),
     # the fork's Megatron overlaps the interleaved schedule's p2p (--no-overlap-p2p-communication
     # not passed: overlap_p2p_comm defaults to true)
@@ -531,6 +536,8 @@ def zero_bubble_table4(data: Path) -> list[Case]:
             f"parallel.microbatch_size={microbatch}", f"parallel.global_batch_size={microbatch * count * dp}",
             f"parallel.layers_per_stage={zero_bubble_split(layers, pp, vpp)}",
             f"training.pp_send_blocking={str(blocking).lower()}",
+            # the blocking batched p2p is the one followed by torch.cuda.synchronize()
+            f"training.host_sync_between_passes={str(blocking).lower()}",
             *ZB_FRAMEWORK,
         ]
 
@@ -597,6 +604,8 @@ def zero_bubble_table9(data: Path) -> list[Case]:
             f"cluster.nodes={pp // 8}", f"parallel.tp={_number(row['tp'])}", f"parallel.pp={pp}", "parallel.dp=1",
             "parallel.schedule=1f1b", f"parallel.microbatch_size={microbatch}",
             f"parallel.global_batch_size={microbatch * count}", f"parallel.layers_per_stage={split}",
+            # the pass timers call torch.cuda.synchronize() before and after each pass
+            "training.host_sync_between_passes=true",
             *ZB_FRAMEWORK,
         ]
         measured = {key: float(row[column]) for key, column in (("f_meas", "TF"), ("b_meas", "TB"), ("w_meas", "TW"))}

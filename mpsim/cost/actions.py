@@ -47,6 +47,7 @@ class ActionCost:
     dp_exposed_s: float = 0.0  # waiting for ZeRO-3 parameter gathers
     async_dp: tuple[tuple[float, float, str], ...] = ()  # (ready fraction, seconds, label) on the DP stream
     exposed_by_group: tuple[tuple[str, float], ...] = ()  # exposed collective seconds per group (tp, cp, ep, ...)
+    host_wait_s: float = 0.0  # the GPU idle, waiting for the host to launch the next kernel
 
     def exposed(self, *groups: str) -> float:
         """Exposed collective seconds of the named groups."""
@@ -93,6 +94,9 @@ class CostModel:
         # share of the SMs a running collective takes from compute that overlaps it
         self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
         self._passes: dict[int, tuple[Pass, float, ActionCost]] = {}
+        # host seconds per kernel launch; a calibration profile's fitted per-action overhead
+        # already holds the framework's time, so it is not charged twice
+        self.host_launch_s = 0.0 if self.calibration is not None else scenario.training.host_launch_interval
 
     def _rank_devices(self) -> tuple[RankDevice, ...] | None:
         """Each pipeline rank's device, or None when every rank is this model's healthy device."""
@@ -167,6 +171,22 @@ class CostModel:
         if cached is not None and cached[0] is work and cached[1] == compute_scale:
             return cached[2]
         clock = compute = comm = exposed = flops = dp_wait = 0.0
+        # The host launches the pass's kernels one after another, host_launch_s apart. After a
+        # synchronisation (host_sync_between_passes) the pass starts with nothing queued, so no
+        # kernel starts before its launch; otherwise the host is taken to run ahead, and only a
+        # pass whose launches take longer than its kernels is held to the host's pace.
+        host_s, cold = self.host_launch_s, self.scenario.training.host_sync_between_passes
+        host = host_wait = 0.0
+
+        def launched(at: float) -> float:
+            """Start of the next kernel, due at ``at`` on the GPU, once the host has launched it."""
+            nonlocal host, host_wait
+            host += host_s
+            if cold and host > at:
+                host_wait += host - at
+                return host
+            return at
+
         by_group: dict[str, float] = {}
         previous_start = 0.0
         segments: list[Segment] = []
@@ -174,6 +194,7 @@ class CostModel:
         for block in work:
             if block.gather is not None:
                 # ZeRO-3 / FSDP: issued when the previous block started (prefetch)
+                host += host_s
                 gather_s = self.collective_s(block.gather)
                 segments.append(Segment("dp", "dp-comm", f"{block.label} {block.gather.name}", previous_start,
                                         gather_s))
@@ -183,22 +204,26 @@ class CostModel:
             previous_start = clock
             for item in block.items:
                 if isinstance(item, Overlap):
+                    clock = launched(clock)
                     comm_s = self.collective_s(item.comm)
                     segments.append(Segment("tp", "tp-comm", f"{block.label} {item.comm.name}", clock, comm_s))
-                    busy = 0.0
+                    busy = ops_s = 0.0  # busy: the ops and any wait for their launches
                     for op in item.compute:
+                        busy = launched(clock + busy) - clock
                         op_s = self.compute.time(op) * compute_scale
                         segments.append(Segment("compute", block.category, f"{block.label} {op.name}",
                                                 clock + busy, op_s))
                         busy += op_s
+                        ops_s += op_s
                         flops += op.flops
                     span = self.overlapped_s(busy, comm_s)
                     clock += span
-                    compute += busy
+                    compute += ops_s
                     comm += comm_s
                     exposed += max(0.0, span - busy)
                     by_group[item.comm.group] = by_group.get(item.comm.group, 0.0) + max(0.0, span - busy)
                 elif item.kind == "collective":
+                    clock = launched(clock)
                     comm_s = self.collective_s(item)
                     segments.append(Segment("tp", "tp-comm", f"{block.label} {item.name}", clock, comm_s))
                     clock += comm_s
@@ -206,13 +231,19 @@ class CostModel:
                     exposed += comm_s
                     by_group[item.group] = by_group.get(item.group, 0.0) + comm_s
                 else:
+                    clock = launched(clock)
                     op_s = self.compute.time(item) * compute_scale
                     segments.append(Segment("compute", block.category, f"{block.label} {item.name}", clock, op_s))
                     clock += op_s
                     compute += op_s
                     flops += item.flops
             if block.release is not None:
+                host += host_s
                 releases.append((clock, self.collective_s(block.release), f"{block.label} {block.release.name}"))
+        if not cold and host > clock:
+            # launch-bound: the GPU cannot finish the pass faster than the host launches it
+            host_wait += host - clock
+            clock = host
         if self.calibration is not None and self.calibration.action_overhead_s > 0:
             # the fitted fixed cost of one action in the framework (autograd, Python, p2p posting)
             overhead_s = self.calibration.action_overhead_s
@@ -222,7 +253,7 @@ class CostModel:
             compute += overhead_s
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
         cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
-                          tuple(sorted(by_group.items())))
+                          tuple(sorted(by_group.items())), host_wait)
         self._passes[id(work)] = (work, compute_scale, cost)
         return cost
 
@@ -266,17 +297,19 @@ def overlapped_cost(forward: ActionCost, backward: ActionCost, overlap: bool = T
     groups: dict[str, float] = {}
     for group, seconds in forward.exposed_by_group + backward.exposed_by_group:
         groups[group] = groups.get(group, 0.0) + seconds
+    host_wait = forward.host_wait_s + backward.host_wait_s
     if not overlap:
         return ActionCost(forward.duration_s + backward.duration_s, compute, forward.tp_comm_s + backward.tp_comm_s,
                           forward.tp_exposed_s + backward.tp_exposed_s, forward.flops + backward.flops, segments,
-                          dp_wait, _end_to_end(forward, backward), tuple(sorted(groups.items())))
+                          dp_wait, _end_to_end(forward, backward), tuple(sorted(groups.items())), host_wait)
     exposed = max(0.0, forward.tp_exposed_s + backward.tp_exposed_s - compute)
     # what stays exposed is shared out over the groups in proportion to their own exposure
     total = sum(groups.values())
     share = exposed / total if total > 0 else 0.0
-    return ActionCost(compute + exposed + dp_wait, compute, forward.tp_comm_s + backward.tp_comm_s, exposed,
-                      forward.flops + backward.flops, segments, dp_wait, forward.async_dp + backward.async_dp,
-                      tuple(sorted((group, seconds * share) for group, seconds in groups.items())))
+    return ActionCost(compute + exposed + dp_wait + host_wait, compute, forward.tp_comm_s + backward.tp_comm_s,
+                      exposed, forward.flops + backward.flops, segments, dp_wait,
+                      forward.async_dp + backward.async_dp,
+                      tuple(sorted((group, seconds * share) for group, seconds in groups.items())), host_wait)
 
 
 def _end_to_end(forward: ActionCost, backward: ActionCost) -> tuple[tuple[float, float, str], ...]:

@@ -50,6 +50,7 @@ class RankTime:
     optimizer_s: float
     end_s: float
     span_s: float  # first action start to last action end
+    host_wait_s: float = 0.0  # inside the actions: the GPU waiting for the host to launch kernels
 
     @property
     def idle_s(self) -> float:
@@ -106,6 +107,7 @@ class Summary:
     layer_split: str = "even"  # how they were chosen: even, given (parallel.layers_per_stage) or auto
     throughput_unit: str = "tokens"  # what throughput_per_s counts: tokens, images, samples or audio seconds
     throughput_per_s: float = 0.0  # the step's rate in that unit (results/throughput.py)
+    host_wait_s: float = 0.0  # mean over pipeline ranks of their actions' waits for kernel launches
 
 
 def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
@@ -118,6 +120,7 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     cp_exposed = sum(c.exposed("cp") for c in costs)
     ep_exposed = sum(c.exposed("ep", "etp") for c in costs)
     zero_wait = sum(c.dp_exposed_s for c in costs)
+    host_wait = sum(c.host_wait_s for c in costs)
     waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
     idle = idle_by_kind(idle_intervals(timeline, rank, pipeline_end, waits))
     compute_end = records[-1].end_s if records else 0.0
@@ -128,7 +131,7 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     span = (records[-1].end_s - records[0].start_s) if records else 0.0
     return RankTime(rank, compute, tp_exposed, cp_exposed, ep_exposed, zero_wait, idle["schedule"], idle["imbalance"], idle["stage-wait"],
                     idle["transfer"], idle["send"], max(0.0, dp_end - compute_end), embedding, optimizer,
-                    timeline.rank_end_s[rank], span)
+                    timeline.rank_end_s[rank], span, host_wait)
 
 
 def summarize(result: SimulationResult, reference: BubbleReference | None = None) -> Summary:
@@ -209,4 +212,5 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         layer_split=layout.layer_split,
         throughput_unit=unit.name,
         throughput_per_s=layout.global_batch_size * unit.per_sample / step,
+        host_wait_s=mean([r.host_wait_s for r in ranks]),
     )

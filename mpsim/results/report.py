@@ -113,6 +113,8 @@ def format_summary(summary: Summary) -> str:
         f"PP {format_seconds(s.exposed_pp_comm_s)} ({_pct(s.exposed_pp_comm_s, step)}), "
         f"DP {format_seconds(s.exposed_dp_comm_s)} ({_pct(s.exposed_dp_comm_s, step)}); "
         f"optimizer step {format_seconds(s.optimizer_s)}",
+        *([f"  host         the GPU waited {format_seconds(s.host_wait_s)} ({_pct(s.host_wait_s, step)}) per rank for "
+           f"kernel launches (training.host_launch_interval)"] if s.host_wait_s > 0 else []),
         f"  memory       peak {format_bytes(s.peak_memory_bytes)} of {format_bytes(s.capacity_bytes)} per device",
         *_memory_rows(s),
     ]

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from mpsim.specs.accelerator import DType
 from mpsim.specs.base import Spec
-from mpsim.units import Bytes, parse_quantity
+from mpsim.units import Bytes, Seconds, parse_quantity
 
 
 class ParallelPlan(Spec):
@@ -118,6 +118,22 @@ class TrainingOptions(Spec):
     pp_send_blocking: bool = Field(
         True, description="a rank waits for its pipeline sends to finish before its next action (Megatron)"
     )
+    # Eager PyTorch launches every kernel from a CPU thread (framework Python, the dispatcher, the
+    # CUDA runtime call). Measured: the median interval between consecutive kernel launches of
+    # one thread inside profiled steps, pooled over the three published A100 training traces
+    # (Holistic Trace Analysis test data; 20,071 intervals; 19, 30 and 91 us per trace):
+    # python benchmarks/trace_variation.py, launch_interval_us. CUDA graphs launch a whole graph
+    # at once: set 0 for a run captured in them.
+    host_launch_interval: Seconds = Field(
+        29e-6, ge=0, description="host time per kernel launch (framework, dispatcher, CUDA runtime); the GPU cannot "
+                                 "start a kernel before the host has launched it (docs/cost-model.md)")
+    # Megatron's batched pipeline p2p calls torch.cuda.synchronize() after batch_isend_irecv
+    # (megatron/core/pipeline_parallel/p2p_communication.py, batch_p2p_sync, on by default; the
+    # overlapped p2p of the interleaved schedule does not): the next pass starts on an empty queue
+    host_sync_between_passes: bool = Field(
+        False, description="the host waits for the GPU before every pass (Megatron's batched p2p with "
+                           "batch_p2p_sync; pass timers that synchronize): each pass starts with nothing queued, "
+                           "so the host's launches show until the GPU falls behind them")
     network_contention: bool = Field(
         True, description="pipeline transfers and DP gradient buckets that share a link share its bandwidth")
     distributed_optimizer: bool = Field(

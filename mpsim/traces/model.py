@@ -76,6 +76,8 @@ class Kernel:
     step: int | None = None  # the ``ProfilerStep#N`` the launch fell in
     gemm: Gemm | None = None
     collective: Collective | None = None
+    launch_s: float | None = None  # when the CUDA runtime call that launched it began on the CPU
+    launch_thread: int | None = None  # the CPU thread that launched it
 
     @property
     def end_s(self) -> float:

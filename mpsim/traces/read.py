@@ -226,9 +226,10 @@ def load_trace(path: str, cpu_only: bool = False) -> Trace:
                 gemm = gemm_of(name, ops)
         elif category == "collective":
             collective = collective_of(name, args, [(c.get("name", ""), c.get("args") or {}) for c in chain])
-        step = None
+        step = launch_s = launch_thread = None
         if index in launch_of:
             launch_s = (launch_of[index][2] - origin) * US
+            launch_thread = _int_or_none(launch_of[index][1])
             position = bisect.bisect_right(step_starts, launch_s) - 1
             if position >= 0 and launch_s <= steps[position].end_s:
                 step = steps[position].number
@@ -238,7 +239,7 @@ def load_trace(path: str, cpu_only: bool = False) -> Trace:
             stream=stream if stream is not None else (_int_or_none(event.get("tid")) or 0),
             correlation=_int_or_none(args.get("correlation")), op=innermost,
             op_names=tuple(caller.get("name", "") for caller in chain), step=step, gemm=gemm,
-            collective=collective))
+            collective=collective, launch_s=launch_s, launch_thread=launch_thread))
     kernels.sort(key=lambda k: (k.start_s, k.stream, k.name))
 
     device = _device(top, events.gpu) if events.gpu else {}  # a CPU-only trace names no GPU it ran on
