@@ -198,3 +198,44 @@ def test_run_prints_one_warning_line_on_stderr(tmp_path):
     whole = run_cli("run", str(scenario), "--set", "cluster.num_devices=72", "--set", "parallel.ep=8",
                     "--set", "parallel.global_batch_size=72")
     assert whole.returncode == 0 and whole.stderr == ""
+
+
+# --- NCCL's PAT: all-gather and reduce-scatter with one rank per node ------------------------------------------
+
+def gpu_group(size: int, nodes: int):
+    from mpsim.cost.links import LinkCost
+    from mpsim.cost.nccl import GpuGroup
+    # no measured curve, so only NCCL's own latency and bandwidth terms are left
+    return GpuGroup(size=size, nodes=nodes, per_node=size // nodes, intra=LinkCost(450e9, 3.4e-6),
+                    inter=LinkCost(50e9, 14e-6), base_latency_s=8.4e-6)
+
+
+def test_pat_latency_is_nccls_tuner_formula():
+    from mpsim.cost.nccl import pat
+    # tuning.cc: 8 us base + log2(nodes) * 14 us / 3.5 + nRanks * 2.8 us; one byte adds almost nothing
+    expected = 8e-6 + 10 * 14e-6 / 3.5 + 1024 * 2.8e-6
+    assert pat("reduce-scatter", 1.0, gpu_group(1024, 1024)) == pytest.approx(expected, rel=1e-6)
+    # a quarter less bus bandwidth than the ring's: the bytes take 4/3 as long
+    big = 1e12
+    assert pat("all-gather", big, gpu_group(1024, 1024)) - expected == pytest.approx(
+        1023 / 1024 * big / (0.75 * 50e9), rel=1e-6)
+
+
+def test_pat_is_offered_only_for_gathers_and_scatters_with_one_rank_per_node():
+    from mpsim.cost.nccl import candidates
+    names = lambda kind, size, nodes: {e.algorithm for e in candidates(kind, 1e6, gpu_group(size, nodes))}  # noqa: E731
+    assert "pat" in names("reduce-scatter", 64, 64) and "pat" in names("all-gather", 64, 64)
+    assert "pat" not in names("all-reduce", 64, 64)
+    assert "pat" not in names("reduce-scatter", 64, 8)  # 8 ranks per node
+    assert "pat" not in names("reduce-scatter", 8, 1)
+
+
+def test_pat_wins_small_messages_over_many_nodes_and_the_ring_large_ones_over_few():
+    from mpsim.cost.nccl import candidates
+    def best(size_bytes: float, nodes: int) -> str:
+        return min(candidates("reduce-scatter", size_bytes, gpu_group(nodes, nodes)), key=lambda e: e.time_s).algorithm
+    assert best(1 << 20, 1024) == "pat"  # 1 MiB over 1,024 nodes: the ring pays 1,023 network steps
+    assert best(1 << 30, 16) == "ring"  # 1 GiB over 16 nodes: PAT's lower bandwidth costs more
+    # more nodes only make PAT's case stronger
+    pat_wins = [best(1 << 24, n) == "pat" for n in (16, 64, 256, 1024)]
+    assert pat_wins == sorted(pat_wins)

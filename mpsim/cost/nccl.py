@@ -19,6 +19,12 @@ fastest, the way NCCL's tuner picks an algorithm per call from its own cost mode
 * **NVLS** (NVLink SHARP, all-reduce in one node): the switch adds the contributions, so
   a rank moves ``S (n+1)/n`` bytes each way instead of ``2 S (n-1)/n``. NCCL uses it from
   5-6 GPUs up. **NVLS-tree** adds a tree across nodes.
+* **PAT** (Parallel Aggregated Trees, NCCL 2.23+, all-gather and reduce-scatter with
+  one rank per node): the ring's bytes, but a latency that grows with ``log2(k)`` plus a
+  small linear part instead of ``k`` full network steps; NCCL's tuner gives it three
+  quarters of the ring's bus bandwidth, so it wins on small messages over many nodes (a
+  data-parallel group of a TP-8 layout reduce-scattering its buckets over hundreds of
+  nodes).
 * **Pairwise all-to-all**: ``n-1`` exchanges of ``S/n``; peers in the node over the
   scale-up fabric, the others through the rank's own NIC.
 
@@ -38,6 +44,14 @@ from mpsim.cost.links import LinkCost, transfer_s
 # per network level of its tree.
 TREE_STEP_LATENCY_S = 28e-6
 NVLS_TREE_NET_STEP_LATENCY_S = 14e-6
+# NCCL tuning.cc, PAT (Simple protocol, the only one it runs): base latency 8 us; latency
+# log2(nodes) * interLat / 3.5 + nRanks * 2.8 us, interLat being the network's per-step
+# latency (14 us, the ring's); bus bandwidth 0.75 of the channels'. Enabled by default
+# (NCCL_PAT_ENABLE=2) only with one GPU per node (ncclPatEnable).
+PAT_BASE_LATENCY_S = 8e-6
+PAT_LOG_STEP_DIVISOR = 3.5
+PAT_PER_RANK_LATENCY_S = 2.8e-6
+PAT_BANDWIDTH_FACTOR = 0.75
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 
@@ -141,6 +155,18 @@ def hierarchical(kind: str, message_bytes: float, group: GpuGroup) -> float:
     raise ValueError(f"unknown collective {kind!r}")
 
 
+def pat(kind: str, message_bytes: float, group: GpuGroup) -> float:
+    """NCCL's PAT all-gather or reduce-scatter over one rank per node."""
+    if kind not in ("all-gather", "reduce-scatter"):
+        raise ValueError(f"PAT runs all-gather and reduce-scatter, not {kind}")
+    n, k = group.size, group.nodes
+    latency = (PAT_BASE_LATENCY_S + math.floor(math.log2(k)) * group.inter.step_latency_s / PAT_LOG_STEP_DIVISOR
+               + n * PAT_PER_RANK_LATENCY_S)
+    inter = LinkCost(group.inter.bandwidth * PAT_BANDWIDTH_FACTOR, group.inter.step_latency_s,
+                     group.inter.half_bandwidth_bytes, group.inter.curve_exponent)
+    return transfer_s(latency, [((n - 1) / n * message_bytes, inter)], message_bytes)
+
+
 def pairwise_all_to_all(message_bytes: float, group: GpuGroup) -> float:
     """Every rank sends ``S/n`` to each peer: node peers over the fabric, others through its NIC."""
     n, g = group.size, group.per_node
@@ -159,6 +185,8 @@ def candidates(kind: str, message_bytes: float, group: GpuGroup) -> list[Estimat
     multi_node = group.nodes > 1
     if multi_node and group.per_node > 1:
         found.append(Estimate("hierarchical", hierarchical(kind, message_bytes, group)))
+    if multi_node and group.per_node == 1 and kind in ("all-gather", "reduce-scatter"):
+        found.append(Estimate("pat", pat(kind, message_bytes, group)))
     if kind == "all-reduce":
         if multi_node:
             found.append(Estimate("tree", tree_all_reduce(message_bytes, group)))
