@@ -88,10 +88,6 @@ SCENARIOS = ROOT / "scenarios"
 # --- gaps: what the frameworks did that mpsim cannot express yet --------------------------------------------------
 # key -> description. Rows name the keys that apply to them in their note column.
 GAPS: dict[str, str] = {
-    "tp-overlap-fwd": "NeMo's userbuffer TP overlap (ub_tp_comm_overlap: true) pipelines the sequence-parallel "
-                      "all-gather and reduce-scatter with the GEMMs in the forward and backward; mpsim overlaps "
-                      "only the backward input-gradient collective with the weight-gradient GEMM "
-                      "(training.tp_comm_overlap_backward); nearest: that",
     "fp8-params": "fp8_params: true keeps the weights in FP8, so the distributed optimizer's parameter "
                   "all-gather moves 1 byte per parameter; mpsim gathers BF16 weights; nearest: that",
     "rope-half": "Nemotron-4 applies rotary embeddings to half of each head (rotary_percentage: 0.5); mpsim "
@@ -349,8 +345,8 @@ DGXC_FRAMEWORK = [
     # optim.grad_sync_dtype: bf16 with contiguous_grad_buffer: the weight-gradient GEMMs
     # accumulate into, and the reduce-scatter moves, a bf16 gradient buffer
     "training.fp32_grad_accumulation=false",
-    # TP comm overlap includes the backward input-gradient overlap (ub_tp_comm_overlap on the
-    # TP>1 recipes; Megatron's default otherwise); the forward part is a gap (tp-overlap-fwd)
+    # the backward input-gradient overlap (Megatron's default; the TP>1 recipes' userbuffers,
+    # training.tp_comm_overlap below, overlap it too)
     "training.tp_comm_overlap_backward=true",
     # configure.sh exports NCCL_NVLS_ENABLE=0: no NVLink SHARP (in-switch reduction) collectives
     "cluster.system.scale_up.in_switch_reduction=null",
@@ -370,7 +366,6 @@ class Recipe:
     model: str  # scenarios/models file
     overrides: tuple[str, ...]
     gaps: tuple[str, ...]  # gaps of every row of the recipe
-    tp_gaps: tuple[str, ...] = ()  # gaps of its rows with TP > 1
 
 
 DGXC_RECIPES = {
@@ -381,17 +376,22 @@ DGXC_RECIPES = {
     ), ()),
     "Llama 3.1 70B": Recipe("llama3.1-70b", (
         "parallel.sequence_parallel=true",  # llama3.1_70b.yaml sequence_parallel: true
+        # ub_tp_comm_overlap: true: Transformer Engine's userbuffers overlap every sequence-parallel
+        # collective with its GEMM (mpsim prices Transformer Engine's default userbuffers methods;
+        # the recipe's tuned ub_cfgs are not printed in the results)
+        "training.tp_comm_overlap=true",
         "training.grad_reduce_bucket_bytes=75 MiB",  # optim.bucket_cap_mb: 75
         # overlap_p2p_comm: true, batch_p2p_comm: false: pipeline sends and receives overlap the
         # interleaved schedule's compute
         "training.pp_send_blocking=false",
-    ), ("defer-emb-wgrad",), ("tp-overlap-fwd",)),
+    ), ("defer-emb-wgrad",)),
     "Nemotron-4 15B": Recipe("nemotron4-15b", (
         "parallel.sequence_parallel=true",  # configure.sh model.sequence_parallel=True
         "training.grad_reduce_bucket_bytes=100 MiB",  # optim.bucket_cap_mb: 100
         "training.pp_send_blocking=true",  # overlap_p2p_comm: False (and PP 1)
         "model.ffn_type=squared_relu",  # Nemotron-4's FFN activation (its model card)
-    ), ("rope-half",), ("tp-overlap-fwd",)),
+        "training.tp_comm_overlap=true",  # configure.sh model.ub_tp_comm_overlap=True
+    ), ("rope-half",)),
 }
 # model.fp8 / fp8_hybrid / fp8_params from configure.sh when DTYPE=fp8 (Transformer Engine,
 # E4M3 forward and E5M2 gradients: the layers' linear GEMMs in fp8, attention and the LM head
@@ -430,7 +430,7 @@ def dgxc_table(data: Path) -> list[Case]:
             f"parallel.global_batch_size={_number(row['global_batch'])}",
             *DGXC_FRAMEWORK, *recipe.overrides, *precision,
         ]
-        notes = (*(recipe.tp_gaps if tp > 1 else ()), *recipe.gaps, *precision_gaps)
+        notes = (*recipe.gaps, *precision_gaps)
 
         def predict(overrides=overrides) -> Prediction:
             summary = simulate_step(DGXC_BASE, overrides)

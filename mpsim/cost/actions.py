@@ -148,16 +148,31 @@ class CostModel:
             return (place.size - 1) * p2p_time(op.message_bytes, place.nodes == 1, self.system)
         return collective_time(op.collective, op.message_bytes, place, self.system)
 
-    def overlapped_s(self, compute_s: float, comm_s: float) -> float:
+    def overlapped_s(self, compute_s: float, comm_s: float, overlap: Overlap | None = None) -> float:
         """Wall time of ``compute_s`` of work overlapped with a ``comm_s`` collective.
 
-        The collective's kernels hold some SMs while it runs, so the compute beside it
-        runs at ``1 - f`` of its speed until the collective ends.
+        Side by side (``overlap.chunks == 1``): the collective's kernels hold some SMs while
+        it runs, so the compute beside it runs at ``1 - f`` of its speed until the
+        collective ends. Pipelined in ``n`` pieces: the compute loses its ``f`` share for
+        the whole time (Transformer Engine sets the SM margin aside for every piece), and
+        the two stages' pieces follow each other, so the wall time is the first piece of
+        one stage plus ``n - 1`` steps of the slower stage plus the last piece of the other
+        (a ring exchange's first piece needs no communication: ``n - 1`` transfers feed
+        the last ``n - 1`` computes).
         """
-        slow = 1.0 - self.comm_sm_fraction
-        if compute_s <= comm_s * slow:
-            return comm_s
-        return compute_s + comm_s * self.comm_sm_fraction
+        fraction = self.comm_sm_fraction
+        if overlap is not None and overlap.comm_sms is not None:
+            fraction = min(1.0, overlap.comm_sms / self.system.accelerator.compute_units)
+        chunks = overlap.chunks if overlap is not None else 1
+        if chunks <= 1:
+            if compute_s <= comm_s * (1.0 - fraction):
+                return comm_s
+            return compute_s + comm_s * fraction
+        piece_s = compute_s / max(1e-12, 1.0 - fraction) / chunks
+        if overlap.comm_first:
+            return piece_s + (chunks - 1) * max(piece_s, comm_s / (chunks - 1))
+        comm_piece_s = comm_s / chunks
+        return piece_s + (chunks - 1) * max(piece_s, comm_piece_s) + comm_piece_s
 
     @property
     def weight_pass_slowdown(self) -> float:
@@ -216,7 +231,7 @@ class CostModel:
                         busy += op_s
                         ops_s += op_s
                         flops += op.flops
-                    span = self.overlapped_s(busy, comm_s)
+                    span = self.overlapped_s(busy, comm_s, item)
                     clock += span
                     compute += ops_s
                     comm += comm_s

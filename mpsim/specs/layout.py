@@ -159,6 +159,10 @@ def _check_tensor_parallel(scenario: Scenario) -> None:
     if model.moe is not None and tp > 1 and not plan.sequence_parallel:
         raise _fail("parallel.sequence_parallel", "mixture-of-experts layers with tp > 1 route sequence-parallel "
                                                   "shards of the tokens (as Megatron requires); set it to true")
+    if scenario.training.tp_comm_overlap and tp > 1 and not plan.sequence_parallel:
+        raise _fail("training.tp_comm_overlap", "overlaps the sequence-parallel all-gathers and reduce-scatters "
+                                                "(Megatron-Core requires --sequence-parallel for --tp-comm-overlap); "
+                                                "set parallel.sequence_parallel: true")
 
 
 def _check_context_parallel(scenario: Scenario) -> None:

@@ -84,6 +84,15 @@ class TrainingOptions(Spec):
     tp_comm_overlap_backward: bool = Field(
         True, description="overlap the input-gradient TP collective with the weight-gradient GEMM (Megatron default)"
     )
+    # Megatron-Core's --tp-comm-overlap (off unless given; NeMo's ub_tp_comm_overlap): Transformer
+    # Engine's userbuffers run each sequence-parallel all-gather as a ring exchange feeding the
+    # GEMM piece by piece, pipeline each row-parallel GEMM with its reduce-scatter, and overlap
+    # the backward's collectives in bulk on SMs of their own (transformer_engine/pytorch/module/
+    # base.py, initialize_ub: the default method, pieces and SMs of each)
+    tp_comm_overlap: bool = Field(
+        False, description="overlap every sequence-parallel TP collective with its GEMM, forward and backward "
+                           "(Megatron-Core --tp-comm-overlap with Transformer Engine's userbuffers); needs "
+                           "parallel.sequence_parallel")
     # Megatron-LM's --overlap-grad-reduce is off unless given (megatron/training/arguments.py), but
     # its example launch scripts (e.g. examples/llama/train_llama3_8b_h100_fp8.sh) and the runs
     # the shipped scenarios model pass it: on here

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, grad_gather, linear,
-                                   norm, present, tp_collectives)
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, gathered_gemm,
+                                   grad_gather, linear, norm, present, scattered_gemm, tp_collectives)
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
 # FlashAttention works on key blocks of this many tokens; with a causal mask it skips the
@@ -143,7 +143,7 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     if mla is None:
         width = (heads + 2 * ctx.kv_local) * d_qk if d_v == d_qk else heads * d_qk + ctx.kv_local * (d_qk + d_v)
         qkv, qkv_dgrad, qkv_wgrad = linear(ctx, "attn.qkv", t, width, h)
-        projections = [qkv]
+        projections = gathered_gemm(ctx, gather, qkv)
         proj_b, proj_i, proj_w = column_backward(ctx, "attn.qkv", qkv_dgrad, qkv_wgrad, gather)
         params = h * width + (width if bias else 0)
         saved_proj = t * width * e
@@ -156,7 +156,9 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
         kv_up, kv_dgrad, kv_wgrad = linear(ctx, "attn.kv_up", t, heads * (mla.qk_nope_head_dim + d_v),
                                            mla.kv_lora_rank)
         latent_norms = memory_op("attn.latent_norms", t * down_width * e * 2)
-        projections = [down, latent_norms, q_up, kv_up]
+        # the all-gather feeds the replicated down projection; userbuffers' ring exchange
+        # is wired to the column-parallel QKV GEMM, so nothing overlaps it here
+        projections = [*present(gather), down, latent_norms, q_up, kv_up]
         # the up projections are column-parallel over heads: the latent gradients are
         # partial sums over TP (small); the down projection is replicated, so the input
         # gradient is then complete on every rank
@@ -177,8 +179,8 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     rope = [memory_op("attn.rope", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
     rope_grad = [memory_op("attn.rope.grad", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
 
-    forward: list[Item] = [*present(gather), *projections, *rope, *core_fwd, proj, *present(reduce)]
-    head = [*grad_gather(ctx, "attn.proj"), proj_dgrad]
+    forward: list[Item] = [*projections, *rope, *core_fwd, *scattered_gemm(ctx, proj, reduce)]
+    head = gathered_gemm(ctx, grad_gather(ctx, "attn.proj"), proj_dgrad)
     backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *proj_b]
     backward_input = [*head, *core_bwd, *rope_grad, *proj_i]
     backward_weight = [proj_wgrad, *proj_w]

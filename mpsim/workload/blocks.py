@@ -36,6 +36,9 @@ class LayerContext:
     gemm_in_bytes: int = 2  # GEMM operands (1 for fp8)
     wgrad_accumulate_bytes: int = 4  # weight gradients accumulated in fp32 (Megatron main_grad)
     tp_overlap_backward: bool = True
+    # Megatron-Core --tp-comm-overlap: Transformer Engine's userbuffers overlap the
+    # sequence-parallel collectives with the GEMMs beside them, forward and backward
+    tp_overlap_forward: bool = False
     v_head_dim: int | None = None  # value head size when it differs (MLA)
     cp: int = 1
     cp_comm: str = "ring"
@@ -104,6 +107,18 @@ class BlockWork:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+# Transformer Engine's userbuffers defaults (transformer_engine/pytorch/module/base.py,
+# initialize_ub): an all-gather that feeds a GEMM (qkv_fprop, fc1_fprop, proj_dgrad,
+# fc2_dgrad) is a ring exchange in tp pieces on the copy engines (num_sm 1, no SM margin);
+# a reduce-scatter fed by a GEMM (proj_fprop, fc2_fprop) is pipelined in 4 pieces on 16
+# SMs set aside from the GEMM; the backward's bulk overlaps (qkv/fc1 dgrad and wgrad) take
+# 16 SMs
+UB_RING_EXCHANGE_SMS = 1
+UB_PIPELINE_SPLITS = 4
+UB_PIPELINE_SMS = 16
+UB_BULK_SMS = 16
+
+
 def tp_collectives(ctx: LayerContext, name: str) -> tuple[Op | None, Op | None]:
     """Collectives around a TP block: (before the column-parallel GEMM, after the row-parallel one)."""
     if ctx.tp == 1:
@@ -115,11 +130,31 @@ def tp_collectives(ctx: LayerContext, name: str) -> tuple[Op | None, Op | None]:
     return None, collective(f"{name}.all_reduce", "all-reduce", "tp", message)
 
 
-def grad_gather(ctx: LayerContext, name: str) -> list[Item]:
+def grad_gather(ctx: LayerContext, name: str) -> Op | None:
     """Backward of a row-parallel GEMM's reduce-scatter: an all-gather of the gradient."""
     if ctx.tp > 1 and ctx.sequence_parallel:
-        return [collective(f"{name}.grad_all_gather", "all-gather", "tp", ctx.activation_message)]
-    return []
+        return collective(f"{name}.grad_all_gather", "all-gather", "tp", ctx.activation_message)
+    return None
+
+
+def gathered_gemm(ctx: LayerContext, gather: Op | None, gemm_op: Op) -> list[Item]:
+    """A GEMM after the all-gather of its input: one after the other, or, with userbuffers,
+    the GEMM on each piece as the ring exchange brings it."""
+    if gather is None:
+        return [gemm_op]
+    if ctx.tp_overlap_forward:
+        return [Overlap(gather, (gemm_op,), chunks=ctx.tp, comm_first=True, comm_sms=UB_RING_EXCHANGE_SMS)]
+    return [gather, gemm_op]
+
+
+def scattered_gemm(ctx: LayerContext, gemm_op: Op, reduce: Op | None) -> list[Item]:
+    """A GEMM before the reduce-scatter (or all-reduce) of its output: one after the other,
+    or, with userbuffers, each piece reduce-scattered while the GEMM computes the next."""
+    if reduce is None:
+        return [gemm_op]
+    if ctx.tp_overlap_forward and reduce.collective == "reduce-scatter":
+        return [Overlap(reduce, (gemm_op,), chunks=UB_PIPELINE_SPLITS, comm_sms=UB_PIPELINE_SMS)]
+    return [gemm_op, reduce]
 
 
 def norm(ctx: LayerContext, name: str, backward: bool = False) -> Op:
@@ -168,7 +203,8 @@ def column_backward(ctx: LayerContext, name: str, dgrad: Op, wgrad: Op,
 
     Its input gradient needs an all-reduce over TP (a reduce-scatter under sequence
     parallelism, which also re-gathers the sharded input for the weight gradient). In the
-    combined form Megatron overlaps that collective with the weight-gradient GEMM.
+    combined form Megatron overlaps that collective with the weight-gradient GEMM (with
+    userbuffers, Transformer Engine's bulk overlaps, on SMs of their own).
     """
     if ctx.tp == 1:
         return [dgrad, wgrad], [dgrad], [wgrad]
@@ -176,8 +212,10 @@ def column_backward(ctx: LayerContext, name: str, dgrad: Op, wgrad: Op,
     reduce = collective(f"{name}.grad_{kind.replace('-', '_')}", kind, "tp", ctx.activation_message)
     regather = (collective(f"{name}.regather_input", "all-gather", "tp", ctx.activation_message)
                 if gather is not None else None)
-    if ctx.tp_overlap_backward:
-        combined: list[Item] = [Overlap(regather, (dgrad,)) if regather else dgrad, Overlap(reduce, (wgrad,))]
+    if ctx.tp_overlap_backward or ctx.tp_overlap_forward:
+        sms = UB_BULK_SMS if ctx.tp_overlap_forward else None
+        combined: list[Item] = [Overlap(regather, (dgrad,), comm_sms=sms) if regather else dgrad,
+                                Overlap(reduce, (wgrad,), comm_sms=sms)]
     else:
         combined = ([regather] if regather else []) + [dgrad, reduce, wgrad]
     input_only: list[Item] = [dgrad, reduce]

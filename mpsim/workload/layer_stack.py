@@ -47,7 +47,8 @@ def stack_env(scenario: Scenario, layout: Layout) -> StackEnv:
     return StackEnv(microbatch_size=layout.microbatch_size, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                     flash_attention=training.attention == "flash", act_bytes=4 if gemm_bytes == 4 else 2,
                     gemm_in_bytes=gemm_bytes, wgrad_accumulate_bytes=training.grad_bytes,
-                    tp_overlap_backward=training.tp_comm_overlap_backward)
+                    tp_overlap_backward=training.tp_comm_overlap_backward,
+                    tp_overlap_forward=training.tp_comm_overlap)
 
 
 def _join(pieces: list[BlockWork]) -> BlockWork:

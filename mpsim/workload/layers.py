@@ -23,7 +23,8 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
                                 EmbeddingLayer, LinearLayer, NormLayer, PoolLayer, RecurrentLayer, ViewLayer, numel)
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
-from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, grad_gather, linear, tp_collectives
+from mpsim.workload.blocks import (BlockWork, LayerContext, column_backward, gathered_gemm, grad_gather, linear,
+                                   scattered_gemm, tp_collectives)
 from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
                                       embedding_block)
 from mpsim.workload.ops import Item, Op, collective, memory_op
@@ -42,6 +43,7 @@ class StackEnv:
     gemm_in_bytes: int = 2
     wgrad_accumulate_bytes: int = 4
     tp_overlap_backward: bool = True
+    tp_overlap_forward: bool = False
 
     def context(self, tokens: int, hidden: int, **shape) -> LayerContext:
         """The transformer helpers' context for ``tokens`` per sample of width ``hidden``."""
@@ -49,7 +51,8 @@ class StackEnv:
                       head_dim=1, ffn_hidden=hidden, gated_ffn=False, tp=self.tp,
                       sequence_parallel=self.sequence_parallel, flash_attention=self.flash_attention, dropout=False,
                       rope=False, act_bytes=self.act_bytes, gemm_in_bytes=self.gemm_in_bytes,
-                      wgrad_accumulate_bytes=self.wgrad_accumulate_bytes, tp_overlap_backward=self.tp_overlap_backward)
+                      wgrad_accumulate_bytes=self.wgrad_accumulate_bytes, tp_overlap_backward=self.tp_overlap_backward,
+                      tp_overlap_forward=self.tp_overlap_forward)
         fields.update(shape)
         return LayerContext(**fields)
 
@@ -127,7 +130,7 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         fwd, dgrad, wgrad = linear(ctx, name, rows, width, inputs)
         gather, _ = tp_collectives(ctx, name)
         combined, input_only, weight_only = column_backward(ctx, name, dgrad, wgrad, gather)
-        forward: list[Item] = ([gather] if gather is not None else []) + [fwd]
+        forward: list[Item] = gathered_gemm(ctx, gather, fwd)
         params = inputs * width + (width if layer.bias else 0)
         # the input is kept as it arrives: 1/tp of the tokens under sequence parallelism
         saved = ctx.norm_tokens * inputs * e
@@ -139,9 +142,9 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         depth = inputs // env.tp
         fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, depth)
         _, reduce = tp_collectives(ctx, name)
-        head = [*grad_gather(ctx, name), dgrad]
+        head = gathered_gemm(ctx, grad_gather(ctx, name), dgrad)
         params = depth * outputs + (outputs if layer.bias else 0)  # the bias is added once, after the reduction
-        return BlockWork(tuple([fwd] + ([reduce] if reduce is not None else [])), (*head, wgrad), tuple(head),
+        return BlockWork(tuple(scattered_gemm(ctx, fwd, reduce)), (*head, wgrad), tuple(head),
                          (wgrad,), params=float(params), saved_bytes=float(rows * depth * e),
                          weight_grad_buffer_bytes=float(rows * (depth + outputs) * e))
     ctx = env.context(tokens, inputs)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, grad_gather, linear,
-                                   norm, present, tp_collectives)
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, gathered_gemm,
+                                   grad_gather, linear, norm, scattered_gemm, tp_collectives)
 from mpsim.workload.ops import Item, memory_op
 
 
@@ -71,8 +71,8 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     act = memory_op(f"{name}.act", t * ffn_local * e * activation.forward_traffic)
     act_grad = memory_op(f"{name}.act.grad", t * ffn_local * e * activation.backward_traffic)
     fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
-    head = [*grad_gather(ctx, f"{name}.fc2"), fc2_dgrad]
-    forward = [*present(gather), fc1, act, fc2, *present(reduce)]
+    head = gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad)
+    forward = [*gathered_gemm(ctx, gather, fc1), act, *scattered_gemm(ctx, fc2, reduce)]
     backward = [*head, fc2_wgrad, act_grad, *fc1_b]
     backward_input = [*head, act_grad, *fc1_i]
     backward_weight = [fc2_wgrad, *fc1_w]

@@ -52,10 +52,23 @@ class Op:
 
 @dataclass(frozen=True)
 class Overlap:
-    """A collective that runs concurrently with a run of compute ops."""
+    """A collective that runs concurrently with a run of compute ops.
+
+    ``chunks == 1``: the two run side by side from the start (Megatron's overlap of an
+    input-gradient collective with the weight-gradient GEMM, Transformer Engine's "bulk"
+    overlaps). ``chunks > 1``: both are cut into pieces that form a two-stage pipeline
+    (Transformer Engine's userbuffers): with ``comm_first`` the compute of piece i needs
+    piece i of the collective, except the first, which the rank holds already (a ring
+    exchange feeding an all-gather's GEMM); otherwise piece i of the collective needs piece
+    i of the compute (a GEMM feeding a reduce-scatter). ``comm_sms``: the SMs the
+    collective's kernels hold from the compute (None: the system's NCCL channels).
+    """
 
     comm: Op
     compute: tuple[Op, ...]
+    chunks: int = 1
+    comm_first: bool = False
+    comm_sms: int | None = None
 
 
 Item = Union[Op, Overlap]

@@ -49,6 +49,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         gemm_in_bytes=gemm_bytes,
         wgrad_accumulate_bytes=training.grad_bytes,
         tp_overlap_backward=training.tp_comm_overlap_backward,
+        tp_overlap_forward=training.tp_comm_overlap,
         fp8_attention=training.fp8_attention,
         ffn_activation=model.ffn_activation,
         v_head_dim=None if mla is None else mla.v_head_dim,

@@ -1,0 +1,96 @@
+"""Megatron-Core's --tp-comm-overlap: Transformer Engine's userbuffers overlap every
+sequence-parallel collective with the GEMM beside it, piece by piece."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpsim.cost.actions import CostModel
+from mpsim.errors import InputError
+from mpsim.resolve import resolve
+from mpsim.specs import load_scenario
+from mpsim.workload import build_workload
+from mpsim.workload.blocks import UB_PIPELINE_SPLITS, UB_PIPELINE_SMS
+from mpsim.workload.ops import Overlap, collective, gemm
+from tests.conftest import SCENARIOS
+
+LLAMA70 = SCENARIOS / "llama3_70b_32xh100.yaml"
+
+
+def prepared(*overrides: str):
+    scenario = load_scenario(LLAMA70, list(overrides)).scenario
+    layout = resolve(scenario)
+    return scenario, layout, build_workload(scenario, layout), CostModel(scenario, layout)
+
+
+def overlaps(items) -> list[Overlap]:
+    return [item for item in items if isinstance(item, Overlap)]
+
+
+def test_the_forward_overlaps_each_gather_and_scatter_with_its_gemm():
+    _, layout, workload, _ = prepared("training.tp_comm_overlap=true")
+    assert layout.tp > 1 and layout.sequence_parallel
+    forward = [item for block in workload.stages[1].forward for item in block.items]
+    found = overlaps(forward)
+    gathers = [o for o in found if o.comm.collective == "all-gather"]
+    scatters = [o for o in found if o.comm.collective == "reduce-scatter"]
+    # QKV and FC1 after a ring exchange in tp pieces; the output projection and FC2 before a
+    # pipelined reduce-scatter, in every layer of the stage
+    assert {o.compute[0].name for o in gathers} == {"attn.qkv", "mlp.fc1"}
+    assert {o.compute[0].name for o in scatters} == {"attn.proj", "mlp.fc2"}
+    assert all(o.chunks == layout.tp and o.comm_first for o in gathers)
+    assert all(o.chunks == UB_PIPELINE_SPLITS and not o.comm_first and o.comm_sms == UB_PIPELINE_SMS
+               for o in scatters)
+    # no TP collective is left on its own in the forward
+    assert not [item for item in forward if not isinstance(item, Overlap) and item.kind == "collective"
+                and item.group == "tp"]
+
+
+def test_overlap_hides_tp_communication_and_shortens_every_pass():
+    _, _, plain_work, plain = prepared()
+    _, _, ub_work, ub = prepared("training.tp_comm_overlap=true")
+    for kind in ("forward", "backward"):
+        before = plain.price(getattr(plain_work.stages[1], kind))
+        after = ub.price(getattr(ub_work.stages[1], kind))
+        assert after.exposed("tp") < before.exposed("tp")
+        assert after.duration_s < before.duration_s
+        assert after.tp_comm_s == pytest.approx(before.tp_comm_s, rel=1e-12)  # the same bytes move
+
+
+def test_pipelined_pieces_follow_the_two_stage_pipeline():
+    _, _, _, model = prepared()
+    units = model.system.accelerator.compute_units
+    op = gemm("g", 4096, 4096, 4096)
+    comm = collective("c", "reduce-scatter", "tp", 1e6)
+    scatter = Overlap(comm, (op,), chunks=4, comm_sms=16)
+    gather = Overlap(comm, (op,), chunks=4, comm_first=True, comm_sms=0)
+    slow = 1.0 / (1.0 - 16 / units)
+    # nothing to communicate: the GEMM alone (at its SM margin)
+    assert model.overlapped_s(1.0, 0.0, scatter) == pytest.approx(slow, rel=1e-12)
+    assert model.overlapped_s(1.0, 0.0, gather) == pytest.approx(1.0, rel=1e-12)
+    # nothing to compute: the collective alone
+    assert model.overlapped_s(0.0, 1.0, scatter) == pytest.approx(1.0, rel=1e-12)
+    assert model.overlapped_s(0.0, 1.0, gather) == pytest.approx(1.0, rel=1e-12)
+    # a GEMM twice as long as its reduce-scatter hides all of it but the last piece
+    assert model.overlapped_s(2.0, 1.0, scatter) == pytest.approx(2.0 * slow + 0.25, rel=1e-12)
+    # a ring exchange slower than the GEMM: the first piece computes at once, then each
+    # of the other three waits for its transfer
+    assert model.overlapped_s(1.0, 3.0, gather) == pytest.approx(0.25 + 3.0, rel=1e-12)
+    # never faster than either side, never slower than one after the other at the margin
+    for compute_s, comm_s in ((0.3, 1.7), (1.0, 1.0), (2.5, 0.4)):
+        for item in (scatter, gather):
+            span = model.overlapped_s(compute_s, comm_s, item)
+            assert max(compute_s, comm_s) <= span <= compute_s * slow + comm_s + 1e-12
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0, 4.0])
+def test_a_faster_tp_link_is_never_slower_with_overlap(scale):
+    base = ("training.tp_comm_overlap=true",)
+    _, _, work, model = prepared(*base)
+    _, _, fast_work, fast = prepared(*base, f"cluster.system.scale_up.bandwidth_per_device={450 * scale} GB/s")
+    assert fast.price(fast_work.stages[1].forward).duration_s <= model.price(work.stages[1].forward).duration_s
+
+
+def test_overlap_needs_sequence_parallelism():
+    with pytest.raises(InputError, match="training.tp_comm_overlap"):
+        prepared("training.tp_comm_overlap=true", "parallel.sequence_parallel=false")
