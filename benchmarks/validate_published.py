@@ -102,16 +102,10 @@ GAPS: dict[str, str] = {
 }
 
 # gaps of a whole table or of a kind of its rows, not marked row by row: table -> (which rows, gap)
-GRAD_NORM_SYNC = ("the all-reduce of the gradient norm (clipping) before the optimizer step is not modelled "
-                  "(one small all-reduce per step)")
 TABLE_GAPS: dict[str, list[tuple[str, str]]] = {
-    "korthikanti_table5": [("all rows", GRAD_NORM_SYNC)],
-    "dgxc_v24.11": [("all rows", GRAD_NORM_SYNC)],
     "zero_bubble_table4": [
         ("all rows", "the cluster is 'up to 4 nodes x 8 A100 SXM 80GB, RoCE RDMA' with no NIC bandwidth printed; "
                      "nearest: the shipped dgx-a100 system (8x HDR 200 Gb/s InfiniBand per node)"),
-        ("1F1B and 1F1B-I rows", "the all-reduce of the gradient norm and the fp16 inf/nan flag before the "
-                                 "optimizer step is not modelled (one small all-reduce per step)"),
     ],
 }
 

@@ -50,6 +50,11 @@ from mpsim.workload.stage_work import StageWork, Workload
 # (6), write them (6), norm read (2).
 OPTIMIZER_STEP_BYTES_PER_PARAM = {"adam": 38, "adam-bf16": 18}
 GRAD_ZERO_BYTES_PER_PARAM = 4
+# the gradient norm (and the fp16 found-inf flag) all-reduced as one fp32 number
+GRAD_STAT_BYTES = 4.0
+# fp16 loss scaling: torch._amp_foreach_non_finite_check_and_unscale_ reads and writes every fp32
+# main gradient the rank owns (Megatron's MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan)
+UNSCALE_BYTES_PER_PARAM = 8
 
 # (ready fraction of the action, seconds, label, group: a name, or the placement of a
 # group joined over the ranks holding copies of a block)
@@ -206,10 +211,49 @@ def param_gather_s(works: list[StageWork], model: CostModel) -> float:
     return seconds
 
 
+def grad_stats_placement(model: CostModel) -> GroupPlacement:
+    """The ranks that hold distinct pieces of the gradient: the whole model (TP x PP) and, when
+    the optimizer is sharded, every shard of it (DP x CP). Megatron reduces the gradient norm
+    and the fp16 inf/nan flag over them (``clip_grad_norm_fp32``, ``get_grad_stats_parallel_group``)."""
+    layout = model.layout
+    dims = [("tp", layout.tp), ("pp", layout.pp)]
+    if layout.zero_stage >= 1:
+        dims += [("cp", layout.cp), ("dp", layout.zero_shard_size)]
+    ranks = [0]
+    for dim, size in dims:
+        stride = layout.stride(dim)
+        ranks = [rank + i * stride for rank in ranks for i in range(size)]
+    return place_ranks(sorted(ranks), layout.devices_per_node, layout.devices)
+
+
+def grad_checks_s(works: list[StageWork], model: CostModel) -> float:
+    """Seconds of the checks on the gradients before the update.
+
+    With ``training.clip_grad`` the global gradient norm: each rank's squared norm (its read
+    of the gradients is in the update's bytes) summed by an all-reduce of one number over
+    the ranks holding distinct gradients, which the host waits for (``.item()``). With fp16
+    loss scaling, before it: the unscale and inf/nan check of the fp32 gradients the rank
+    owns (read and write, 8 B each) and an all-reduce of the found-inf flag.
+    """
+    training = model.scenario.training
+    syncs = int(training.clip_grad) + int(training.dtype == "fp16")
+    if syncs == 0:
+        return 0.0
+    place = grad_stats_placement(model)
+    seconds = syncs * collective_time("all-reduce", GRAD_STAT_BYTES, place, model.system)
+    if training.dtype == "fp16":
+        layout = model.layout
+        owned = sum(w.params for w in works) / (layout.shard_ranks if layout.zero_stage >= 1 else 1)
+        owned += sum(w.expert_params for w in works) / (layout.expert_dp if layout.zero_stage >= 1 else 1)
+        seconds += owned * UNSCALE_BYTES_PER_PARAM / model.compute.memory_bandwidth
+    return seconds
+
+
 def optimizer_s(works: list[StageWork], model: CostModel) -> float:
-    """Seconds of one rank's optimizer step, with the parameter all-gather when it is sharded and
-    not overlapped with the next forward (``training.overlap_param_gather``)."""
-    seconds = optimizer_update_s(works, model)
+    """Seconds of one rank's optimizer step: the checks on the gradients, the update, and the
+    parameter all-gather when it is sharded and not overlapped with the next forward
+    (``training.overlap_param_gather``)."""
+    seconds = grad_checks_s(works, model) + optimizer_update_s(works, model)
     if not model.scenario.training.overlap_param_gather:
         seconds += param_gather_s(works, model)
     return seconds

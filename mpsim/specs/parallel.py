@@ -148,6 +148,11 @@ class TrainingOptions(Spec):
     distributed_optimizer: bool = Field(
         False, description="Megatron's distributed optimizer: the same as parallel.zero_stage 1")
     fp32_grad_accumulation: bool = Field(True, description="gradients accumulated in fp32 (Megatron main_grad)")
+    # Megatron's --clip-grad defaults to 1.0 (megatron/training/arguments.py); NeMo's
+    # gradient_clip_val too: the global gradient norm is reduced over every rank each step
+    clip_grad: bool = Field(
+        True, description="clip gradients by their global norm: one all-reduce of the norm over the ranks "
+                          "holding distinct gradients before the update (Megatron's --clip-grad)")
     optimizer: Literal["adam", "adam-bf16"] = Field(
         "adam", description="adam: fp32 master weights, m and v (12 B/param); adam-bf16: bf16 m and v, no master (4 B)")
     memory_reserved: Literal["auto"] | float = Field(
