@@ -88,8 +88,6 @@ SCENARIOS = ROOT / "scenarios"
 # --- gaps: what the frameworks did that mpsim cannot express yet --------------------------------------------------
 # key -> description. Rows name the keys that apply to them in their note column.
 GAPS: dict[str, str] = {
-    "fp8-params": "fp8_params: true keeps the weights in FP8, so the distributed optimizer's parameter "
-                  "all-gather moves 1 byte per parameter; mpsim gathers BF16 weights; nearest: that",
     "defer-emb-wgrad": "defer_embedding_wgrad_compute: true defers the last stage's LM-head weight-gradient "
                        "GEMMs into the pipeline flush, where they fill its idle time; nearest: the GEMM in each "
                        "backward",
@@ -389,9 +387,10 @@ DGXC_RECIPES = {
 }
 # model.fp8 / fp8_hybrid / fp8_params from configure.sh when DTYPE=fp8 (Transformer Engine,
 # E4M3 forward and E5M2 gradients: the layers' linear GEMMs in fp8, attention and the LM head
-# in bf16, as mpsim's dtype fp8 prices them); model.precision bf16 otherwise
+# in bf16, as mpsim's dtype fp8 prices them; fp8_params: the weights in fp8, gathered at 1 byte
+# per parameter); model.precision bf16 otherwise
 DGXC_PRECISION = {"BF16": (["training.dtype=bf16"], ()),
-                  "FP8": (["training.dtype=fp8"], ("fp8-params",))}
+                  "FP8": (["training.dtype=fp8", "training.fp8_params=true"], ())}
 
 
 def _number(text: str) -> int:

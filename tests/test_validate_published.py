@@ -13,10 +13,10 @@ from tests.conftest import ROOT
 # documented in docs/accuracy.md (harness section). A regression guard, not an accuracy
 # target: the test fails when a table's error grows more than one point past its value.
 QUICK_MEAN_ABS_ERROR_PCT = {
-    "korthikanti_table5": 4.10,
+    "korthikanti_table5": 4.09,
     "korthikanti_table4": 1.04,
-    "dgxc_v24.11": 12.91,
-    "zero_bubble_table4": 17.62,
+    "dgxc_v24.11": 12.94,
+    "zero_bubble_table4": 17.52,
     "zero_bubble_table9": 5.62,
 }
 TOLERANCE_PCT = 1.0

@@ -75,6 +75,9 @@ def copies_placement(model: CostModel, group: str, copy_ranks: tuple[int, ...]) 
 BUCKET_MIN_PARAMS = 40_000_000
 BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 PARAM_GATHER_BYTES = 2  # the bf16 model weights the distributed optimizer all-gathers
+# Transformer Engine's fp8 model parameters (NeMo fp8_params, Megatron-Core --fp8-param-gather):
+# the optimizer casts its fp32 master shard to fp8 and the all-gather moves 1 byte per parameter
+FP8_PARAM_GATHER_BYTES = 1
 # Each bucket is one collective on the DP stream; far more than any framework makes (a 1T
 # model in 25 MB buckets is about 160,000 per step over all stages, a few thousand per rank)
 MAX_BUCKETS = 100_000
@@ -193,8 +196,14 @@ def optimizer_update_s(works: list[StageWork], model: CostModel) -> float:
     sharded = layout.zero_stage >= 1
     updated = dense / layout.shard_ranks + experts / layout.expert_dp if sharded else dense + experts
     unsharded_grads = 0.0 if layout.zero_stage >= 2 else dense + experts
-    return (updated * OPTIMIZER_STEP_BYTES_PER_PARAM[training.optimizer]
-            + unsharded_grads * GRAD_ZERO_BYTES_PER_PARAM) / model.compute.memory_bandwidth
+    # fp8 parameters: the master weight is cast to 1 byte instead of 2
+    per_param = OPTIMIZER_STEP_BYTES_PER_PARAM[training.optimizer] - (1 if training.fp8_params else 0)
+    return (updated * per_param + unsharded_grads * GRAD_ZERO_BYTES_PER_PARAM) / model.compute.memory_bandwidth
+
+
+def param_gather_bytes(model: CostModel) -> int:
+    """Bytes per parameter of the distributed optimizer's parameter all-gather."""
+    return FP8_PARAM_GATHER_BYTES if model.scenario.training.fp8_params else PARAM_GATHER_BYTES
 
 
 def param_gather_s(works: list[StageWork], model: CostModel) -> float:
@@ -204,9 +213,10 @@ def param_gather_s(works: list[StageWork], model: CostModel) -> float:
         return 0.0
     dense = sum(w.params for w in works)
     experts = sum(w.expert_params for w in works)
-    seconds = collective_time("all-gather", dense * PARAM_GATHER_BYTES, model.placements["zero"], model.system)
+    per_param = param_gather_bytes(model)
+    seconds = collective_time("all-gather", dense * per_param, model.placements["zero"], model.system)
     if experts:
-        seconds += collective_time("all-gather", experts * PARAM_GATHER_BYTES, model.placements["edp"],
+        seconds += collective_time("all-gather", experts * per_param, model.placements["edp"],
                                    model.system)
     return seconds
 
@@ -281,7 +291,7 @@ def param_gather_exposed_s(work: StageWork, model: CostModel, forward_compute_s:
     gather_end = compute_start = 0.0
     compute_end = head_s if aligned else 0.0
     for index, params in enumerate(sizes):
-        seconds = collective_time("all-gather", params * PARAM_GATHER_BYTES, place, model.system)
+        seconds = collective_time("all-gather", params * param_gather_bytes(model), place, model.system)
         # chained: dispatched when the previous bucket's compute was about to start
         gather_start = gather_end if aligned or index == 0 else max(gather_end, compute_start)
         gather_end = gather_start + seconds

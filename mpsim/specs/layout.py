@@ -348,6 +348,9 @@ def _rank_order(scenario: Scenario) -> tuple[str, ...]:
 
 def _check_dtype(scenario: Scenario) -> None:
     accelerator = scenario.cluster.system.accelerator
+    if scenario.training.fp8_params and scenario.training.dtype != "fp8":
+        raise _fail("training.fp8_params", f"keeps the weights in fp8, which needs training.dtype: fp8 "
+                                           f"(got {scenario.training.dtype})")
     if scenario.training.dtype not in accelerator.peak_flops:
         raise _fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for {accelerator.name}; "
                                       f"use one of {', '.join(accelerator.peak_flops)}")

@@ -78,6 +78,11 @@ class TrainingOptions(Spec):
     # DelayedScaling recipe; NeMo's fp8 recipes leave it off)
     fp8_attention: bool = Field(False, description="with dtype fp8, run the attention core in fp8 too "
                                                    "(Transformer Engine's fp8_dpa)")
+    # NeMo's fp8_params / Megatron-Core's --fp8-param-gather: the weights live as Transformer
+    # Engine fp8 tensors, so the distributed optimizer all-gathers 1 byte per parameter. Memory
+    # is left at 2 bytes per weight: the fp8 data and the transposed copy Hopper's fp8 GEMMs need
+    fp8_params: bool = Field(False, description="with dtype fp8, keep the weights in fp8: the distributed "
+                                                "optimizer's parameter all-gather moves 1 byte per parameter")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="fused FlashAttention-style kernel, or Megatron's unfused QK^T/softmax/dropout/AV path"
     )
