@@ -24,6 +24,9 @@ size of an all-gather or reduce-scatter, the per-rank send buffer of an all-to-a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from mpsim.cost import nccl, torus
 from mpsim.cost.links import (LinkCost, in_switch_link, network_taper, scale_out_link, scale_up_link,
                               transfer_s)
@@ -129,11 +132,46 @@ def algorithm_estimates(kind: str, message_bytes: float, place: GroupPlacement, 
     return nccl.candidates(kind, message_bytes, gpu_group(place, system))
 
 
+# Choices remembered while a caller holds ``remembering`` (the planner prices the same few
+# collectives for thousands of layouts). Keyed on the placement and system *objects*: both
+# are immutable (a frozen dataclass, a frozen spec) and each entry holds them, so an id
+# cannot be reused for another object while its entry lives, and equal keys mean the same
+# inputs. Outside ``remembering`` nothing is kept.
+_memo: dict | None = None
+MEMO_ENTRIES = 200_000
+
+
+@contextmanager
+def remembering(memo: dict) -> Iterator[dict]:
+    """Remember ``choose_algorithm``'s answers in ``memo`` while the block runs."""
+    global _memo
+    before, _memo = _memo, memo
+    try:
+        yield memo
+    finally:
+        _memo = before
+
+
 def choose_algorithm(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> Estimate:
     """The fastest algorithm for this collective, group and size (what NCCL's tuner would pick).
 
     A group standing for its copies gets the estimate of its slowest copy.
     """
+    memo = _memo
+    if memo is None:
+        return _choose_algorithm(kind, message_bytes, place, system)
+    key = (kind, message_bytes, id(place), id(system))
+    known = memo.get(key)
+    if known is not None and known[0] is place and known[1] is system:
+        return known[2]
+    estimate = _choose_algorithm(kind, message_bytes, place, system)
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = (place, system, estimate)
+    return estimate
+
+
+def _choose_algorithm(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> Estimate:
     if place.size <= 1 or message_bytes <= 0:
         if kind not in KINDS:
             raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
@@ -161,6 +199,23 @@ def p2p_time(message_bytes: float, pair: GroupPlacement | bool, system: SystemSp
     """
     if message_bytes <= 0:
         return 0.0
+    memo = _memo
+    if memo is None:
+        return _p2p_time(message_bytes, pair, system)
+    # a placement is keyed on its object (held by the entry), a bare same-node flag on its value
+    # (five items: never one of choose_algorithm's four-item keys)
+    key = ("p2p", message_bytes, id(pair) if isinstance(pair, GroupPlacement) else bool(pair), id(system), None)
+    known = memo.get(key)
+    if known is not None and known[0] is pair and known[1] is system:
+        return known[2]
+    seconds = _p2p_time(message_bytes, pair, system)
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = (pair, system, seconds)
+    return seconds
+
+
+def _p2p_time(message_bytes: float, pair: GroupPlacement | bool, system: SystemSpec) -> float:
     if isinstance(pair, GroupPlacement):
         return max(_p2p_s(message_bytes, copy.nodes == 1, copy, system) for copy in priced_copies(pair, system))
     return _p2p_s(message_bytes, pair, None, system)

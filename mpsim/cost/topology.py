@@ -63,6 +63,13 @@ class GroupPlacement:
         return sorted({rank // per_node for rank in self.member_ranks(per_node)})
 
 
+# placements by their exact inputs: the cost layer places the same groups for every layout of a
+# plan (and the optimizer's gradient checks once per rank); a placement is frozen, so sharing
+# one object is the same as building it again
+_PLACED: dict[tuple, GroupPlacement] = {}
+PLACED_ENTRIES = 8192
+
+
 def place_ranks(ranks: list[int], devices_per_node: int, world: int = 0,
                 along: tuple[tuple[int, int], ...] | None = None) -> GroupPlacement:
     """Placement of an explicit list of global ranks.
@@ -71,6 +78,20 @@ def place_ranks(ranks: list[int], devices_per_node: int, world: int = 0,
     job: the groups along the same rank dimensions (``along``; by default read off the ranks,
     which must then contain rank 0 and form a lattice, as every group of a layout does).
     """
+    if along is not None and not isinstance(along, tuple):
+        return _place_ranks(list(ranks), devices_per_node, world, along)
+    key = (tuple(ranks), devices_per_node, world, along)
+    placed = _PLACED.get(key)
+    if placed is None:
+        placed = _place_ranks(list(ranks), devices_per_node, world, along)
+        if len(_PLACED) >= PLACED_ENTRIES:
+            _PLACED.clear()
+        _PLACED[key] = placed
+    return placed
+
+
+def _place_ranks(ranks: list[int], devices_per_node: int, world: int,
+                 along: tuple[tuple[int, int], ...] | None) -> GroupPlacement:
     counts = Counter(rank // devices_per_node for rank in ranks)
     if world and along is None:
         along = lattice_dims(ranks)

@@ -28,7 +28,7 @@ stage's passes does not depend on the order the schedule runs them in, so each l
 group prices them once per schedule name. The check pass never holds a full schedule
 longer than it takes to shorten it: per (schedule, pp, vpp, microbatches) it keeps the
 lists with no actions (model state), the memory walk's short lists, one item per
-duration key and the bound's item counts (``_Short``), and the activation walk runs as
+duration key and the bound's item counts (``plancache.Short``), and the activation walk runs as
 array operations over a per-schedule index (``memfast.py``), the same sums in the same
 order as ``results.memory.walk_peak``.
 """
@@ -37,71 +37,32 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from mpsim.cost.actions import CostModel
+from mpsim.cost.collectives import remembering
 from mpsim.cost.step import pipeline_transfer_s
 from mpsim.engine import simulate as engine_simulate, simulate_compiled, supports
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
-from mpsim.explore.bounds import rank_counts, step_lower_bound
+from mpsim.explore.bounds import step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
-from mpsim.explore.memfast import CachedWalk
-from mpsim.explore.memwalk import distinct_items, memory_schedule
+from mpsim.explore.memwalk import distinct_items
 from mpsim.explore.planbase import apply_fields
+from mpsim.explore.plancache import COLLECTIVES, MEMORY, PREPARED, Prepared, remember, short_schedule
 from mpsim.explore.progress import Progress
 from mpsim.explore.runner import RunControl, RunReport, Session, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
 from mpsim.simulate import SimulationResult, engine_input, optimizer_steps, schedule_costs
-from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_bytes
-from mpsim.workload import Workload, build_workload
 
 RECOMPUTE_FIELD = "parallel.recompute"
 SCHEDULE_FIELD = "parallel.schedule"
-CACHE_ENTRIES = 256
-
-
-@dataclass
-class _Prepared:
-    """What layouts differing only in their schedule share: scenario, layout, workload, priced costs."""
-
-    scenario: Scenario
-    layout: Layout
-    workload: Workload
-    model: CostModel
-    walk: CachedWalk  # the activation walk over this workload's bytes (memfast.py)
-    costs: dict = field(default_factory=dict)  # duration key -> ActionCost, filled as schedules ask
-
-
-@dataclass(frozen=True)
-class _Short:
-    """What the check pass needs of a generated schedule, without its full lists: the same lists
-    with no actions (model state alone), the memory walk's shortened lists (``memwalk.py``), one
-    item per duration key, and per rank its first item and item counts (the bound)."""
-
-    idle: Any
-    memory: Any
-    distinct: Any
-    counts: list
-
-
-_PREPARED: OrderedDict[str, _Prepared] = OrderedDict()
-_SHORT: OrderedDict[tuple, _Short] = OrderedDict()
-SHORT_ENTRIES = 4096  # small: a few hundred items each, where full schedules hold up to a million
-_MEMORY: OrderedDict[str, tuple[float, float, str]] = OrderedDict()
-
-
-def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
-    cache[key] = value
-    if len(cache) > CACHE_ENTRIES:
-        cache.popitem(last=False)
-    return value
+# the fields the check pass's chunks may vary: layouts equal in all else share their schedules
+WITHIN_CHUNK = frozenset({"parallel.sequence_parallel", "parallel.zero_stage", RECOMPUTE_FIELD, SCHEDULE_FIELD})
 
 
 @dataclass(frozen=True)
@@ -113,16 +74,12 @@ class PlanEvaluator:
     engine: str = "fast"
     identity: str = ""
 
-    def _scenario(self, fields: dict[str, Any]) -> tuple[Scenario, _Prepared]:
+    def _scenario(self, fields: dict[str, Any]) -> tuple[Scenario, Prepared]:
         group = self.identity + canonical_json({k: v for k, v in fields.items() if k != SCHEDULE_FIELD})
-        prepared = _PREPARED.get(group)
+        prepared = PREPARED.get(group)
         if prepared is None:
             scenario = apply_fields(self.scenario, fields)
-            layout = resolve(scenario)
-            # the cost model prices passes once per model object; sharing it shares that work
-            workload = build_workload(scenario, layout)
-            prepared = _remember(_PREPARED, group, _Prepared(scenario, layout, workload, CostModel(scenario, layout),
-                                                             CachedWalk(workload)))
+            prepared = remember(PREPARED, group, Prepared(scenario, resolve(scenario)))
         scenario = prepared.scenario
         if SCHEDULE_FIELD in fields and fields[SCHEDULE_FIELD] != scenario.parallel.schedule:
             # only the schedule's name differs from the group's validated scenario
@@ -131,7 +88,7 @@ class PlanEvaluator:
         return scenario, prepared
 
     @staticmethod
-    def _costs(prepared: _Prepared, schedule: Any) -> dict:
+    def _costs(prepared: Prepared, schedule: Any) -> dict:
         """The schedule's costs, priced once per layout group and schedule name: a stage's passes cost
         the same whatever order a schedule runs them in."""
         costs = prepared.costs.get(schedule.name)
@@ -139,22 +96,6 @@ class PlanEvaluator:
             costs = prepared.costs[schedule.name] = schedule_costs(distinct_items(schedule), prepared.workload,
                                                                    prepared.model)
         return costs
-
-    @staticmethod
-    def _short(scenario: Scenario, layout: Layout) -> _Short:
-        """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches)."""
-        name = scenario.parallel.schedule
-        key = (name, layout.pp, layout.vpp, layout.num_microbatches)
-        short = None if name.startswith("file:") else _SHORT.get(key)
-        if short is None:
-            schedule = schedule_for(scenario, layout, None)
-            short = _Short(replace(schedule, actions=tuple(() for _ in schedule.actions)), memory_schedule(schedule),
-                           distinct_items(schedule), rank_counts(schedule))
-            if not name.startswith("file:"):
-                _SHORT[key] = short
-                if len(_SHORT) > SHORT_ENTRIES:
-                    _SHORT.popitem(last=False)
-        return short
 
     def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str, bool]:
         """(peak bytes of the fullest rank, capacity, its largest category, exact), memoized per layout.
@@ -165,24 +106,38 @@ class PlanEvaluator:
         in it share the check.
         """
         key = self.identity + canonical_json(fields)
-        known = _MEMORY.get(key)
+        known = MEMORY.get(key)
         if known is not None:
             return known
+        state_key = self.identity + canonical_json({k: v for k, v in fields.items() if k != RECOMPUTE_FIELD})
+        state = MEMORY.get(state_key)
+        if state is not None and state[0] > state[1] and fields.get(RECOMPUTE_FIELD) in RECOMPUTE_MODES:
+            # the state overflows whatever the recompute; and since it was computed, the same
+            # layout with another mode passed the rules and got its schedule, which no rule
+            # or schedule ties to the mode: this layout would too, and end here the same way
+            return remember(MEMORY, key, state)
         scenario, prepared = self._scenario(fields)
         layout = prepared.layout
-        short = self._short(scenario, layout)
-        state_key = self.identity + canonical_json({k: v for k, v in fields.items() if k != RECOMPUTE_FIELD})
-        state = _MEMORY.get(state_key)
+        short = short_schedule(scenario, layout)
         if state is None:
-            worst = max(layout_memory(scenario, layout, short.idle, prepared.workload, prepared.walk),
-                        key=lambda m: m.peak_memory_bytes)
-            state = _remember(_MEMORY, state_key, (worst.peak_memory_bytes, worst.capacity_bytes,
-                                                   worst.largest_category, False))
+            # with no actions, the schedule enters the state only through which stages each rank
+            # holds (the group's layout and workload are shared by its schedules already), so
+            # schedules that place stages alike share the check
+            placed_key = (self.identity + canonical_json({k: v for k, v in fields.items()
+                                                          if k != RECOMPUTE_FIELD and k != SCHEDULE_FIELD})
+                          + f"|{len(short.idle.actions)}|{short.idle.stage_to_rank}")
+            state = MEMORY.get(placed_key)
+            if state is None:
+                worst = max(layout_memory(scenario, layout, short.idle, prepared.workload, prepared.walk),
+                            key=lambda m: m.peak_memory_bytes)
+                state = remember(MEMORY, placed_key, (worst.peak_memory_bytes, worst.capacity_bytes,
+                                                        worst.largest_category, False))
+            remember(MEMORY, state_key, state)
         if state[0] > state[1]:
-            return _remember(_MEMORY, key, state)
+            return remember(MEMORY, key, state)
         worst = max(layout_memory(scenario, layout, short.memory, prepared.workload, prepared.walk),
                     key=lambda m: m.peak_memory_bytes)
-        return _remember(_MEMORY, key, (worst.peak_memory_bytes, worst.capacity_bytes, worst.largest_category,
+        return remember(MEMORY, key, (worst.peak_memory_bytes, worst.capacity_bytes, worst.largest_category,
                                         True))
 
     def _lighter_fits(self, fields: dict[str, Any]) -> str | None:
@@ -199,8 +154,19 @@ class PlanEvaluator:
                 return lighter
         return None
 
+    def chunk_group(self, point: Point) -> Any:
+        """What the runner keeps in one chunk: layouts with the same schedules (all but SP, ZeRO,
+        recompute and the schedule's name), so one worker generates and shortens them. The
+        simulation pass has no such group: its layouts are few and long, spread for balance."""
+        if self.mode != "check":
+            return None
+        return tuple(item for item in point if item[0] not in WITHIN_CHUNK)
+
     def evaluate(self, point: Point) -> dict[str, Any]:
-        fields = dict(point)
+        with remembering(COLLECTIVES):
+            return self._evaluate(dict(point))
+
+    def _evaluate(self, fields: dict[str, Any]) -> dict[str, Any]:
         try:
             if self.mode == "check":
                 # checked before this layout's own memory: the lighter mode was usually just seen
@@ -224,7 +190,7 @@ class PlanEvaluator:
     def _check(self, fields: dict[str, Any], peak: float, capacity: float) -> dict[str, Any]:
         scenario, prepared = self._scenario(fields)
         layout, workload, model = prepared.layout, prepared.workload, prepared.model
-        short = self._short(scenario, layout)
+        short = short_schedule(scenario, layout)
         schedule = short.distinct  # the full schedule's stages, ranks and chains; its counts are short.counts
         costs = self._costs(prepared, schedule)
         # the bound needs the durations, the forward chain's transfers and the optimizer

@@ -39,6 +39,7 @@ BACKENDS = ("local", "ray")
 RAY_INSTALL_HINT = "--backend ray needs Ray: pip install 'mpsim[ray]' (or pip install ray)"
 CHUNKS_IN_FLIGHT_PER_WORKER = 2
 MAX_CHUNK = 32
+MAX_GROUP_CHUNK = 256  # a chunk kept whole for its group's shared work ends here anyway
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal the kernel sends when the parent dies
 PARENT_POLL_S = 1.0
 
@@ -260,10 +261,28 @@ class RunReport:
         return [r for r in self.records if r is not None]
 
 
-def _chunks(todo: list[tuple[int, Point]], workers: int) -> Iterator[Chunk]:
+def _chunks(todo: list[tuple[int, Point]], workers: int, group: Callable[[Point], Any] | None = None
+            ) -> Iterator[Chunk]:
+    """Consecutive points, a few chunks per worker; with ``group`` (the evaluator's ``chunk_group``)
+    a chunk ends only where the group changes (or at ``MAX_GROUP_CHUNK``), so points that share
+    work a worker caches (the planner: layouts with one set of schedules) go to one worker; a
+    point whose group is None shares nothing."""
     size = max(1, min(MAX_CHUNK, math.ceil(len(todo) / (workers * 8)))) if workers > 1 else 1
-    for start in range(0, len(todo), size):
-        yield todo[start:start + size]
+    if group is None or workers <= 1:
+        for start in range(0, len(todo), size):
+            yield todo[start:start + size]
+        return
+    chunk: Chunk = []
+    last: Any = None
+    for item in todo:
+        here = group(item[1])
+        if chunk and (len(chunk) >= MAX_GROUP_CHUNK or (len(chunk) >= size and (here is None or here != last))):
+            yield chunk
+            chunk = []
+        chunk.append(item)
+        last = here
+    if chunk:
+        yield chunk
 
 
 def keep_unless_failed(record: dict) -> bool:
@@ -358,7 +377,7 @@ def _compute(evaluator: Evaluator, points: Sequence[Point], keys: list[str], tod
     report.workers = pool.workers
     bar = control.bar if control.bar is not None else Progress(len(todo), control.label, control.progress)
     writer = _InOrder([index for index, _ in todo], store)
-    source = _chunks(todo, pool.workers)
+    source = _chunks(todo, pool.workers, getattr(evaluator, "chunk_group", None))
     pending: list[Any] = []
     clean = False
     halted = False  # should_stop said so: nothing more is submitted

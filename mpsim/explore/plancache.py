@@ -1,0 +1,120 @@
+"""What the planner keeps between the layouts one worker evaluates.
+
+A plan prices thousands of layouts that share most of their work. Layouts that differ only
+in their schedule share a scenario, layout, workload and cost model (``Prepared``, built
+lazily: most layouts of a large plan are settled by a memory check that needs no prices).
+Layouts with the same schedule, pipeline depth, virtual stages and microbatch count share
+the schedule's short forms (``Short``). Every memory check is remembered by its exact
+fields, and collectives, sends and group placements by their exact inputs
+(``collectives.remembering``, ``groups.group_placements``, ``topology.place_ranks``).
+
+The caches change how often a thing is computed, never what: every key holds all of the
+inputs that the remembered answer reads, and ``clear_caches`` returns a process to a
+state where everything is computed afresh (the tests compare both).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mpsim.cost.actions import CostModel
+from mpsim.explore.bounds import rank_counts
+from mpsim.explore.evaluate import schedule_for
+from mpsim.explore.memfast import CachedWalk
+from mpsim.explore.memwalk import distinct_items, memory_schedule
+from mpsim.specs.layout import Layout
+from mpsim.specs.scenario import Scenario
+from mpsim.workload import Workload, build_workload
+
+PREPARED_ENTRIES = 256  # layout groups, each with its workload and priced costs
+SHORT_ENTRIES = 4096  # small: a few hundred items each, where full schedules hold up to a million
+MEMORY_ENTRIES = 16384  # four numbers each
+
+
+class Prepared:
+    """What layouts differing only in their schedule share: scenario, layout, workload, priced costs.
+
+    The workload, cost model and walk are built on first use: most layouts of a large
+    plan are settled by a memory check that needs no prices, and many by one that a
+    layout differing only in recompute already made.
+    """
+
+    def __init__(self, scenario: Scenario, layout: Layout):
+        self.scenario, self.layout = scenario, layout
+        self._workload: Workload | None = None
+        self._model: CostModel | None = None
+        self._walk: CachedWalk | None = None
+        self.costs: dict = {}  # schedule name -> (duration key -> ActionCost), filled as schedules ask
+
+    @property
+    def workload(self) -> Workload:
+        if self._workload is None:
+            self._workload = build_workload(self.scenario, self.layout)
+        return self._workload
+
+    @property
+    def model(self) -> CostModel:
+        # the cost model prices passes once per model object; sharing it shares that work
+        if self._model is None:
+            self._model = CostModel(self.scenario, self.layout)
+        return self._model
+
+    @property
+    def walk(self) -> CachedWalk:
+        """The activation walk over this workload's bytes (memfast.py)."""
+        if self._walk is None:
+            self._walk = CachedWalk(self.workload)
+        return self._walk
+
+
+@dataclass(frozen=True)
+class Short:
+    """What the check pass needs of a generated schedule, without its full lists: the same lists
+    with no actions (model state alone), the memory walk's shortened lists (``memwalk.py``), one
+    item per duration key, and per rank its first item and item counts (the bound)."""
+
+    idle: Any
+    memory: Any
+    distinct: Any
+    counts: list
+
+
+PREPARED: OrderedDict[str, Prepared] = OrderedDict()
+SHORTS: OrderedDict[tuple, Short] = OrderedDict()
+MEMORY: OrderedDict[str, tuple[float, float, str, bool]] = OrderedDict()
+COLLECTIVES: dict = {}  # collectives.choose_algorithm's answers in this process (keyed on exact inputs)
+_LIMITS = {id(PREPARED): PREPARED_ENTRIES, id(SHORTS): SHORT_ENTRIES, id(MEMORY): MEMORY_ENTRIES}
+
+
+def remember(cache: OrderedDict, key: Any, value: Any) -> Any:
+    """Keep ``value`` under ``key``, forgetting the oldest entry past the cache's limit."""
+    cache[key] = value
+    if len(cache) > _LIMITS[id(cache)]:
+        cache.popitem(last=False)
+    return value
+
+
+def clear_caches() -> None:
+    """Forget every layout, schedule, memory check, collective and placement this process has kept."""
+    from mpsim.cost import groups, topology
+
+    for cache in (PREPARED, SHORTS, MEMORY, COLLECTIVES, groups._PLACEMENTS, topology._PLACED):
+        cache.clear()
+
+
+def short_schedule(scenario: Scenario, layout: Layout) -> Short:
+    """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches); a
+    schedule read from a file is generated afresh each time (the file may change)."""
+    name = scenario.parallel.schedule
+    from_file = name.startswith("file:")
+    key = (name, layout.pp, layout.vpp, layout.num_microbatches)
+    short = None if from_file else SHORTS.get(key)
+    if short is None:
+        schedule = schedule_for(scenario, layout, None)
+        short = Short(replace(schedule, actions=tuple(() for _ in schedule.actions)), memory_schedule(schedule),
+                      distinct_items(schedule), rank_counts(schedule))
+        if not from_file:
+            remember(SHORTS, key, short)
+    return short
