@@ -230,3 +230,24 @@ def test_command_needs_a_system_and_a_matching_accelerator(tmp_path, capsys):
     assert "a100_sxm_40gb" in err[-1] and "--accelerator" in err[-1]
     assert main(["calibrate", "--from-trace", str(trace), "--system", "dgx-a100", "--accelerator", "a100-sxm-40gb",
                  "-o", str(tmp_path / "p.yaml")]) == 0
+
+
+def test_a_trace_profile_prices_the_host_at_the_pace_the_trace_launched():
+    from dataclasses import replace
+
+    from mpsim.cost.actions import CostModel
+    from mpsim.resolve import resolve
+
+    # the same kernels, launched by one thread 25 us apart in one profiled step
+    base = synthetic_trace()
+    kernels = tuple(replace(kernel, step=1, launch_s=25e-6 * index, launch_thread=1)
+                    for index, kernel in enumerate(base.kernels))
+    launch = _profile(replace(base, kernels=kernels)).profile.compute.launch
+    assert launch.host_interval_s == pytest.approx(25e-6) and launch.host_interval_samples == len(kernels) - 1
+    assert _profile().profile.compute.launch.host_interval_s is None  # no launches recorded: no pace
+
+    scenario_file = SCENARIOS / "megatron_22b_8xa100.yaml"
+    for profile, expected_s in ((_profile(replace(base, kernels=kernels)).profile, 25e-6), (_profile().profile, 0.0)):
+        scenario = load_scenario(scenario_file, ["training.dtype=tf32"]).scenario
+        scenario = scenario.model_copy(update={"calibration": profile})
+        assert CostModel(scenario, resolve(scenario)).host_launch_s == pytest.approx(expected_s)

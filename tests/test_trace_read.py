@@ -110,6 +110,9 @@ REAL_KERNELS = [
     ("kernel", ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, long, "
                 "float const*, float const*, float const*, float const*, float*, float*)"),
      "aten::native_layer_norm_backward", "elementwise"),
+    # cuBLAS 12.9+ on Hopper: generated kernels named nvjet_* (PyTorch 2.11, CUDA 13, H200); a GEMM by
+    # its name, so its shape is read off the op that launched it
+    ("kernel", "nvjet_sm90_tst_64x32_64x16_2x4_h_bz_bias_TNT", None, "gemm"),
     ("gpu_memcpy", "Memcpy DtoD (Device -> Device)", "aten::copy_", "memcpy"),
     ("gpu_memset", "Memset (Device)", "aten::zero_", "memset"),
 ]
@@ -281,3 +284,16 @@ def test_flow_events_link_a_kernel_whose_runtime_call_is_missing(tmp_path):
     path.write_text(json.dumps(top))
     kernel = by_correlation(load_trace(str(path)), 1791951)
     assert kernel.op is not None and kernel.op.name == "aten::mm" and kernel.gemm is not None
+
+
+def test_a_hopper_cublas_kernel_takes_its_shape_from_its_addmm():
+    from mpsim.traces.kinds import rule_for
+    from mpsim.traces.model import CpuOp
+    from mpsim.traces.shapes import gemm_of
+
+    name = "nvjet_sm90_tst_64x32_64x16_2x4_h_bz_bias_TNT"
+    assert rule_for("kernel", name, "aten::addmm").field == "name"  # the product itself, not a helper
+    op = CpuOp("aten::addmm", 0.0, 1e-4, 1, input_dims=((1536,), (128, 512), (512, 1536), (), ()),
+               input_types=("c10::BFloat16", "c10::BFloat16", "c10::BFloat16", "Scalar", "Scalar"))
+    gemm = gemm_of(name, (op,))
+    assert (gemm.batch, gemm.m, gemm.n, gemm.k, gemm.dtype) == (1, 128, 1536, 512, "bf16")

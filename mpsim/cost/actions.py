@@ -94,9 +94,13 @@ class CostModel:
         # share of the SMs a running collective takes from compute that overlaps it
         self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
         self._passes: dict[int, tuple[Pass, float, ActionCost]] = {}
-        # host seconds per kernel launch; a calibration profile's fitted per-action overhead
-        # already holds the framework's time, so it is not charged twice
-        self.host_launch_s = 0.0 if self.calibration is not None else scenario.training.host_launch_interval
+        # host seconds per kernel launch: a profile fitted from a trace measured the host's pace;
+        # a measured profile's fitted per-action overhead already holds the framework's time,
+        # so it is not charged twice
+        if self.calibration is None:
+            self.host_launch_s = scenario.training.host_launch_interval
+        else:
+            self.host_launch_s = self.calibration.host_launch_s or 0.0
 
     def _rank_devices(self) -> tuple[RankDevice, ...] | None:
         """Each pipeline rank's device, or None when every rank is this model's healthy device."""

@@ -84,6 +84,9 @@ class CalibratedCosts:
         launch = compute.launch
         self.kernel_gap_s = launch.queued_gap_s if launch is not None and launch.queued_gap_s is not None else (
             datasheet.overhead_s if datasheet is not None else 0.0)
+        # the host's launch pace in the traced run (None: the profile did not see it, and its
+        # fitted per-action overhead, if any, holds the framework's time instead)
+        self.host_launch_s = launch.host_interval_s if launch is not None else None
         # streaming bandwidth as the job sees it (the optimizer step is priced with it)
         if compute.memory_fit is not None and compute.memory_fit.max_bytes is None:
             self.stream_bandwidth = compute.memory_fit.bandwidth * self.efficiency_multiplier

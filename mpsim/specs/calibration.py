@@ -195,6 +195,12 @@ class LaunchGaps(_Strict):
                                                                  "kernel-to-kernel overhead, added to every op the "
                                                                  "profile prices")
     queued_samples: int = Field(0, ge=0)
+    host_interval_s: float | None = Field(None, ge=0, description="median interval between consecutive kernel "
+                                                                    "launches of one CPU thread in the profiled "
+                                                                    "steps: the host's pace, priced as "
+                                                                    "training.host_launch_interval is without a "
+                                                                    "profile")
+    host_interval_samples: int = Field(0, ge=0)
 
 
 class ComputeProfile(_Strict):

@@ -57,8 +57,11 @@ RULES: tuple[Rule, ...] = (
                   r"scudnn|winograd|cudnn::cnn|conv2d|convolve", "convolution", "a convolution kernel"),
     # Inductor's Triton matrix-product templates.
     _rule("name", r"^triton_(tem|mm|bmm)", "gemm", "a Triton matrix-product template"),
-    # Matrix products by name: cutlass and cuBLAS GEMM/GEMV kernels in all their spellings.
-    _rule("name", r"(?<!fb)gemm|gemv|xmma_|cutlass.*tensorop|^sm\d\d_|^ampere_|^volta_|^turing_|^hopper_",
+    # Matrix products by name: cutlass and cuBLAS GEMM/GEMV kernels in all their spellings,
+    # cuBLAS 12.9+ on Hopper and Blackwell among them: its generated kernels are named
+    # ``nvjet_sm90_tst_<tile>_..._<layouts>`` (seen in a PyTorch 2.11 / CUDA 13 trace on an H200).
+    _rule("name", r"(?<!fb)gemm|gemv|xmma_|cutlass.*tensorop|^sm\d\d_|^ampere_|^volta_|^turing_|^hopper_|"
+                  r"^nvjet_",
           "gemm", "a cutlass or cuBLAS matrix-product kernel"),
     # Anything else a matrix-product op launched (split-K reductions, epilogues).
     _rule("op", GEMM_OPS, "gemm", "launched by a matrix-product op"),

@@ -20,6 +20,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from mpsim.traces.host import launch_intervals_s
 from mpsim.traces.model import Kernel, Trace
 from mpsim.traces.shapes import DTYPE_BYTES, DTYPES
 
@@ -82,6 +83,7 @@ class TraceSamples:
     memory: list[MemorySample] = field(default_factory=list)
     waiting_gaps_s: list[float] = field(default_factory=list)
     queued_gaps_s: list[float] = field(default_factory=list)
+    launch_intervals_s: list[float] = field(default_factory=list)  # traces/host.py
     skipped: Counter = field(default_factory=Counter)
 
 
@@ -207,4 +209,5 @@ def trace_samples(traces: list[Trace]) -> TraceSamples:
         collective_samples(trace, samples)
         memory_samples(trace, samples)
         launch_gaps(trace, samples)
+        samples.launch_intervals_s += launch_intervals_s(trace)
     return samples
