@@ -6,7 +6,12 @@ behind its matmul cost interpolator: bf16, K from 256 to 4,096 at M, N of 2,048 
 4,096, timed from kernel traces), EleutherAI's A100 torch.mm sweep (K = 4,096, timed with
 a synchronize after every call, so small shapes carry launch time), and the MAMF rows of
 the ml-engineering book, whose value is the accelerator file's ``efficiency.gemm``: those
-rows are in-sample and marked so. Each shape is priced by ``mpsim/cost/compute.py`` as a
+rows are in-sample and marked so. Every published row is a short benchmark (a cool GPU at its
+top clock) and is priced so, without ``efficiency.sustained_compute``. This project's H200
+readings (``benchmarks/hopper_kernels.py``: the dgxc layers' GEMMs after a minute of load,
+and a few as ten-call bursts) are priced as they ran: bursts cool, loaded GEMMs at the
+sustained rate; the loaded twins of the burst shapes set that rate and are in-sample. Each
+shape is priced by ``mpsim/cost/compute.py`` as a
 layer's GEMM is, on the accelerator file the GPU names; the script prints measured,
 predicted and the error per row, a line per source, and last
 ``rows=<n> mean_abs_error_pct=<x> mean_signed_error_pct=<y>`` over the out-of-sample rows
@@ -18,6 +23,7 @@ Usage: python benchmarks/gemm_sweep.py
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 from mpsim.cost.compute import ComputeModel
@@ -26,7 +32,10 @@ from mpsim.specs.catalog import load_accelerator
 from mpsim.workload.ops import Op
 
 DATA = Path(__file__).resolve().parent / "data" / "gemm_sweeps.csv"
-ACCELERATORS = {"H100 SXM": "h100-sxm-80gb", "A100 SXM": "a100-sxm-80gb", "A100": "a100-sxm-80gb"}
+ACCELERATORS = {"H100 SXM": "h100-sxm-80gb", "A100 SXM": "a100-sxm-80gb", "A100": "a100-sxm-80gb",
+                "H200 SXM": "h200-sxm-141gb"}
+# this project's H200 readings (benchmarks/hopper_kernels.py): GEMMs as short bursts and under load
+HOPPER = [DATA.parent / "hopper_kernels_h200.json", DATA.parent / "hopper_kernels_h200_burst.json"]
 
 
 def predicted_tflops(model: ComputeModel, batch: int, m: int, n: int, k: int, dtype: str) -> float:
@@ -37,30 +46,56 @@ def predicted_tflops(model: ComputeModel, batch: int, m: int, n: int, k: int, dt
     return flops / model.time(op) / 1e12
 
 
+def burst_model(accelerator, dtype: str) -> ComputeModel:
+    """The GEMM pricing of a short benchmark: the GPU cool, at its top clock (no sustained-load factor)."""
+    efficiency = accelerator.efficiency.model_copy(update={"sustained_compute": 1.0})
+    return ComputeModel(accelerator.model_copy(update={"efficiency": efficiency}), dtype)
+
+
+def measured_rows() -> list[dict]:
+    """The published rows (all short benchmarks) and this project's H200 readings, burst and loaded."""
+    rows = [{**row, "load": "burst"} for row in csv.DictReader(DATA.open())]
+    for path in HOPPER:
+        record = json.loads(path.read_text())
+        bursts = {gemm["label"] for gemm in record["gemm"] if gemm["phase"] == "burst"}
+        for gemm in record["gemm"]:
+            if gemm["phase"] not in ("burst", "loaded"):
+                continue
+            # the loaded twin of a burst set efficiency.sustained_compute (their ratio)
+            twin = gemm["phase"] == "loaded" and gemm["label"] in bursts
+            rows.append({"source": f"HOPPER-LOAD ({path.name}, {gemm['phase']})", "gpu": "H200 SXM", "dtype": "bf16",
+                         "batch": 1, "m": gemm["m"], "n": gemm["n"], "k": gemm["k"], "tflops": gemm["tflops"],
+                         "load": gemm["phase"], "sets_sustained": twin})
+    return rows
+
+
 def main() -> None:
-    rows = list(csv.DictReader(DATA.open()))
-    models: dict[tuple[str, str], ComputeModel] = {}
+    models: dict[tuple[str, str, str], ComputeModel] = {}
     by_source: dict[str, list[float]] = {}
     out_of_sample: list[float] = []
-    print(f"{'gpu':9s} {'dtype':5s} {'b':>2s} {'M':>6s} {'N':>6s} {'K':>6s} {'measured':>9s} {'predicted':>9s} "
-          f"{'error':>7s}  source")
-    for row in rows:
-        gpu, dtype = row["gpu"], row["dtype"]
-        key = (gpu, dtype)
+    print(f"{'gpu':9s} {'dtype':5s} {'b':>2s} {'M':>6s} {'N':>6s} {'K':>6s} {'load':6s} {'measured':>9s} "
+          f"{'predicted':>9s} {'error':>7s}  source")
+    for row in measured_rows():
+        gpu, dtype, load = row["gpu"], row["dtype"], row["load"]
+        key = (gpu, dtype, load)
         if key not in models:
-            models[key] = ComputeModel(load_accelerator(ACCELERATORS[gpu]), dtype)
+            accelerator = load_accelerator(ACCELERATORS[gpu])
+            # a burst is priced as the GPU ran it, cool; a loaded GEMM at the sustained clock
+            models[key] = burst_model(accelerator, dtype) if load == "burst" else ComputeModel(accelerator, dtype)
         batch, m, n, k = (int(row[c]) for c in ("batch", "m", "n", "k"))
         measured = float(row["tflops"])
         predicted = predicted_tflops(models[key], batch, m, n, k, dtype)
         error = 100 * (predicted - measured) / measured
-        source = row["source"].split(" ")[0]
-        in_sample = "MAMF" in row["source"]
-        label = source + (" (in-sample: efficiency.gemm)" if in_sample else "")
+        source = row["source"].split(" ")[0] + (f" {load}" if row["source"].startswith("HOPPER") else "")
+        # in-sample: the MAMF rows set efficiency.gemm; the loaded/burst ratio of the H200 burst
+        # shapes sets efficiency.sustained_compute (their loaded rows)
+        in_sample = "MAMF" in row["source"] or row.get("sets_sustained", False)
+        label = source + (" (in-sample)" if in_sample else "")
         by_source.setdefault(label, []).append(error)
         if not in_sample:
             out_of_sample.append(error)
-        print(f"{gpu:9s} {dtype:5s} {batch:2d} {m:6d} {n:6d} {k:6d} {measured:9.1f} {predicted:9.1f} {error:+6.1f}%  "
-              f"{label}")
+        print(f"{gpu:9s} {dtype:5s} {batch:2d} {m:6d} {n:6d} {k:6d} {load:6s} {measured:9.1f} {predicted:9.1f} "
+              f"{error:+6.1f}%  {label}")
     print()
     for label, errors in by_source.items():
         print(f"{label}: rows={len(errors)} mean_abs_error_pct={sum(map(abs, errors)) / len(errors):.2f} "

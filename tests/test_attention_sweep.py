@@ -32,8 +32,11 @@ def _attention(flops: float, seq: int, causal_share: float, direction: str = "fo
 
 
 def _compute_s(op: Op, dtype: str = "bf16") -> float:
+    """Compute seconds at the sweep's own conditions: a short benchmark, so times the share of
+    the burst rate the GPU holds at its power limit (tests/test_compute_model.py checks that share)."""
     model = ComputeModel(H100, dtype)
-    return model.time(op) - H100.efficiency.kernel_overhead  # bytes are 0: the compute side alone
+    burst_s = model.time(op) - H100.efficiency.kernel_overhead  # bytes are 0: the compute side alone
+    return burst_s * H100.efficiency.sustained_compute
 
 
 def test_at_a_measured_length_the_rate_is_the_published_one():

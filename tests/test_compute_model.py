@@ -111,4 +111,45 @@ def test_an_fp8_gemm_pays_for_its_input_cast():
     bandwidth = h100.memory.bandwidth * h100.efficiency.memory
     extra = model.time(cast) - model.time(plain)
     assert extra == pytest.approx(4.0 * m * n / bandwidth + h100.efficiency.kernel_overhead, rel=1e-9)
-    assert math.isclose(model._gemm_flops("fp8"), h100.peak("fp8") * h100.efficiency.gemm_fp8)
+    # the fp8 MAMF, held at the power limit as every compute-bound kernel is
+    assert math.isclose(model._gemm_flops("fp8"),
+                        h100.peak("fp8") * h100.efficiency.gemm_fp8 * h100.efficiency.sustained_compute)
+
+
+def _with_efficiency(accelerator, **changes):
+    efficiency = accelerator.efficiency.model_copy(update=changes)
+    return accelerator.model_copy(update={"efficiency": efficiency})
+
+
+def test_a_gpu_held_at_its_power_limit_runs_compute_bound_kernels_slower():
+    h100 = load_accelerator("h100-sxm-80gb")
+    assert h100.efficiency.sustained_compute < 1  # measured (HOPPER-LOAD)
+    burst = ComputeModel(_with_efficiency(h100, sustained_compute=1.0), "bf16")
+    loaded = ComputeModel(h100, "bf16")
+    fraction = h100.efficiency.sustained_compute
+    big = gemm("fc", 8192, 8192, 8192)
+    ratio = loaded.time(big) / burst.time(big)
+    # slower by up to 1 / fraction: only the tile's compute waits for the lower clock, not its load
+    assert 1.0 < ratio <= 1.0 / fraction + 1e-12 and ratio > 1.0 / fraction - 0.02
+    attention = next(op for op in compute_ops_of_llama() if op.kind == "attention")
+    assert loaded.time(attention) - loaded.overhead_s == pytest.approx(
+        (burst.time(attention) - burst.overhead_s) / fraction, rel=1e-12)
+    norm = next(op for op in compute_ops_of_llama() if op.kind == "memory")
+    assert loaded.time(norm) == burst.time(norm)  # streaming kernels keep their bandwidth
+
+
+def test_hiding_the_tile_store_speeds_short_k_gemms_most():
+    h100 = load_accelerator("h100-sxm-80gb")
+    assert h100.efficiency.gemm_epilogue_overlap  # Hopper's warp-specialized kernels (CUTLASS-WS)
+    exposed = ComputeModel(_with_efficiency(h100, gemm_epilogue_overlap=False), "bf16")
+    hidden = ComputeModel(h100, "bf16")
+    gains = [exposed.time(op) / hidden.time(op) for op in (gemm("fc", 4096, 4096, k) for k in (256, 1024, 8192))]
+    assert all(gain > 1 for gain in gains)
+    assert gains[0] > gains[1] > gains[2]
+
+
+def compute_ops_of_llama():
+    scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml").scenario
+    layout = resolve(scenario)
+    stage = build_workload(scenario, layout).stages[0]
+    return [op for block in stage.forward for op in compute_ops(block.items)]

@@ -18,6 +18,10 @@ overhead. The compute side is not one efficiency number:
   calls fill the SMs poorly and pay each query block's fixed load and store over fewer
   key blocks; a causal mask adds partly masked diagonal blocks); else one fraction of
   peak per pass.
+* Both are measured by short benchmarks, which find the GPU cool and at its top clock; a
+  training step keeps it at its power limit, where it holds a lower clock. Compute-bound
+  kernels run at ``efficiency.sustained_compute`` of the benchmarks' rate (measured:
+  the same GEMMs as ten-call bursts and after a minute of load).
 * Memory-bound ops (norms, activations, softmax, optimizer) stream at the achieved
   fraction of HBM bandwidth.
 """
@@ -42,20 +46,21 @@ def wave_efficiency(batch: int, m: int, n: int, tile: tuple[int, int], units: in
 
 
 def tile_fill_efficiency(k: int, tile: tuple[int, int], tile_k: int, operand_bytes: int, epilogue_bytes: int,
-                         unit_flops: float, unit_bandwidth: float) -> float:
+                         unit_flops: float, unit_bandwidth: float, epilogue_overlap: bool = False) -> float:
     """Share of a tile's time its tensor cores compute: main-loop steps over steps plus the fixed phases.
 
     One step multiplies a (rows x tile_k) by a (tile_k x cols) block at the SM's share of
     the matmul rate; the load before the first step moves one step's operand blocks and
     the store after the last moves the output tile, both at the SM's share of the
     achieved memory bandwidth, since every SM of a wave loads and stores in the same
-    phase. K is padded to whole steps.
+    phase. K is padded to whole steps. With ``epilogue_overlap`` (Hopper's warp-specialized
+    kernels: one warp group stores its tile while another computes) the store is hidden.
     """
     rows, cols = tile
     steps = math.ceil(k / tile_k)
     step_s = 2.0 * rows * cols * tile_k / unit_flops
     load_s = (rows + cols) * tile_k * operand_bytes / unit_bandwidth
-    store_s = rows * cols * epilogue_bytes / unit_bandwidth
+    store_s = 0.0 if epilogue_overlap else rows * cols * epilogue_bytes / unit_bandwidth
     useful_s = 2.0 * rows * cols * k / unit_flops
     return useful_s / (steps * step_s + load_s + store_s)
 
@@ -79,10 +84,10 @@ class ComputeModel:
         self.time = lru_cache(maxsize=None)(self._time)
 
     def _gemm_flops(self, dtype: str) -> float:
-        """Best measured matmul rate in ``dtype``."""
+        """Best measured matmul rate in ``dtype``, held under continuous load."""
         eff = self.accelerator.efficiency
         fraction = eff.gemm_fp8 if dtype == "fp8" and eff.gemm_fp8 is not None else eff.gemm
-        return self.accelerator.peak(dtype) * fraction
+        return self.accelerator.peak(dtype) * fraction * eff.sustained_compute
 
     def _attention_s(self, op: Op, dtype: str) -> float:
         """Compute seconds of a fused attention op: the published sweep's rate at the length
@@ -92,10 +97,11 @@ class ComputeModel:
         sweep = eff.attention_sweep
         if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16"):
             fraction = eff.attention_backward if backward else eff.attention_forward
-            return op.flops / (self.accelerator.peak(dtype) * fraction)
+            return op.flops / (self.accelerator.peak(dtype) * fraction * eff.sustained_compute)
         masked = op.flops * op.causal_share
         seconds = masked / sweep.rate(op.kernel_seq, backward, causal=True) if masked else 0.0
-        return seconds + (op.flops - masked) / sweep.rate(op.kernel_seq, backward, causal=False)
+        seconds += (op.flops - masked) / sweep.rate(op.kernel_seq, backward, causal=False)
+        return seconds / eff.sustained_compute
 
     def _time(self, op: Op) -> float:
         if self.calibration is not None:
@@ -112,7 +118,7 @@ class ComputeModel:
             filled = wave_efficiency(batch, m, n, eff.gemm_tile, units)
             steps = 1.0 if eff.gemm_tile_k is None else tile_fill_efficiency(
                 k, eff.gemm_tile, eff.gemm_tile_k, element_bytes, op.epilogue_bytes or element_bytes,
-                gemm_flops / units, self.memory_bandwidth / units)
+                gemm_flops / units, self.memory_bandwidth / units, eff.gemm_epilogue_overlap)
             compute_s = op.flops / (gemm_flops * filled * steps)
         elif op.kind == "attention":
             compute_s = self._attention_s(op, dtype)

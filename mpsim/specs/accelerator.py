@@ -106,6 +106,16 @@ class EfficiencySpec(Spec):
                                                           "a tile's operands are loaded this many columns at a "
                                                           "time; null: tiles are fed from caches (a CPU), no "
                                                           "load and store phases")
+    gemm_epilogue_overlap: bool = Field(False, description="the GEMM kernels hide a tile's output store behind "
+                                                           "another tile's main loop (Hopper's warp-specialized "
+                                                           "persistent kernels), so only its first load waits")
+    # A short benchmark (a MAMF sweep, a kernel paper's table) finds a cool GPU below its power
+    # limit, at its top clock; a training step keeps it at the limit, where it lowers the clock
+    sustained_compute: float = Field(1.0, gt=0, le=1, description="throughput of compute-bound kernels (GEMMs, "
+                                                                  "fused attention) under continuous load at the "
+                                                                  "power limit / the short-burst throughput that "
+                                                                  "gemm and the attention sweep measured; 1: not "
+                                                                  "measured")
     memory: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth for streaming ops")
     attention_forward: float = Field(gt=0, le=1, description="fused attention forward, fraction of peak")
     attention_backward: float = Field(gt=0, le=1, description="fused attention backward, fraction of peak")
