@@ -9,7 +9,7 @@ the ml-engineering book, whose value is the accelerator file's ``efficiency.gemm
 rows are in-sample and marked so. Every published row is a short benchmark (a cool GPU at its
 top clock) and is priced so, without ``efficiency.sustained_compute``. This project's H200
 readings (``benchmarks/hopper_kernels.py``: the dgxc layers' GEMMs after a minute of load,
-and a few as ten-call bursts) are priced as they ran: bursts cool, loaded GEMMs at the
+and a few as ten-call bursts, in bf16 and, as Transformer Engine runs them, in fp8) are priced as they ran: bursts cool, loaded GEMMs at the
 sustained rate; the loaded twins of the burst shapes set that rate and are in-sample. Each
 shape is priced by ``mpsim/cost/compute.py`` as a
 layer's GEMM is, on the accelerator file the GPU names; the script prints measured,
@@ -35,7 +35,8 @@ DATA = Path(__file__).resolve().parent / "data" / "gemm_sweeps.csv"
 ACCELERATORS = {"H100 SXM": "h100-sxm-80gb", "A100 SXM": "a100-sxm-80gb", "A100": "a100-sxm-80gb",
                 "H200 SXM": "h200-sxm-141gb"}
 # this project's H200 readings (benchmarks/hopper_kernels.py): GEMMs as short bursts and under load
-HOPPER = [DATA.parent / "hopper_kernels_h200.json", DATA.parent / "hopper_kernels_h200_burst.json"]
+HOPPER = [DATA.parent / "hopper_kernels_h200.json", DATA.parent / "hopper_kernels_h200_burst.json",
+          DATA.parent / "hopper_kernels_h200_fp8.json"]
 
 
 def predicted_tflops(model: ComputeModel, batch: int, m: int, n: int, k: int, dtype: str) -> float:
@@ -61,11 +62,17 @@ def measured_rows() -> list[dict]:
         for gemm in record["gemm"]:
             if gemm["phase"] not in ("burst", "loaded"):
                 continue
-            # the loaded twin of a burst set efficiency.sustained_compute (their ratio)
+            # the loaded twin of a bf16 burst set efficiency.sustained_compute (their ratio)
             twin = gemm["phase"] == "loaded" and gemm["label"] in bursts
             rows.append({"source": f"HOPPER-LOAD ({path.name}, {gemm['phase']})", "gpu": "H200 SXM", "dtype": "bf16",
                          "batch": 1, "m": gemm["m"], "n": gemm["n"], "k": gemm["k"], "tflops": gemm["tflops"],
                          "load": gemm["phase"], "sets_sustained": twin})
+        for gemm in record.get("fp8", []):  # Transformer Engine's fp8 GEMMs: out-of-sample
+            if "tflops" in gemm:
+                load = gemm["phase"].removeprefix("fp8-")
+                rows.append({"source": f"HOPPER-LOAD ({path.name}, {gemm['phase']})", "gpu": "H200 SXM",
+                             "dtype": "fp8", "batch": 1, "m": gemm["m"], "n": gemm["n"], "k": gemm["k"],
+                             "tflops": gemm["tflops"], "load": load})
     return rows
 
 
@@ -86,7 +93,7 @@ def main() -> None:
         measured = float(row["tflops"])
         predicted = predicted_tflops(models[key], batch, m, n, k, dtype)
         error = 100 * (predicted - measured) / measured
-        source = row["source"].split(" ")[0] + (f" {load}" if row["source"].startswith("HOPPER") else "")
+        source = row["source"].split(" ")[0] + (f" {dtype} {load}" if row["source"].startswith("HOPPER") else "")
         # in-sample: the MAMF rows set efficiency.gemm; the loaded/burst ratio of the H200 burst
         # shapes sets efficiency.sustained_compute (their loaded rows)
         in_sample = "MAMF" in row["source"] or row.get("sets_sustained", False)

@@ -17,7 +17,9 @@ larger than the L2 cache, median of the calls:
    benchmark such as a MAMF sweep finds the GPU);
 2. causal attention forward and backward at head dim 128 through torch's SDPA, with each
    backend torch offers here (FlashAttention-2, cuDNN), at 4k and 8k tokens;
-3. a Llama 3.1 8B layer (hidden 4096, FFN 14336 SwiGLU, GQA 32/8, RMSNorm, RoPE) forward
+3. fp8 GEMMs as Transformer Engine runs them (E4M3, K-major operands, bf16 output) for the
+   70B FP8 rows' layer and the 8B's MLP, as bursts and loaded (``fp8``);
+4. a Llama 3.1 8B layer (hidden 4096, FFN 14336 SwiGLU, GQA 32/8, RMSNorm, RoPE) forward
    and backward at 4k and 8k tokens in eager PyTorch, loaded.
 
 Writes ``OUT/hopper_kernels.json`` (every timing and clock sample) and prints one line
@@ -181,6 +183,66 @@ def burst_pass(torch, sampler: Sampler, pause_s: float) -> list[dict]:
     return rows
 
 
+FP8_SHAPES = [SQUARE, *LINEARS[4:8], LINEARS[2], LINEARS[3]]  # the 70B FP8 rows' layer, the 8B's MLP
+
+
+def fp8_sets(torch, m: int, n: int, k: int, sets: int) -> list[tuple]:
+    """Operands of an fp8 GEMM as Transformer Engine runs it on Hopper: E4M3 A[M,K] and
+    B[K,N] both K-major (B is a row-major [N,K] weight seen transposed), per-tensor fp32
+    scales, a bf16 output."""
+    scale = torch.ones((), device="cuda", dtype=torch.float32)
+    out = []
+    for _ in range(sets):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn).t()
+        out.append((a, b, scale, scale))
+    return out
+
+
+def fp8_pass(torch, sampler: Sampler, pause_s: float, heat_s: float) -> list[dict]:
+    """Each fp8 shape as a ten-call burst after a pause, then all of them after ``heat_s`` of
+    back-to-back fp8 GEMMs (torch._scaled_mm, cuBLASLt's fp8 kernels)."""
+    def run(a, b, scale_a, scale_b):
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+
+    rows = []
+    nvml, handle = sampler.nvml, sampler.handle
+    for phase in ("fp8-burst", "fp8-loaded"):
+        if phase == "fp8-loaded":
+            sampler.phase = "fp8-heat"
+            _, m, n, k = LINEARS[6]
+            inputs = fp8_sets(torch, m, n, k, 2)
+            end = time.monotonic() + heat_s
+            while time.monotonic() < end:
+                for _ in range(50):
+                    run(*inputs[0])
+                    run(*inputs[1])
+                torch.cuda.synchronize()
+            del inputs
+        for label, m, n, k in FP8_SHAPES:
+            inputs = fp8_sets(torch, m, n, k, 2)
+            torch.cuda.synchronize()
+            if phase == "fp8-burst":
+                sampler.phase = "pause"
+                time.sleep(pause_s)
+            sampler.phase = phase
+            try:
+                seconds = timed(torch, run, inputs, calls=BURST_CALLS if phase == "fp8-burst" else CALLS, warmup=3)
+            except Exception as exc:  # noqa: BLE001 - recorded: this torch or GPU may have no fp8 GEMM
+                rows.append({"phase": phase, "label": f"{label}.forward", "error": str(exc).splitlines()[0][:200]})
+                print(f"  {phase} {label}: unavailable ({str(exc).splitlines()[0][:80]})", flush=True)
+                return rows
+            clock = nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
+            tflops = 2.0 * m * n * k / seconds / 1e12
+            rows.append({"phase": phase, "label": f"{label}.forward", "m": m, "n": n, "k": k, "seconds": seconds,
+                         "tflops": tflops, "sm_mhz_after": clock, "dtype": "fp8"})
+            print(f"  {phase:10s} {label + '.forward':28s} M={m:6d} N={n:6d} K={k:6d} {1e3 * seconds:8.3f} ms "
+                  f"{tflops:7.1f} TFLOP/s, SM clock {clock} MHz", flush=True)
+            del inputs
+    torch.cuda.empty_cache()
+    return rows
+
+
 def heat(torch, sampler: Sampler, seconds: float) -> None:
     """Back-to-back GEMMs of the largest layer shape for ``seconds``: the load of a training step."""
     sampler.phase = "heat"
@@ -301,7 +363,8 @@ def main() -> int:
     parser.add_argument("--pause-s", type=float, default=10.0, help="idle seconds before the cold pass and each burst")
     parser.add_argument("--phases", default="burst,cold,loaded,attention,layer",
                         help="comma-separated: burst (each of a few shapes after a pause), cold (every GEMM after "
-                             "a pause), loaded (every GEMM after --heat-s of load), attention, layer")
+                             "a pause), loaded (every GEMM after --heat-s of load), fp8 (the 70B FP8 layer's "
+                             "GEMMs in fp8, bursts and loaded), attention, layer")
     args = parser.parse_args()
     import torch
 
@@ -328,6 +391,8 @@ def main() -> int:
         if "loaded" in args.phases:
             heat(torch, sampler, args.heat_s)
             record["gemm"] += gemm_pass(torch, sampler, "loaded")
+        if "fp8" in args.phases:
+            record["fp8"] = fp8_pass(torch, sampler, args.pause_s, args.heat_s)
         if "attention" in args.phases:
             record["attention"] = attention_pass(torch, sampler)
         if "layer" in args.phases:
@@ -335,7 +400,7 @@ def main() -> int:
         sampler.phase = "done"
     record["samples"] = sampler.samples
     (out / "hopper_kernels.json").write_text(json.dumps(record, indent=1))
-    for phase in ("burst", "cold", "heat", "loaded", "attention", "layer"):
+    for phase in ("burst", "cold", "heat", "loaded", "fp8-burst", "fp8-heat", "fp8-loaded", "attention", "layer"):
         clocks = [s["sm_mhz"] for s in sampler.samples if s.get("phase") == phase and "sm_mhz" in s]
         power = [s["power_w"] for s in sampler.samples if s.get("phase") == phase and "power_w" in s]
         if clocks:
