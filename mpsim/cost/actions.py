@@ -94,6 +94,8 @@ class CostModel:
         # share of the SMs a running collective takes from compute that overlaps it
         self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
         self._passes: dict[int, tuple[Pass, float, ActionCost]] = {}
+        # seconds that depend on the scenario and layout alone, priced once per model (cost/step.py)
+        self.per_step: dict[str, float] = {}
         # host seconds per kernel launch: a profile fitted from a trace measured the host's pace;
         # a measured profile's fitted per-action overhead already holds the framework's time,
         # so it is not charged twice

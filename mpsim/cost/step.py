@@ -249,8 +249,11 @@ def grad_checks_s(works: list[StageWork], model: CostModel) -> float:
     syncs = int(training.clip_grad) + int(training.dtype == "fp16")
     if syncs == 0:
         return 0.0
-    place = grad_stats_placement(model)
-    seconds = syncs * collective_time("all-reduce", GRAD_STAT_BYTES, place, model.system)
+    allreduce_s = model.per_step.get("grad_stat_allreduce_s")
+    if allreduce_s is None:  # the same for every stage and step of a layout: priced once
+        allreduce_s = collective_time("all-reduce", GRAD_STAT_BYTES, grad_stats_placement(model), model.system)
+        model.per_step["grad_stat_allreduce_s"] = allreduce_s
+    seconds = syncs * allreduce_s
     if training.dtype == "fp16":
         layout = model.layout
         owned = sum(w.params for w in works) / (layout.shard_ranks if layout.zero_stage >= 1 else 1)
