@@ -167,6 +167,8 @@ def test_gpu_pass_is_the_union_of_its_kernels_without_point_to_point():
     (only,) = measure_passes(trace)
     assert only.busy_s == pytest.approx(0.04) and only.wait_s == 0
     assert len(only.spans) == 2 and only.spans[0] == pytest.approx((0.30, 0.33))
+    # its time on the GPU runs from its first kernel to its last, the gap between them included
+    assert only.elapsed_s == pytest.approx(0.21)
 
 
 def test_category_mode_on_a_constructed_gpu_trace():
@@ -288,3 +290,33 @@ def test_category_mode_on_a_real_gpu_extract(capsys):
     rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("   0  ")}
     assert float(rows["collective:all-reduce"][2]) > 0 and float(rows["convolution"][2]) > 0
     assert float(rows["gemm"][3]) > 0 and float(rows["convolution"][3]) > 0
+
+
+def test_a_gpu_pass_is_compared_by_its_time_on_the_gpu_gaps_included():
+    """Each pass's two kernels fill half of it, the GPU waiting between them (a host that launches
+    slower than the GPU runs): the pass's measured time is its whole extent, which is what a
+    simulated action's duration stands for, so a trace made from the simulation matches it."""
+    result = simulated("1f1b")
+    traces = []
+    for rank in (0, 1):
+        annotations, kernels, clock = [], [], 0.0
+        for number in (1, 2, 3):
+            start = clock
+            for record in result.timeline.actions[rank]:
+                name, duration = f"PP:{record.action}", record.end_s - record.start_s
+                annotations.append(_annotation(name, clock, duration))
+                for offset in (0.0, 0.75):
+                    kernels.append(_kernel("gemm", "gemm", clock + offset * duration, duration / 4, number,
+                                           (f"ProfilerStep#{number}", name)))
+                clock += duration
+            annotations.append(_annotation(f"ProfilerStep#{number}", start, clock - start))
+        steps = tuple(Step(n, a.start_s, a.start_s + a.duration_s) for n, a in
+                      ((int(a.name.split("#")[1]), a) for a in annotations if a.name.startswith("ProfilerStep")))
+        traces.append(Trace(f"rank{rank}.json", "GPU", None, None, None, rank, 2, tuple(kernels), steps,
+                            tuple(sorted(annotations, key=lambda a: a.start_s))))
+    comparison = compare_traces(traces, result)
+    assert comparison.mode == "passes" and len(comparison.passes) == 16
+    for row in comparison.passes:
+        assert row.error_pct == pytest.approx(0.0, abs=1e-6)
+    busy = [p.busy_s / p.elapsed_s for p in measure_passes(traces[0])]
+    assert all(share == pytest.approx(0.5) for share in busy)  # the kernels' union is half of it

@@ -177,7 +177,7 @@ def _pass_rows(comparison: TraceComparison) -> None:
                 raise InputError(f"{p.name!r} in ProfilerStep#{p.step}: pipeline rank {rank} of the scenario runs no "
                                  f"{key} ({schedule.name}, {schedule.num_microbatches} microbatches, stages "
                                  f"{stages_on_rank} on this rank)", trace.source)
-            measured[key][p.step] = measured[key].get(p.step, 0.0) + p.busy_s
+            measured[key][p.step] = measured[key].get(p.step, 0.0) + p.elapsed_s
         _order_note(comparison, rank, trace, stages_on_rank, list(records))
         missing = [key for key in records if key not in measured]
         if missing:

@@ -16,11 +16,14 @@ A pipeline framework marks each pass with a ``record_function`` annotation. PyTo
 ``Schedule1F1B`` writes none, and Megatron-Core marks its pipeline phases with NVTX
 ranges, which Kineto does not record: such traces have steps and kernels but no passes.
 
-A pass's measured time is its GPU work when the trace has kernels: the union of the
-intervals of the kernels launched inside it (by name in the kernel's callers, or launched
-by an op that started inside the pass on another thread, as the autograd engine's
-threads launch a backward), point-to-point kernels left out, because they last as long
-as the wait for the peer. On a CPU-only trace it is the annotation's own span, less the
+A pass's measured time is its time on the GPU when the trace has kernels: from the start
+of the first kernel launched inside it to the end of the last (by name in the kernel's
+callers, or launched by an op that started inside the pass on another thread, as the
+autograd engine's threads launch a backward), point-to-point kernels left out, because
+they last as long as the wait for the peer. That elapsed time, not the kernels' busy
+union (also kept), is what a simulated action's duration stands for: where the host
+launches kernels slower than the GPU runs them, the GPU waits between them, inside the
+pass. On a CPU-only trace it is the annotation's own span, less the
 time spent at its start waiting for its input: the end of the receive it consumes (a
 ``gloo:recv`` or ``nccl:recv`` range, opened in the pass itself or in the ``RECV``
 action before it) tells when the input arrived.
@@ -78,9 +81,15 @@ class MeasuredPass:
     step: int
     start_s: float  # trace time of the annotation's start
     end_s: float
-    busy_s: float  # the GPU work, or the CPU span less the input wait
+    busy_s: float  # the GPU work (the union of its kernels), or the CPU span less the input wait
     wait_s: float  # CPU trace: time at the start spent waiting for the input (0 on a GPU trace)
     spans: tuple[tuple[float, float], ...]  # what to draw: kernel intervals, or the computing part of the span
+
+    @property
+    def elapsed_s(self) -> float:
+        """The pass's measured time: first kernel start to last kernel end on a GPU trace (its
+        gaps waiting for launches included); on a CPU trace the computing part of its span."""
+        return self.spans[-1][1] - self.spans[0][0] if self.spans else 0.0
 
 
 def stage_names(trace: Trace) -> set[int]:
