@@ -250,4 +250,32 @@ def test_a_trace_profile_prices_the_host_at_the_pace_the_trace_launched():
     for profile, expected_s in ((_profile(replace(base, kernels=kernels)).profile, 25e-6), (_profile().profile, 0.0)):
         scenario = load_scenario(scenario_file, ["training.dtype=tf32"]).scenario
         scenario = scenario.model_copy(update={"calibration": profile})
-        assert CostModel(scenario, resolve(scenario)).host_launch_s == pytest.approx(expected_s)
+        model = CostModel(scenario, resolve(scenario))
+        assert model.host_launch_forward_s == model.host_launch_backward_s == pytest.approx(expected_s)
+
+
+def test_forwards_and_backwards_are_launched_at_the_pace_of_their_own_threads():
+    from dataclasses import replace
+
+    from mpsim.cost.actions import CostModel
+    from mpsim.resolve import resolve
+    from mpsim.traces.host import launch_intervals_by_pass
+
+    # the forward's kernels launched 60 us apart by the main thread; the backward's 20 us apart by
+    # the autograd engine's thread, which runs them under its evaluate_function annotations
+    base = synthetic_trace()
+    half = len(base.kernels) // 2
+    kernels = tuple(replace(kernel, step=1, launch_s=60e-6 * index, launch_thread=1) if index < half else
+                    replace(kernel, step=1, launch_s=20e-6 * index, launch_thread=2,
+                            op_names=("autograd::engine::evaluate_function: MmBackward0", "aten::mm"))
+                    for index, kernel in enumerate(base.kernels))
+    trace = replace(base, kernels=kernels)
+    forward, backward = launch_intervals_by_pass(trace)
+    assert len(forward) == half - 1 and len(backward) == len(kernels) - half - 1
+    launch = _profile(trace).profile.compute.launch
+    assert launch.host_interval_forward_s == pytest.approx(60e-6)
+    assert launch.host_interval_backward_s == pytest.approx(20e-6)
+    scenario = load_scenario(SCENARIOS / "megatron_22b_8xa100.yaml", ["training.dtype=tf32"]).scenario
+    scenario = scenario.model_copy(update={"calibration": _profile(trace).profile})
+    model = CostModel(scenario, resolve(scenario))
+    assert (model.host_launch_forward_s, model.host_launch_backward_s) == pytest.approx((60e-6, 20e-6))

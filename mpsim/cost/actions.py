@@ -100,9 +100,10 @@ class CostModel:
         # a measured profile's fitted per-action overhead already holds the framework's time,
         # so it is not charged twice
         if self.calibration is None:
-            self.host_launch_s = scenario.training.host_launch_interval
-        else:
-            self.host_launch_s = self.calibration.host_launch_s or 0.0
+            self.host_launch_forward_s = self.host_launch_backward_s = scenario.training.host_launch_interval
+        else:  # forwards (Python, module by module) and backwards (the autograd engine) at their own pace
+            self.host_launch_forward_s = self.calibration.host_launch_forward_s or 0.0
+            self.host_launch_backward_s = self.calibration.host_launch_backward_s or 0.0
 
     def _rank_devices(self) -> tuple[RankDevice, ...] | None:
         """Each pipeline rank's device, or None when every rank is this model's healthy device."""
@@ -192,11 +193,14 @@ class CostModel:
         if cached is not None and cached[0] is work and cached[1] == compute_scale:
             return cached[2]
         clock = compute = comm = exposed = flops = dp_wait = 0.0
-        # The host launches the pass's kernels one after another, host_launch_s apart. After a
+        # The host launches the pass's kernels one after another, host_launch_forward_s apart in a
+        # forward, host_launch_backward_s in the rest. After a
         # synchronisation (host_sync_between_passes) the pass starts with nothing queued, so no
         # kernel starts before its launch; otherwise the host is taken to run ahead, and only a
         # pass whose launches take longer than its kernels is held to the host's pace.
-        host_s, cold = self.host_launch_s, self.scenario.training.host_sync_between_passes
+        forward = any(block.category == "forward" for block in work)
+        host_s = self.host_launch_forward_s if forward else self.host_launch_backward_s
+        cold = self.scenario.training.host_sync_between_passes
         host = host_wait = 0.0
 
         def launched(at: float) -> float:

@@ -201,6 +201,10 @@ class LaunchGaps(_Strict):
                                                                     "training.host_launch_interval is without a "
                                                                     "profile")
     host_interval_samples: int = Field(0, ge=0)
+    host_interval_forward_s: float | None = Field(None, ge=0, description="the same over the threads that ran "
+                                                                            "forwards (Python, module by module)")
+    host_interval_backward_s: float | None = Field(None, ge=0, description="the same over the autograd engine's "
+                                                                             "threads, which run backwards")
 
 
 class ComputeProfile(_Strict):

@@ -27,15 +27,37 @@ STARVED_WITHIN_S = 20e-6
 
 def launch_intervals_s(trace: Trace) -> list[float]:
     """Seconds between consecutive kernel launches of one CPU thread, inside profiled steps."""
+    forward, backward = launch_intervals_by_pass(trace)
+    return forward + backward
+
+
+def _backward_op(name: str) -> bool:
+    """An op or annotation that only the autograd engine's backward runs."""
+    return name.startswith("autograd::engine") or name.endswith("Backward0") or name.endswith("_backward")
+
+
+def launch_intervals_by_pass(trace: Trace) -> tuple[list[float], list[float]]:
+    """The launch intervals of the threads that run forwards and of those that run backwards.
+
+    A thread is a backward thread when most of the kernels it launched sit under the
+    autograd engine's ops (``autograd::engine::evaluate_function``, ``*Backward0``,
+    ``aten::*_backward``): PyTorch runs a backward on its engine's own thread, so the two
+    are apart in every eager trace, and their paces differ (a forward runs Python module
+    by module, a backward the engine's C++ loop).
+    """
     launches: dict[tuple[int, int | None], list[float]] = defaultdict(list)
+    kernels: dict[int | None, int] = defaultdict(int)
+    backward: dict[int | None, int] = defaultdict(int)
     for kernel in trace.kernels:
         if kernel.launch_s is not None and kernel.step is not None:
             launches[(kernel.step, kernel.launch_thread)].append(kernel.launch_s)
-    intervals: list[float] = []
-    for times in launches.values():
+            kernels[kernel.launch_thread] += 1
+            backward[kernel.launch_thread] += any(_backward_op(name) for name in kernel.op_names)
+    by_kind: tuple[list[float], list[float]] = ([], [])
+    for (_, thread), times in launches.items():
         times.sort()
-        intervals += [b - a for a, b in zip(times, times[1:])]
-    return intervals
+        by_kind[2 * backward[thread] > kernels[thread]].extend(b - a for a, b in zip(times, times[1:]))
+    return by_kind
 
 
 def starved_share(trace: Trace) -> float:

@@ -43,14 +43,20 @@ def fit_memory(samples: list[MemorySample]) -> StreamFit | None:
 
 
 def launch_summary(waiting_gaps_s: list[float], queued_gaps_s: list[float],
-                   launch_intervals_s: list[float] = ()) -> LaunchGaps | None:
+                   forward_intervals_s: list[float] = (), backward_intervals_s: list[float] = ()
+                   ) -> LaunchGaps | None:
     """Median gaps between kernels, with and without the GPU waiting for the CPU, and the
-    median interval between the host's launches."""
+    median interval between the host's launches, over all threads and per pass kind."""
+    launch_intervals_s = [*forward_intervals_s, *backward_intervals_s]
     if not waiting_gaps_s and not queued_gaps_s and not launch_intervals_s:
         return None
+
+    def median(values):
+        return float(np.median(values)) if len(values) else None
     return LaunchGaps(waiting_gap_s=float(np.median(waiting_gaps_s)) if waiting_gaps_s else None,
                       waiting_samples=len(waiting_gaps_s),
                       queued_gap_s=float(np.median(queued_gaps_s)) if queued_gaps_s else None,
                       queued_samples=len(queued_gaps_s),
-                      host_interval_s=float(np.median(launch_intervals_s)) if launch_intervals_s else None,
-                      host_interval_samples=len(launch_intervals_s))
+                      host_interval_s=median(launch_intervals_s), host_interval_samples=len(launch_intervals_s),
+                      host_interval_forward_s=median(forward_intervals_s),
+                      host_interval_backward_s=median(backward_intervals_s))

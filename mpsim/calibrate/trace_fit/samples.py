@@ -20,7 +20,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from mpsim.traces.host import launch_intervals_s
+from mpsim.traces.host import launch_intervals_by_pass
 from mpsim.traces.model import Kernel, Trace
 from mpsim.traces.shapes import DTYPE_BYTES, DTYPES
 
@@ -83,7 +83,8 @@ class TraceSamples:
     memory: list[MemorySample] = field(default_factory=list)
     waiting_gaps_s: list[float] = field(default_factory=list)
     queued_gaps_s: list[float] = field(default_factory=list)
-    launch_intervals_s: list[float] = field(default_factory=list)  # traces/host.py
+    forward_intervals_s: list[float] = field(default_factory=list)  # traces/host.py
+    backward_intervals_s: list[float] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
 
 
@@ -209,5 +210,7 @@ def trace_samples(traces: list[Trace]) -> TraceSamples:
         collective_samples(trace, samples)
         memory_samples(trace, samples)
         launch_gaps(trace, samples)
-        samples.launch_intervals_s += launch_intervals_s(trace)
+        forward, backward = launch_intervals_by_pass(trace)
+        samples.forward_intervals_s += forward
+        samples.backward_intervals_s += backward
     return samples
