@@ -6,7 +6,14 @@
   each group size ``n`` from 2 to the world size (powers of two and the world size),
   messages sized as nccl-tests sizes them (the all-reduce buffer, the gathered output,
   the reduce-scatter input). A collective's time is the slowest rank's: each rank times
-  it after a barrier and the maximum is taken.
+  it and the maximum is taken. Each is called the way a training step calls it: after a
+  stretch of compute (``BUSY_MATMULS`` products, the same on every rank, after a
+  barrier), not straight after the barrier. On CPU that matters several times over: a
+  1 MB gloo all-reduce took 0.6-0.7 ms back to back after a barrier and 2.3-4.4 ms after
+  11 ms of matrix products on two ranks of the development machine (the buffers and the
+  backend's threads go cold, and the ranks arrive apart), and the tensor-parallel check's
+  all-reduces, which follow its GEMMs, are priced from these lines. On a GPU the device
+  is synchronised after the products, before the clock starts.
 
 Every size is repeated; the median and spread go into the profile, and
 ``mpsim/calibrate/fit/fitting.py`` fits ``t = latency + bytes / bandwidth`` through them.
@@ -63,9 +70,26 @@ def _collective(kind: str, buffer: torch.Tensor, out: torch.Tensor, group) -> No
         scatter(out, buffer, group=group)
 
 
+# The stretch of compute before each timed collective: products of 512 x 512 fp32 matrices, 1 MiB
+# each, so the working set is larger than a core's L2 cache (1 MiB on the development machine's
+# EPYC, 256 KiB-2 MiB on current server cores) and the collective meets cold buffers, as it does
+# after a layer's GEMMs
+BUSY_SIZE = 512
+BUSY_MATMULS = 4
+
+
+def _busy(device: torch.device, dev_kind: str) -> None:
+    """A stretch of compute, as a step runs before it reaches a collective."""
+    a = torch.ones(BUSY_SIZE, BUSY_SIZE, device=device)
+    for _ in range(BUSY_MATMULS):
+        a = torch.mm(a, a) * (1.0 / BUSY_SIZE)
+    _sync(dev_kind)
+
+
 def collective_samples(kind: str, message_bytes: int, ranks: int, group, device: torch.device, dev_kind: str,
                        repeats: int) -> list[float]:
-    """Seconds of ``repeats`` collectives on this rank (call on members of ``group`` only)."""
+    """Seconds of ``repeats`` collectives on this rank, each after a stretch of compute (call on
+    members of ``group`` only)."""
     elements = max(ranks, message_bytes // 4 // ranks * ranks)
     if kind == "all-gather":
         buffer = torch.ones(elements // ranks, device=device)
@@ -78,7 +102,7 @@ def collective_samples(kind: str, message_bytes: int, ranks: int, group, device:
     samples = []
     for i in range(repeats + 2):
         dist.barrier(group=group)
-        _sync(dev_kind)
+        _busy(device, dev_kind)
         begin = time.perf_counter()
         _collective(kind, buffer, out, group)
         _sync(dev_kind)
