@@ -27,6 +27,7 @@ DATA = Path(__file__).parent / "data" / "traces"
 CNN = str(DATA / "cnn_allreduce_step5.json.gz")
 RECSYS8 = str(DATA / "recsys8_step1010.json.gz")
 RECSYS16 = str(DATA / "recsys16_step551.json.gz")
+H200 = str(DATA / "h200_gpipe_step3.json.gz")  # this project's own trace (README.md there)
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +298,18 @@ def test_a_hopper_cublas_kernel_takes_its_shape_from_its_addmm():
                input_types=("c10::BFloat16", "c10::BFloat16", "c10::BFloat16", "Scalar", "Scalar"))
     gemm = gemm_of(name, (op,))
     assert (gemm.batch, gemm.m, gemm.n, gemm.k, gemm.dtype) == (1, 128, 1536, 512, "bf16")
+
+
+def test_an_h200_trace_links_cublas_driver_launches_to_their_shapes():
+    """This project's own H200 trace (tests/data/traces/README.md): cuBLAS launches its nvjet
+    kernels through the driver (cuLaunchKernelEx), and every one of them gets its shape."""
+    from mpsim.traces.host import launch_intervals_by_pass
+
+    trace = load_trace(H200)
+    assert trace.device_name == "NVIDIA H200"
+    gemms = [k for k in trace.kernels if k.category == "gemm"]
+    assert len(gemms) > 20 and all(k.name.startswith("nvjet_") and k.gemm is not None for k in gemms)
+    # the validation model in bf16, 128 tokens per microbatch: every product has them on one side
+    assert all(k.gemm.dtype == "bf16" and 128 in (k.gemm.m, k.gemm.n, k.gemm.k) for k in gemms)
+    forward, backward = launch_intervals_by_pass(trace)
+    assert forward and backward  # the training loop's thread and the autograd engine's

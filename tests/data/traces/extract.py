@@ -22,24 +22,30 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_SOURCE = HERE.parents[2].parent / "shared" / "traces"
 
-# extract name -> (source file, step kept, GEMM kernels kept, other kernels kept)
+REPOSITORY = HERE.parents[2]
+# extract name -> (source file, step kept, GEMM kernels kept, other kernels kept, the folder of the
+# source when it is not --source: the project's own traces live in the repository)
 EXTRACTS = {
-    "cnn_allreduce_step5.json.gz": ("a100_2rank_cnn_allreduce_rank0.json.gz", 5, 12, 60),
-    "recsys8_step1010.json.gz": ("a100_8rank_recsys_rank3.json.gz", 1010, 24, 40),
-    "recsys16_step551.json.gz": ("a100_16rank_recsys_rank0.json.gz", 551, 24, 40),
+    "cnn_allreduce_step5.json.gz": ("a100_2rank_cnn_allreduce_rank0.json.gz", 5, 12, 60, None),
+    "recsys8_step1010.json.gz": ("a100_8rank_recsys_rank3.json.gz", 1010, 24, 40, None),
+    "recsys16_step551.json.gz": ("a100_16rank_recsys_rank0.json.gz", 551, 24, 40, None),
+    "h200_gpipe_step3.json.gz": ("h200_gpipe_trace_rank0.json.gz", 3, 24, 60, REPOSITORY / "benchmarks" / "data"),
 }
 GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 OPS = ("cpu_op", "user_annotation")
 FLOWS = ("ac2g", "async_cpu_to_gpu")
-GEMM_NAME = re.compile(r"(?<!fb)gemm|gemv", re.IGNORECASE)
+GEMM_NAME = re.compile(r"(?<!fb)gemm|gemv|^nvjet_", re.IGNORECASE)  # nvjet_*: cuBLAS 12.9+ on Hopper
+# calls that launch GPU work: the runtime's, and the driver's where a library calls it directly
+# (cuBLAS's cuLaunchKernelEx); a runtime call wins where both carry one correlation
+LAUNCHES = ("cuda_driver", "cuda_runtime")
 
 
 def extract(events: list, step: int, gemm_count: int, other_count: int) -> list:
     """The events kept from ``events`` (in their original order)."""
     step_event = next(e for e in events if e.get("name") == f"ProfilerStep#{step}" and e.get("ph") == "X")
     lo, hi = step_event["ts"], step_event["ts"] + step_event["dur"]
-    runtime = {e["args"]["correlation"]: e for e in events
-               if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    runtime = {e["args"]["correlation"]: e for category in LAUNCHES for e in events
+               if e.get("ph") == "X" and e.get("cat") == category and "correlation" in e.get("args", {})}
     launched = []
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in GPU:
@@ -73,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="folder of the full traces")
     args = parser.parse_args(argv)
-    for name, (source, step, gemm_count, other_count) in EXTRACTS.items():
-        with gzip.open(args.source / source, "rt", encoding="utf-8") as stream:
+    for name, (source, step, gemm_count, other_count, folder) in EXTRACTS.items():
+        with gzip.open((folder or args.source) / source, "rt", encoding="utf-8") as stream:
             top = json.load(stream)
         kept = extract(top["traceEvents"], step, gemm_count, other_count)
         out = {key: (kept if key == "traceEvents" else value) for key, value in top.items()}
