@@ -52,8 +52,12 @@ def device_ranks(device: str, ranks: int | None) -> int:
 
 
 def device_overrides(device: str, system: str | None) -> list[str]:
-    """The scenario's system and dtype for the device measured."""
-    return [f"cluster.system={system or DEFAULT_SYSTEM[device]}", f"training.dtype={DEFAULT_DTYPE[device]}"]
+    """The scenario's system and dtype for the device measured (and, on GPUs, a name that says so:
+    the shipped validation scenario is named for its CPU ranks)."""
+    overrides = [f"cluster.system={system or DEFAULT_SYSTEM[device]}", f"training.dtype={DEFAULT_DTYPE[device]}"]
+    if device == "cuda":
+        overrides.append("name=validation on CUDA devices")
+    return overrides
 
 
 def check_machine(settings: MeasureSettings, wait_s: float, allow_busy: bool, say) -> float | None:
