@@ -258,14 +258,41 @@ def heat(torch, sampler: Sampler, seconds: float) -> None:
     torch.cuda.empty_cache()
 
 
-def attention_pass(torch, sampler: Sampler) -> list[dict]:
+def memory_pass(torch, sampler: Sampler) -> list[dict]:
+    """Streaming kernels over 1 GiB buffers, far past the L2: a copy (one read, one write) and an
+    add (two reads, one write), as BabelStream's Copy and Add; bytes moved over the median time."""
+    sampler.phase = "memory"
+    elements = (1 << 30) // 4
+    buffers = [torch.rand(elements, device="cuda") for _ in range(3)]
+    rows = []
+    for label, run, moved in (("copy", lambda: buffers[0].copy_(buffers[1]), 2),
+                              ("add", lambda: torch.add(buffers[1], buffers[2], out=buffers[0]), 3)):
+        seconds = timed(torch, run, [()], calls=20)
+        bandwidth = moved * elements * 4 / seconds
+        rows.append({"label": f"memory.{label}", "bytes": moved * elements * 4, "seconds": seconds,
+                     "bytes_per_s": bandwidth})
+        print(f"  memory {label:4s} {moved} x 1 GiB {1e3 * seconds:7.3f} ms {bandwidth / 1e9:7.1f} GB/s", flush=True)
+    buffers.clear()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def attention_pass(torch, sampler: Sampler, heat_s: float = 0.0, seqs=(4096, 8192),
+                   backends=("flash2", "cudnn")) -> list[dict]:
+    """Causal attention forward and backward; with ``heat_s`` each kernel first runs back to back
+    that long, so it is timed at the power limit it brings the GPU to itself ("loaded")."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
-    sampler.phase = "attention"
+    phase = "attention-loaded" if heat_s else "attention"
+    sampler.phase = phase
     rows = []
     heads, kv_heads, head_dim = 32, 8, 128
-    for seq in (4096, 8192):
+    backends = {"flash2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}.items() \
+        if backends == ("flash2", "cudnn") else [(name, getattr(SDPBackend, {"flash2": "FLASH_ATTENTION",
+                                                                           "cudnn": "CUDNN_ATTENTION"}[name]))
+                                                 for name in backends]
+    for seq in seqs:
         q = torch.randn(1, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         kv = [torch.randn(1, kv_heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
               for _ in range(2)]
@@ -274,11 +301,16 @@ def attention_pass(torch, sampler: Sampler) -> list[dict]:
         grad = torch.randn_like(q)
         # causal: half the score matrix (the FLOP convention of the FlashAttention papers)
         flops_fwd = 4.0 * seq * seq * heads * head_dim / 2
-        for name, backend in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        for name, backend in backends:
             try:
                 with sdpa_kernel(backend):
                     def forward():
                         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    end = time.monotonic() + heat_s
+                    while time.monotonic() < end:
+                        for _ in range(10):
+                            torch.autograd.grad(forward(), (q, k, v), grad)
+                        torch.cuda.synchronize()
                     fwd_s = timed(torch, lambda: forward(), [()])
                     out = forward()
 
@@ -289,10 +321,10 @@ def attention_pass(torch, sampler: Sampler) -> list[dict]:
                 rows.append({"label": f"attention.{name}.s{seq}", "error": str(exc).splitlines()[0][:200]})
                 print(f"  attention {name} s={seq}: unavailable ({str(exc).splitlines()[0][:80]})", flush=True)
                 continue
-            rows.append({"label": f"attention.{name}.s{seq}", "seq": seq, "heads": heads, "head_dim": head_dim,
-                         "causal": True, "forward_s": fwd_s, "backward_s": bwd_s,
+            rows.append({"label": f"attention.{name}.s{seq}", "phase": phase, "seq": seq, "heads": heads,
+                         "head_dim": head_dim, "causal": True, "forward_s": fwd_s, "backward_s": bwd_s,
                          "forward_tflops": flops_fwd / fwd_s / 1e12, "backward_tflops": 2.5 * flops_fwd / bwd_s / 1e12})
-            print(f"  attention {name:6s} s={seq:5d} fwd {1e3 * fwd_s:7.3f} ms {flops_fwd / fwd_s / 1e12:6.1f} TF, "
+            print(f"  {phase} {name:6s} s={seq:5d} fwd {1e3 * fwd_s:7.3f} ms {flops_fwd / fwd_s / 1e12:6.1f} TF, "
                   f"bwd {1e3 * bwd_s:7.3f} ms {2.5 * flops_fwd / bwd_s / 1e12:6.1f} TF", flush=True)
     torch.cuda.empty_cache()
     return rows
@@ -364,8 +396,10 @@ def main() -> int:
     parser.add_argument("--phases", default="burst,cold,loaded,attention,layer",
                         help="comma-separated: burst (each of a few shapes after a pause), cold (every GEMM after "
                              "a pause), loaded (every GEMM after --heat-s of load), fp8 (the 70B FP8 layer's "
-                             "GEMMs in fp8, bursts and loaded), attention, layer")
+                             "GEMMs in fp8, bursts and loaded), memory (copy and add over 1 GiB), attention, "
+                             "attention-loaded (cuDNN after --heat-s / 2 of itself), layer")
     args = parser.parse_args()
+    phases = set(args.phases.split(","))
     import torch
 
     if not torch.cuda.is_available():
@@ -383,24 +417,30 @@ def main() -> int:
         print(f"{record['device']}: power limit {record['power_limit_w']} W, max SM clock {record['max_sm_mhz']} MHz",
               flush=True)
         record["gemm"] = []
-        if "burst" in args.phases:
+        if "burst" in phases:
             record["gemm"] += burst_pass(torch, sampler, args.pause_s)
-        if "cold" in args.phases:
+        if "cold" in phases:
             time.sleep(args.pause_s)
             record["gemm"] += gemm_pass(torch, sampler, "cold")
-        if "loaded" in args.phases:
+        if "loaded" in phases:
             heat(torch, sampler, args.heat_s)
             record["gemm"] += gemm_pass(torch, sampler, "loaded")
-        if "fp8" in args.phases:
+        if "fp8" in phases:
             record["fp8"] = fp8_pass(torch, sampler, args.pause_s, args.heat_s)
-        if "attention" in args.phases:
+        if "memory" in phases:
+            record["memory"] = memory_pass(torch, sampler)
+        if "attention" in phases:
             record["attention"] = attention_pass(torch, sampler)
-        if "layer" in args.phases:
+        if "attention-loaded" in phases:
+            record["attention_loaded"] = attention_pass(torch, sampler, args.heat_s / 2, seqs=(4096, 8192),
+                                                        backends=("cudnn",))
+        if "layer" in phases:
             record["layer"] = llama_layer_pass(torch, sampler)
         sampler.phase = "done"
     record["samples"] = sampler.samples
     (out / "hopper_kernels.json").write_text(json.dumps(record, indent=1))
-    for phase in ("burst", "cold", "heat", "loaded", "fp8-burst", "fp8-heat", "fp8-loaded", "attention", "layer"):
+    for phase in ("burst", "cold", "heat", "loaded", "fp8-burst", "fp8-heat", "fp8-loaded", "memory", "attention",
+                  "attention-loaded", "layer"):
         clocks = [s["sm_mhz"] for s in sampler.samples if s.get("phase") == phase and "sm_mhz" in s]
         power = [s["power_w"] for s in sampler.samples if s.get("phase") == phase and "power_w" in s]
         if clocks:

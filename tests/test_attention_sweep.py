@@ -36,7 +36,7 @@ def _compute_s(op: Op, dtype: str = "bf16") -> float:
     the burst rate the GPU holds at its power limit (tests/test_compute_model.py checks that share)."""
     model = ComputeModel(H100, dtype)
     burst_s = model.time(op) - H100.efficiency.kernel_overhead  # bytes are 0: the compute side alone
-    return burst_s * H100.efficiency.sustained_compute
+    return burst_s * H100.efficiency.sustained_attention
 
 
 def test_at_a_measured_length_the_rate_is_the_published_one():

@@ -124,7 +124,8 @@ def _with_efficiency(accelerator, **changes):
 def test_a_gpu_held_at_its_power_limit_runs_compute_bound_kernels_slower():
     h100 = load_accelerator("h100-sxm-80gb")
     assert h100.efficiency.sustained_compute < 1  # measured (HOPPER-LOAD)
-    burst = ComputeModel(_with_efficiency(h100, sustained_compute=1.0), "bf16")
+    assert h100.efficiency.sustained_attention < 1  # measured on attention itself
+    burst = ComputeModel(_with_efficiency(h100, sustained_compute=1.0, sustained_attention=1.0), "bf16")
     loaded = ComputeModel(h100, "bf16")
     fraction = h100.efficiency.sustained_compute
     big = gemm("fc", 8192, 8192, 8192)
@@ -133,6 +134,10 @@ def test_a_gpu_held_at_its_power_limit_runs_compute_bound_kernels_slower():
     assert 1.0 < ratio <= 1.0 / fraction + 1e-12 and ratio > 1.0 / fraction - 0.02
     attention = next(op for op in compute_ops_of_llama() if op.kind == "attention")
     assert loaded.time(attention) - loaded.overhead_s == pytest.approx(
+        (burst.time(attention) - burst.overhead_s) / h100.efficiency.sustained_attention, rel=1e-12)
+    # without a measurement of its own, attention takes the GEMMs' share
+    gemm_share = ComputeModel(_with_efficiency(h100, sustained_attention=None), "bf16")
+    assert gemm_share.time(attention) - gemm_share.overhead_s == pytest.approx(
         (burst.time(attention) - burst.overhead_s) / fraction, rel=1e-12)
     norm = next(op for op in compute_ops_of_llama() if op.kind == "memory")
     assert loaded.time(norm) == burst.time(norm)  # streaming kernels keep their bandwidth

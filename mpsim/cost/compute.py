@@ -19,9 +19,10 @@ overhead. The compute side is not one efficiency number:
   key blocks; a causal mask adds partly masked diagonal blocks); else one fraction of
   peak per pass.
 * Both are measured by short benchmarks, which find the GPU cool and at its top clock; a
-  training step keeps it at its power limit, where it holds a lower clock. Compute-bound
-  kernels run at ``efficiency.sustained_compute`` of the benchmarks' rate (measured:
-  the same GEMMs as ten-call bursts and after a minute of load).
+  training step keeps it at its power limit, where it holds a lower clock. GEMMs run at
+  ``efficiency.sustained_compute`` of the benchmarks' rate and fused attention at
+  ``sustained_attention`` (measured: the same kernels as short bursts and after a minute
+  of their own load).
 * Memory-bound ops (norms, activations, softmax, optimizer) stream at the achieved
   fraction of HBM bandwidth.
 """
@@ -81,6 +82,7 @@ class ComputeModel:
         self.calibration = calibration
         if calibration is not None:
             self.memory_bandwidth = calibration.stream_bandwidth
+        self._sustained_attention = eff.sustained_attention or eff.sustained_compute
         self.time = lru_cache(maxsize=None)(self._time)
 
     def _gemm_flops(self, dtype: str) -> float:
@@ -97,11 +99,11 @@ class ComputeModel:
         sweep = eff.attention_sweep
         if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16"):
             fraction = eff.attention_backward if backward else eff.attention_forward
-            return op.flops / (self.accelerator.peak(dtype) * fraction * eff.sustained_compute)
+            return op.flops / (self.accelerator.peak(dtype) * fraction * self._sustained_attention)
         masked = op.flops * op.causal_share
         seconds = masked / sweep.rate(op.kernel_seq, backward, causal=True) if masked else 0.0
         seconds += (op.flops - masked) / sweep.rate(op.kernel_seq, backward, causal=False)
-        return seconds / eff.sustained_compute
+        return seconds / self._sustained_attention
 
     def _time(self, op: Op) -> float:
         if self.calibration is not None:

@@ -111,11 +111,13 @@ class EfficiencySpec(Spec):
                                                            "persistent kernels), so only its first load waits")
     # A short benchmark (a MAMF sweep, a kernel paper's table) finds a cool GPU below its power
     # limit, at its top clock; a training step keeps it at the limit, where it lowers the clock
-    sustained_compute: float = Field(1.0, gt=0, le=1, description="throughput of compute-bound kernels (GEMMs, "
-                                                                  "fused attention) under continuous load at the "
+    sustained_compute: float = Field(1.0, gt=0, le=1, description="GEMM throughput under continuous load at the "
                                                                   "power limit / the short-burst throughput that "
-                                                                  "gemm and the attention sweep measured; 1: not "
-                                                                  "measured")
+                                                                  "gemm measured; 1: not measured")
+    # each kind of kernel draws its own power, so the GPU holds its own clock under it
+    sustained_attention: float | None = Field(None, gt=0, le=1, description="the same for fused attention "
+                                                                            "against the attention sweep; "
+                                                                            "absent: sustained_compute")
     memory: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth for streaming ops")
     attention_forward: float = Field(gt=0, le=1, description="fused attention forward, fraction of peak")
     attention_backward: float = Field(gt=0, le=1, description="fused attention backward, fraction of peak")
