@@ -36,7 +36,7 @@ ACCELERATORS = {"H100 SXM": "h100-sxm-80gb", "A100 SXM": "a100-sxm-80gb", "A100"
                 "H200 SXM": "h200-sxm-141gb"}
 # this project's H200 readings (benchmarks/hopper_kernels.py): GEMMs as short bursts and under load
 HOPPER = [DATA.parent / "hopper_kernels_h200.json", DATA.parent / "hopper_kernels_h200_burst.json",
-          DATA.parent / "hopper_kernels_h200_fp8.json"]
+          DATA.parent / "hopper_kernels_h200_fp8.json", DATA.parent / "hopper_kernels_h200_attention.json"]
 
 
 def predicted_tflops(model: ComputeModel, batch: int, m: int, n: int, k: int, dtype: str) -> float:
