@@ -24,7 +24,8 @@ from mpsim.explore.layouts import RECOMPUTE_MODES
 from mpsim.explore.planbase import base_scenario
 from mpsim.explore.planner import PlanEvaluator, layout_label, plan, plan_identity
 from mpsim.explore.planreport import format_plan, loss_reason, matching, ranked
-from mpsim.explore.runner import RunControl, Session, run_points
+from mpsim.explore.pools import Session
+from mpsim.explore.runner import RunControl, run_points
 from mpsim.explore.store import canonical_json
 
 

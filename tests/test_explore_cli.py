@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from mpsim.cli import main
-from mpsim.explore import runner
+from mpsim.explore import pools
 from tests.conftest import SCENARIOS
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -41,7 +41,7 @@ def test_sweep_bad_axis_is_one_line_exit_2(capsys):
 
 
 def test_ray_backend_without_ray_says_how_to_install(monkeypatch, capsys):
-    monkeypatch.setattr(runner, "ray_available", lambda: False)
+    monkeypatch.setattr(pools, "ray_available", lambda: False)
     assert main(["sweep", SCENARIO, "--sweep", "parallel.tp=8", "--backend", "ray"]) == 2
     err = capsys.readouterr().err.strip()
     assert "pip install" in err and "\n" not in err

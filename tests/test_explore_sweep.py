@@ -7,7 +7,8 @@ import json
 import pytest
 
 from mpsim.explore import evaluate
-from mpsim.explore.runner import Session, run_points
+from mpsim.explore.pools import Session
+from mpsim.explore.runner import run_points
 from mpsim.explore.store import ResultsFile
 from mpsim.explore.sweep import format_sweep, run_sweep
 from tests.conftest import SCENARIOS

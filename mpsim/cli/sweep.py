@@ -30,7 +30,7 @@ def add_execution_args(parser: argparse.ArgumentParser) -> None:
 
 def check_backend(args: argparse.Namespace) -> None:
     """Fail in one line, before any work, when Ray is asked for but not installed."""
-    from mpsim.explore.runner import RAY_INSTALL_HINT, ray_available
+    from mpsim.explore.pools import RAY_INSTALL_HINT, ray_available
 
     if args.backend == "ray" and not ray_available():
         raise InputError(RAY_INSTALL_HINT)

@@ -16,7 +16,8 @@ See docs/explore.md for the commands and the results-file format.
 
 from mpsim.explore.planbase import base_scenario
 from mpsim.explore.planner import plan
-from mpsim.explore.runner import Session, run_points
+from mpsim.explore.pools import Session
+from mpsim.explore.runner import run_points
 from mpsim.explore.sweep import run_sweep
 
 __all__ = ["Session", "base_scenario", "plan", "run_points", "run_sweep"]

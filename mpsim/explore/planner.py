@@ -52,7 +52,8 @@ from mpsim.explore.memwalk import distinct_items
 from mpsim.explore.planbase import apply_fields
 from mpsim.explore.plancache import COLLECTIVES, MEMORY, PREPARED, Prepared, remember, short_schedule
 from mpsim.explore.progress import Progress
-from mpsim.explore.runner import RunControl, RunReport, Session, run_points
+from mpsim.explore.pools import Session
+from mpsim.explore.runner import RunControl, RunReport, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
 from mpsim.simulate import SimulationResult, engine_input, optimizer_steps, schedule_costs

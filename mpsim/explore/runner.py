@@ -7,238 +7,26 @@ The order is fixed by the points, not by which worker finished first, so the sam
 writes the same file. When the run stops early (a limit, a callback, Ctrl-C, an
 exception), every record already computed is still written before returning.
 
-Backends differ only in how a chunk reaches a worker:
-
-* ``serial``: evaluated here, one point at a time (``workers=1``);
-* ``local``: a ``concurrent.futures`` process pool on all cores by default;
-* ``ray``: ``ray.put`` of the evaluator and one remote task per chunk, on the cluster at
-  ``address`` (or a local Ray instance). Ray is an optional extra: ``pip install 'mpsim[ray]'``.
-
-Every backend runs the same function, ``evaluate_chunk(evaluator, chunk)``, so their
+Backends differ only in how a chunk reaches a worker (``pools.py``: in this process, a
+pool of local processes, or Ray), and each runs the same function on it, so their
 results are the same record for record.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import math
 import os
-import signal
-import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from mpsim.errors import InputError
 from mpsim.explore.axes import Point
-from mpsim.explore.evaluate import error_text, failure
+from mpsim.explore.pools import Chunk, Evaluator, Session
 from mpsim.explore.progress import Progress
 from mpsim.explore.store import ResultsFile, stable_key
 
-BACKENDS = ("local", "ray")
-RAY_INSTALL_HINT = "--backend ray needs Ray: pip install 'mpsim[ray]' (or pip install ray)"
-CHUNKS_IN_FLIGHT_PER_WORKER = 2
 MAX_CHUNK = 32
 MAX_GROUP_CHUNK = 256  # a chunk kept whole for its group's shared work ends here anyway
-PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal the kernel sends when the parent dies
-PARENT_POLL_S = 1.0
-
-
-class Evaluator(Protocol):
-    """What the runner needs from an evaluator (see ``evaluate.py``)."""
-
-    identity: Any
-
-    def evaluate(self, point: Point) -> dict[str, Any]: ...
-
-
-Chunk = list[tuple[int, Point]]
-
-
-def evaluate_chunk(evaluator: Evaluator, chunk: Chunk) -> list[tuple[int, dict[str, Any]]]:
-    """Evaluate each point of a chunk; the same function runs in every backend."""
-    out = []
-    for index, point in chunk:
-        try:
-            body = evaluator.evaluate(point)
-        except Exception as exc:  # noqa: BLE001 - one broken point must not lose the chunk
-            body = failure("error", error_text(exc))
-        out.append((index, body))
-    return out
-
-
-class _SerialPool:
-    """Evaluates each chunk here, when the loop asks for it."""
-
-    workers = 1
-    in_flight = 1  # nothing runs ahead: a stop takes effect after the current chunk
-
-    def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
-        return (evaluator, chunk)
-
-    def wait(self, pending: Sequence[Any]) -> list[tuple[Any, list]]:
-        first = pending[0]
-        return [(first, evaluate_chunk(*first))]
-
-    def close(self, cancel: bool) -> None:
-        pass
-
-
-def _worker_start(parent: int) -> None:
-    """Set up a pool worker: Ctrl-C is the main process's to handle (it saves what is done
-    and stops the workers), and the worker dies with its parent, however the parent ends
-    (SIGKILL included), instead of waiting forever for work that will not come."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the kernel kills us when the parent dies
-        except (OSError, AttributeError):
-            _watch_parent(parent)
-    else:
-        _watch_parent(parent)
-    if os.getppid() != parent:  # the parent died before the line above took effect
-        os._exit(1)
-
-
-def _watch_parent(parent: int) -> None:
-    """Where the kernel cannot be asked: a thread that ends the worker once the parent is gone."""
-    import threading
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="mpsim-parent-watch").start()
-
-
-class _LocalPool:
-    """A process pool; the evaluator travels with each chunk (a few kB, pickled once per chunk)."""
-
-    def __init__(self, workers: int):
-        self.workers = workers
-        self.in_flight = workers * CHUNKS_IN_FLIGHT_PER_WORKER
-        self.executor = futures.ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
-                                                    initargs=(os.getpid(),))
-
-    def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
-        return self.executor.submit(evaluate_chunk, evaluator, chunk)
-
-    def wait(self, pending: Sequence[Any]) -> list[tuple[Any, list]]:
-        done, _ = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
-        # report in submission order, so ties resolve the same way every run
-        return [(f, f.result()) for f in pending if f in done]
-
-    def close(self, cancel: bool) -> None:
-        if not cancel:
-            self.executor.shutdown(wait=True)
-            return
-        # interrupted: the points in flight are lost either way, so stop their workers now
-        # rather than wait for them (seconds per chunk); finished points are already saved
-        processes = list(getattr(self.executor, "_processes", {}).values())
-        for process in processes:
-            process.kill()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.join(timeout=1.0)
-
-
-class _RayPool:
-    """Remote tasks on a Ray cluster; the evaluator is put in the object store once per run."""
-
-    def __init__(self, workers: int | None, address: str | None):
-        try:
-            import ray
-        except ImportError:
-            raise InputError(RAY_INSTALL_HINT) from None
-        self.ray = ray
-        self.started_here = not ray.is_initialized()
-        if self.started_here:
-            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-            if address is None and workers:
-                options["num_cpus"] = workers
-            ray.init(address=address, **options)
-        self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self.in_flight = self.workers * CHUNKS_IN_FLIGHT_PER_WORKER
-        self.task = ray.remote(evaluate_chunk)
-        self.refs: dict[int, tuple[Evaluator, Any]] = {}
-
-    def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
-        held = self.refs.get(id(evaluator))
-        if held is None or held[0] is not evaluator:
-            held = self.refs[id(evaluator)] = (evaluator, self.ray.put(evaluator))
-        return self.task.remote(held[1], chunk)
-
-    def wait(self, pending: Sequence[Any]) -> list[tuple[Any, list]]:
-        ready, _ = self.ray.wait(list(pending), num_returns=1)
-        ready_set = set(ready)
-        return [(ref, self.ray.get(ref)) for ref in pending if ref in ready_set]
-
-    def close(self, cancel: bool) -> None:
-        self.refs.clear()
-        if self.started_here:  # a cluster we only connected to keeps running
-            self.ray.shutdown()
-
-
-class Session:
-    """Workers for one or more runs: ``with Session("local") as session: run_points(..., session=session)``.
-
-    A session keeps its process pool (or its Ray connection) across runs, which the
-    planner uses for its two passes.
-    """
-
-    def __init__(self, backend: str = "local", workers: int | None = None, ray_address: str | None = None):
-        if backend not in BACKENDS:
-            raise InputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}", "--backend")
-        if workers is not None and workers < 1:
-            raise InputError("must be 1 or more", "--workers")
-        self.backend = backend
-        self.wanted = workers
-        self.ray_address = ray_address
-        self.pool: Any = None
-        self.clean = True
-
-    def open(self, points: int) -> Any:
-        """The pool, started on first use (serial when one worker or one point is all there is)."""
-        if self.pool is None:
-            if self.backend == "ray":
-                self.pool = _RayPool(self.wanted, self.ray_address)
-            else:
-                workers = self.wanted or local_cores()
-                self.pool = _SerialPool() if workers <= 1 or points <= 1 else _LocalPool(workers)
-        return self.pool
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close(cancel=not self.clean)
-            self.pool = None
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, kind: Any, value: Any, trace: Any) -> None:
-        self.clean = kind is None
-        self.close()
-
-
-def ray_available() -> bool:
-    """True when ``import ray`` works."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def local_cores() -> int:
-    """Cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass

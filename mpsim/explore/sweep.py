@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 from mpsim.errors import InputError
 from mpsim.explore.axes import Axis, Point, expand
 from mpsim.explore.evaluate import SweepEvaluator
-from mpsim.explore.runner import RunControl, RunReport, Session, keep_unless_failed, run_points
+from mpsim.explore.pools import Session
+from mpsim.explore.runner import RunControl, RunReport, keep_unless_failed, run_points
 from mpsim.explore.store import file_digest
 from mpsim.explore.sweepfile import merge_axes, read_sweep, scenario_file
 from mpsim.explore.tables import fmt_bytes, fmt_percent, fmt_rate, fmt_seconds, render_table
