@@ -296,3 +296,29 @@ def test_profile_json_is_plain_numbers(tmp_path):
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["format"] == "mpsim-calibration/1"
     assert data["links"]["p2p"]["bandwidth"] == pytest.approx(2e9, rel=1e-6)
+
+
+def test_a_collective_whose_time_does_not_grow_with_size_is_a_flat_line():
+    # timed after compute, a small gloo collective's time is mostly its wait for the peer: four
+    # sizes whose medians fall with size (seen on a 2-core machine) fit no positive bandwidth
+    sizes = [65536.0, 262144.0, 2.0**20, 4 * 2.0**20]
+    seconds = [2.6e-3, 2.5e-3, 2.4e-3, 2.45e-3]
+    raw = {"p2p": [{"bytes": s, "seconds": 50e-6 + s / 2e9, "spread": 0.02, "samples": 15} for s in sizes],
+           "collectives": [{"kind": "all-reduce", "ranks": 2, "bytes": s, "seconds": t, "spread": 0.3, "samples": 15}
+                           for s, t in zip(sizes, seconds)]}
+    (fit,) = links_profile(raw, "gloo").collectives
+    assert fit.bandwidth is None and fit.latency_s == pytest.approx(2.475e-3)
+    assert fit.seconds(1e9) == fit.seconds(1.0) == pytest.approx(2.475e-3)
+    assert 0 < fit.rms_error < 0.05
+
+
+def test_the_report_prints_a_flat_collective_line():
+    from mpsim.calibrate.check.report import profile_lines
+
+    sizes = [65536.0, 2.0**20]
+    raw = {"p2p": [{"bytes": s, "seconds": 50e-6 + s / 2e9, "spread": 0.02, "samples": 15} for s in sizes],
+           "collectives": [{"kind": "all-gather", "ranks": 2, "bytes": s, "seconds": t, "spread": 0.3, "samples": 15}
+                           for s, t in zip(sizes, (2.0e-3, 1.9e-3))]}
+    profile = synthetic_profile(1.0).model_copy(update={"links": links_profile(raw, "gloo")})
+    text = "\n".join(profile_lines(profile))
+    assert "all-gather" in text and "whatever the size" in text

@@ -241,9 +241,8 @@ class CollectiveFit(LinkFit):
     """Alpha-beta fit of one collective on a group of ``ranks``."""
 
     kind: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast", "reduce"]
-    bandwidth: float | None = Field(None, gt=0, description="bytes/s; null (trace fits only) when the time did "
-                                                            "not grow with size over the sizes seen: the line is "
-                                                            "its latency")
+    bandwidth: float | None = Field(None, gt=0, description="bytes/s; null when the time did not grow with size "
+                                                            "over the sizes seen: the line is its latency")
     ranks: int | None = Field(None, ge=2, description="group size; null when the trace did not record it (such a fit "
                                                 "prices nothing, it documents what was seen)")
     algorithm: str | None = Field(None, description="NCCL algorithm the kernels ran (RING, TREE, ...), from a trace")

@@ -53,8 +53,10 @@ def profile_lines(profile: CalibrationProfile) -> list[str]:
         lines.append(f"links        {profile.links.backend}: point-to-point {format_seconds(p2p.latency_s)} + bytes / "
                      f"{p2p.bandwidth / 1e9:.2f} GB/s")
         for fit in profile.links.collectives:
-            lines.append(f"  {fit.kind:<14} on {fit.ranks}: {format_seconds(fit.latency_s)} + bytes / "
-                         f"{fit.bandwidth / 1e9:.2f} GB/s (rms error {100 * fit.rms_error:.1f} %)")
+            size = (f" + bytes / {fit.bandwidth / 1e9:.2f} GB/s" if fit.bandwidth is not None
+                    else " whatever the size (no growth over the sizes measured)")
+            lines.append(f"  {fit.kind:<14} on {fit.ranks}: {format_seconds(fit.latency_s)}{size} "
+                         f"(rms error {100 * fit.rms_error:.1f} %)")
     return lines
 
 

@@ -111,6 +111,13 @@ def links_profile(raw: dict, backend: str) -> LinksProfile | None:
     collectives = []
     for (kind, ranks), points in sorted(groups.items()):
         latency, bandwidth, rms, sizes = _link_fit(points)
+        if bandwidth == float("inf"):
+            # the time did not grow with the size over the sizes measured (timed after compute, a
+            # small collective's time is mostly the wait for its peers): a flat line, its latency
+            # the median time
+            latency = statistics.median(p.seconds for p in sizes)
+            rms = (sum((latency / p.seconds - 1.0) ** 2 for p in sizes) / len(sizes)) ** 0.5
+            bandwidth = None
         collectives.append(CollectiveFit(kind=kind, ranks=ranks, latency_s=latency, bandwidth=bandwidth,
                                          rms_error=rms, points=sizes))
     return LinksProfile(backend=backend, p2p=p2p, collectives=collectives)
