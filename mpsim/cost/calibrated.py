@@ -86,12 +86,10 @@ class CalibratedCosts:
             datasheet.overhead_s if datasheet is not None else 0.0)
         # the host's launch pace in the traced run (None: the profile did not see it, and its
         # fitted per-action overhead, if any, holds the framework's time instead)
-        self.host_launch_s = launch.host_interval_s if launch is not None else None
-        # per pass kind where the trace told its forward and backward threads apart
-        self.host_launch_forward_s = (launch.host_interval_forward_s if launch is not None else None) \
-            or self.host_launch_s
-        self.host_launch_backward_s = (launch.host_interval_backward_s if launch is not None else None) \
-            or self.host_launch_s
+        # per pass kind where the trace told its forward and backward threads apart, else pooled
+        pooled = launch.host_interval_s if launch is not None else None
+        self.host_launch_forward_s = (launch.host_interval_forward_s if launch is not None else None) or pooled
+        self.host_launch_backward_s = (launch.host_interval_backward_s if launch is not None else None) or pooled
         # streaming bandwidth as the job sees it (the optimizer step is priced with it)
         if compute.memory_fit is not None and compute.memory_fit.max_bytes is None:
             self.stream_bandwidth = compute.memory_fit.bandwidth * self.efficiency_multiplier

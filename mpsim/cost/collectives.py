@@ -152,23 +152,28 @@ def remembering(memo: dict) -> Iterator[dict]:
         _memo = before
 
 
+def _remembered(key: tuple, held: object, system: SystemSpec, compute):
+    """The answer remembered under ``key`` while ``remembering``: keys name objects by ``id``,
+    so an entry holds them and is used only while they are the very objects asked about."""
+    known = _memo.get(key)
+    if known is not None and known[0] is held and known[1] is system:
+        return known[2]
+    answer = compute()
+    if len(_memo) >= MEMO_ENTRIES:
+        _memo.clear()
+    _memo[key] = (held, system, answer)
+    return answer
+
+
 def choose_algorithm(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> Estimate:
     """The fastest algorithm for this collective, group and size (what NCCL's tuner would pick).
 
     A group standing for its copies gets the estimate of its slowest copy.
     """
-    memo = _memo
-    if memo is None:
+    if _memo is None:
         return _choose_algorithm(kind, message_bytes, place, system)
-    key = (kind, message_bytes, id(place), id(system))
-    known = memo.get(key)
-    if known is not None and known[0] is place and known[1] is system:
-        return known[2]
-    estimate = _choose_algorithm(kind, message_bytes, place, system)
-    if len(memo) >= MEMO_ENTRIES:
-        memo.clear()
-    memo[key] = (place, system, estimate)
-    return estimate
+    return _remembered((kind, message_bytes, id(place), id(system)), place, system,
+                       lambda: _choose_algorithm(kind, message_bytes, place, system))
 
 
 def _choose_algorithm(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> Estimate:
@@ -199,20 +204,12 @@ def p2p_time(message_bytes: float, pair: GroupPlacement | bool, system: SystemSp
     """
     if message_bytes <= 0:
         return 0.0
-    memo = _memo
-    if memo is None:
+    if _memo is None:
         return _p2p_time(message_bytes, pair, system)
     # a placement is keyed on its object (held by the entry), a bare same-node flag on its value
     # (five items: never one of choose_algorithm's four-item keys)
     key = ("p2p", message_bytes, id(pair) if isinstance(pair, GroupPlacement) else bool(pair), id(system), None)
-    known = memo.get(key)
-    if known is not None and known[0] is pair and known[1] is system:
-        return known[2]
-    seconds = _p2p_time(message_bytes, pair, system)
-    if len(memo) >= MEMO_ENTRIES:
-        memo.clear()
-    memo[key] = (pair, system, seconds)
-    return seconds
+    return _remembered(key, pair, system, lambda: _p2p_time(message_bytes, pair, system))
 
 
 def _p2p_time(message_bytes: float, pair: GroupPlacement | bool, system: SystemSpec) -> float:

@@ -40,20 +40,9 @@ def group_ranks(layout: Layout) -> dict[str, list[int]]:
     }
 
 
-# placements by everything place_ranks reads: layouts with the same groups share the (frozen)
-# placement objects, so a planner that prices thousands of layouts places each group once
-_PLACEMENTS: dict[tuple, dict[str, GroupPlacement]] = {}
-PLACEMENT_ENTRIES = 4096
-
-
 def group_placements(layout: Layout) -> dict[str, GroupPlacement]:
     """Placement on nodes of every named group, standing for its copies in the job."""
-    groups = group_ranks(layout)
-    key = (layout.devices_per_node, layout.devices, tuple((name, tuple(ranks)) for name, ranks in groups.items()))
-    placed = _PLACEMENTS.get(key)
-    if placed is None:
-        placed = {name: place_ranks(ranks, layout.devices_per_node, layout.devices) for name, ranks in groups.items()}
-        if len(_PLACEMENTS) >= PLACEMENT_ENTRIES:
-            _PLACEMENTS.clear()
-        _PLACEMENTS[key] = placed
-    return dict(placed)
+    # place_ranks remembers each placement by its exact inputs: layouts with the same groups
+    # share the (frozen) placement objects
+    return {name: place_ranks(ranks, layout.devices_per_node, layout.devices)
+            for name, ranks in group_ranks(layout).items()}

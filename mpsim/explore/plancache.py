@@ -6,7 +6,7 @@ lazily: most layouts of a large plan are settled by a memory check that needs no
 Layouts with the same schedule, pipeline depth, virtual stages and microbatch count share
 the schedule's short forms (``Short``). Every memory check is remembered by its exact
 fields, and collectives, sends and group placements by their exact inputs
-(``collectives.remembering``, ``groups.group_placements``, ``topology.place_ranks``).
+(``collectives.remembering``, ``topology.place_ranks``).
 
 The caches change how often a thing is computed, never what: every key holds all of the
 inputs that the remembered answer reads, and ``clear_caches`` returns a process to a
@@ -98,9 +98,9 @@ def remember(cache: OrderedDict, key: Any, value: Any) -> Any:
 
 def clear_caches() -> None:
     """Forget every layout, schedule, memory check, collective and placement this process has kept."""
-    from mpsim.cost import groups, topology
+    from mpsim.cost import topology
 
-    for cache in (PREPARED, SHORTS, MEMORY, COLLECTIVES, groups._PLACEMENTS, topology._PLACED):
+    for cache in (PREPARED, SHORTS, MEMORY, COLLECTIVES, topology._PLACED):
         cache.clear()
 
 
