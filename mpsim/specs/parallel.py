@@ -72,6 +72,14 @@ class ParallelPlan(Spec):
 class TrainingOptions(Spec):
     """Framework behaviours; the defaults are Megatron-LM's."""
 
+    @property
+    def layers_impl(self) -> str:
+        """``transformer_impl`` as the run uses it: as given, else Transformer Engine where the
+        run needs it (fp8, userbuffers), else Megatron's local layers."""
+        if self.transformer_impl is not None:
+            return self.transformer_impl
+        return "transformer_engine" if self.dtype == "fp8" or self.tp_comm_overlap else "local"
+
     dtype: DType = Field("bf16", description="compute dtype of GEMMs and activations; fp8 runs the layers' "
                                                "linear GEMMs in fp8 as Transformer Engine does, the rest in bf16")
     # Transformer Engine keeps dot-product attention in bf16 unless fp8_dpa is set (its
@@ -86,6 +94,15 @@ class TrainingOptions(Spec):
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="fused FlashAttention-style kernel, or Megatron's unfused QK^T/softmax/dropout/AV path"
     )
+    # Megatron's --transformer-impl: its own layers ("local", megatron/core/tensor_parallel/layers.py)
+    # add the QKV projection's bias in an elementwise kernel after the GEMM (the other biases are
+    # fused into bias-GeLU and bias-dropout-add) and sum each bias gradient over the tokens in a
+    # reduction kernel; Transformer Engine's layers put both in the GEMMs' cuBLASLt epilogues
+    # (BIAS, BGRADB). fp8 and userbuffers exist only in Transformer Engine, so they choose it
+    transformer_impl: Literal["local", "transformer_engine"] | None = Field(
+        None, description="Megatron's --transformer-impl, where a linear layer's bias is added and its gradient "
+                          "summed: local (kernels of their own) or transformer_engine (GEMM epilogues); default: "
+                          "transformer_engine with dtype fp8 or tp_comm_overlap, else local")
     tp_comm_overlap_backward: bool = Field(
         True, description="overlap the input-gradient TP collective with the weight-gradient GEMM (Megatron default)"
     )

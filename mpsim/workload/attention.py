@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, gathered_gemm,
-                                   grad_gather, linear, norm, present, scattered_gemm, tp_collectives)
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_grad, column_backward,
+                                   gathered_gemm, grad_gather, linear, norm, present, scattered_gemm, tp_collectives)
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
 # FlashAttention works on key blocks of this many tokens; with a causal mask it skips the
@@ -143,8 +143,11 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     if mla is None:
         width = (heads + 2 * ctx.kv_local) * d_qk if d_v == d_qk else heads * d_qk + ctx.kv_local * (d_qk + d_v)
         qkv, qkv_dgrad, qkv_wgrad = linear(ctx, "attn.qkv", t, width, h)
-        projections = gathered_gemm(ctx, gather, qkv)
+        projections = gathered_gemm(ctx, gather, qkv) + (bias_add(ctx, "attn.qkv", t, width) if bias else [])
         proj_b, proj_i, proj_w = column_backward(ctx, "attn.qkv", qkv_dgrad, qkv_wgrad, gather)
+        if bias:
+            qkv_bias_grad = bias_grad(ctx, "attn.qkv", t, width)
+            proj_b, proj_i = qkv_bias_grad + proj_b, qkv_bias_grad + proj_i
         params = h * width + (width if bias else 0)
         saved_proj = t * width * e
         wbuf = t * (h + width) * e
@@ -180,7 +183,9 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     rope_grad = [memory_op("attn.rope.grad", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
 
     forward: list[Item] = [*projections, *rope, *core_fwd, *scattered_gemm(ctx, proj, reduce)]
-    head = gathered_gemm(ctx, grad_gather(ctx, "attn.proj"), proj_dgrad)
+    # the output projection's bias is added after its reduction, on the sequence-parallel tokens
+    head = ((bias_grad(ctx, "attn.proj", ctx.norm_tokens, h) if bias else [])
+            + gathered_gemm(ctx, grad_gather(ctx, "attn.proj"), proj_dgrad))
     backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *proj_b]
     backward_input = [*head, *core_bwd, *rope_grad, *proj_i]
     backward_weight = [proj_wgrad, *proj_w]

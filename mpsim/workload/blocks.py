@@ -47,6 +47,10 @@ class LayerContext:
     causal: bool = True  # decoder self-attention masks future keys; encoders (ViT, wav2vec) attend to all
     fp8_attention: bool = False  # an fp8 run's attention core in fp8 too (Transformer Engine's fp8_dpa)
     ffn_activation: str = ""  # gelu, swiglu, squared_relu or relu ("": swiglu when gated, else gelu)
+    # where a linear layer's bias goes (TrainingOptions.transformer_impl): Megatron's own layers add
+    # the QKV bias in a kernel after the GEMM and sum every bias gradient in a reduction kernel;
+    # Transformer Engine does both in the GEMMs' epilogues
+    bias_kernels: bool = True
 
     @property
     def fp8(self) -> bool:
@@ -168,6 +172,24 @@ def bias_dropout_add(ctx: LayerContext, name: str, backward: bool = False) -> Op
     elems = ctx.norm_tokens * ctx.hidden
     mask = 1 if ctx.dropout else 0
     return memory_op(f"{name}{'.grad' if backward else ''}", elems * (3 * ctx.act_bytes + mask))
+
+
+def bias_add(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]:
+    """A column-parallel layer's bias added after its GEMM (Megatron's local layers: the output
+    read and written again); nothing when the GEMM's epilogue adds it."""
+    if not ctx.bias_kernels:
+        return []
+    return [memory_op(f"{name}.bias", 2.0 * tokens * width * ctx.act_bytes)]
+
+
+def bias_grad(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]:
+    """A bias's gradient: the output gradient summed over the tokens, a reduction that reads it
+    once (``grad_output.sum(dim=0)`` in Megatron's linear backward, or autograd's sum over a
+    broadcast bias after a fused bias-GeLU / bias-dropout-add); nothing when the backward
+    GEMM's epilogue sums it."""
+    if not ctx.bias_kernels:
+        return []
+    return [memory_op(f"{name}.bias.grad", float(tokens * width * ctx.act_bytes))]
 
 
 def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,

@@ -48,7 +48,8 @@ def stack_env(scenario: Scenario, layout: Layout) -> StackEnv:
                     flash_attention=training.attention == "flash", act_bytes=4 if gemm_bytes == 4 else 2,
                     gemm_in_bytes=gemm_bytes, wgrad_accumulate_bytes=training.grad_bytes,
                     tp_overlap_backward=training.tp_comm_overlap_backward,
-                    tp_overlap_forward=training.tp_comm_overlap)
+                    tp_overlap_forward=training.tp_comm_overlap,
+                    bias_kernels=training.layers_impl == "local")
 
 
 def _join(pieces: list[BlockWork]) -> BlockWork:

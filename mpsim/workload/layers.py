@@ -23,8 +23,8 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
                                 EmbeddingLayer, LinearLayer, NormLayer, PoolLayer, RecurrentLayer, ViewLayer, numel)
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
-from mpsim.workload.blocks import (BlockWork, LayerContext, column_backward, gathered_gemm, grad_gather, linear,
-                                   scattered_gemm, tp_collectives)
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
+                                   linear, scattered_gemm, tp_collectives)
 from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
                                       embedding_block)
 from mpsim.workload.ops import Item, Op, collective, memory_op
@@ -44,6 +44,7 @@ class StackEnv:
     wgrad_accumulate_bytes: int = 4
     tp_overlap_backward: bool = True
     tp_overlap_forward: bool = False
+    bias_kernels: bool = True  # LayerContext.bias_kernels
 
     def context(self, tokens: int, hidden: int, **shape) -> LayerContext:
         """The transformer helpers' context for ``tokens`` per sample of width ``hidden``."""
@@ -52,7 +53,7 @@ class StackEnv:
                       sequence_parallel=self.sequence_parallel, flash_attention=self.flash_attention, dropout=False,
                       rope=False, act_bytes=self.act_bytes, gemm_in_bytes=self.gemm_in_bytes,
                       wgrad_accumulate_bytes=self.wgrad_accumulate_bytes, tp_overlap_backward=self.tp_overlap_backward,
-                      tp_overlap_forward=self.tp_overlap_forward)
+                      tp_overlap_forward=self.tp_overlap_forward, bias_kernels=self.bias_kernels)
         fields.update(shape)
         return LayerContext(**fields)
 
@@ -119,7 +120,13 @@ def _layer_work(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
 
 
 def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -> BlockWork:
-    """Column-, row-parallel or replicated ``y = x W``, as Megatron's linear layers."""
+    """Column-, row-parallel or replicated ``y = x W``, as Megatron's linear layers.
+
+    A bias is added where the output is used next (fused into the activation or the
+    bias-dropout-add, as Megatron's MLP does, or in the GEMM's epilogue as PyTorch's addmm
+    does); its gradient is summed over the tokens in a kernel of its own unless the
+    framework's GEMM epilogue sums it (``bias_grad``).
+    """
     inputs, outputs = placed.in_shape[-1], layer.out_features
     tokens = tokens_of(placed.in_shape)
     rows = env.microbatch_size * tokens
@@ -130,6 +137,9 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         fwd, dgrad, wgrad = linear(ctx, name, rows, width, inputs)
         gather, _ = tp_collectives(ctx, name)
         combined, input_only, weight_only = column_backward(ctx, name, dgrad, wgrad, gather)
+        if layer.bias:
+            sums = bias_grad(ctx, name, rows, width)
+            combined, input_only = sums + combined, sums + input_only
         forward: list[Item] = gathered_gemm(ctx, gather, fwd)
         params = inputs * width + (width if layer.bias else 0)
         # the input is kept as it arrives: 1/tp of the tokens under sequence parallelism
@@ -142,7 +152,9 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         depth = inputs // env.tp
         fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, depth)
         _, reduce = tp_collectives(ctx, name)
-        head = gathered_gemm(ctx, grad_gather(ctx, name), dgrad)
+        # the bias is added after the reduction, on the sequence-parallel tokens
+        head = ((bias_grad(ctx, name, ctx.norm_tokens, outputs) if layer.bias else [])
+                + gathered_gemm(ctx, grad_gather(ctx, name), dgrad))
         params = depth * outputs + (outputs if layer.bias else 0)  # the bias is added once, after the reduction
         return BlockWork(tuple(scattered_gemm(ctx, fwd, reduce)), (*head, wgrad), tuple(head),
                          (wgrad,), params=float(params), saved_bytes=float(rows * depth * e),
@@ -150,7 +162,8 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
     ctx = env.context(tokens, inputs)
     fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, inputs)
     params = inputs * outputs + (outputs if layer.bias else 0)
-    return BlockWork((fwd,), (dgrad, wgrad), (dgrad,), (wgrad,), params=float(params),
+    sums = bias_grad(ctx, name, rows, outputs) if layer.bias else []
+    return BlockWork((fwd,), (*sums, dgrad, wgrad), (*sums, dgrad), (wgrad,), params=float(params),
                      saved_bytes=float(rows * inputs * e), weight_grad_buffer_bytes=float(rows * (inputs + outputs) * e))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, column_backward, gathered_gemm,
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_grad, column_backward, gathered_gemm,
                                    grad_gather, linear, norm, scattered_gemm, tp_collectives)
 from mpsim.workload.ops import Item, memory_op
 
@@ -55,9 +55,13 @@ def ffn_activation(ctx: LayerContext) -> FfnActivation:
     return FFN_ACTIVATIONS[name]
 
 
-def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None = None
+def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None = None, bias: bool = False
               ) -> tuple[list[Item], list[Item], list[Item], list[Item], float, float, float]:
     """FC1 -> activation -> FC2 of width ``ffn_local`` per rank, with its TP collectives.
+
+    With ``bias`` the backward sums both biases' gradients (FC1's after the fused
+    bias-activation's backward, FC2's from the bias-dropout-add's, on its sequence-parallel
+    tokens) where the framework runs those sums as kernels of their own.
 
     Returns (forward, combined backward, input-gradient, weight-gradient items, params,
     saved bytes, weight-gradient buffer bytes), without the norm and residual around it.
@@ -71,10 +75,12 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     act = memory_op(f"{name}.act", t * ffn_local * e * activation.forward_traffic)
     act_grad = memory_op(f"{name}.act.grad", t * ffn_local * e * activation.backward_traffic)
     fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
-    head = gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad)
+    head = ((bias_grad(ctx, f"{name}.fc2", ctx.norm_tokens, h) if bias else [])
+            + gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad))
+    act_grads = [act_grad, *(bias_grad(ctx, f"{name}.fc1", t, fc1_width) if bias else [])]
     forward = [*gathered_gemm(ctx, gather, fc1), act, *scattered_gemm(ctx, fc2, reduce)]
-    backward = [*head, fc2_wgrad, act_grad, *fc1_b]
-    backward_input = [*head, act_grad, *fc1_i]
+    backward = [*head, fc2_wgrad, *act_grads, *fc1_b]
+    backward_input = [*head, *act_grads, *fc1_i]
     backward_weight = [fc2_wgrad, *fc1_w]
     params = h * fc1_width + ffn_local * h
     saved = t * ffn_local * e * activation.saved  # what the activation keeps, FC2's input
@@ -84,7 +90,8 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
 
 def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     """The dense MLP half of a layer on one rank."""
-    forward, backward, backward_input, backward_weight, params, saved, wbuf = mlp_items(ctx, "mlp", ctx.ffn_local)
+    forward, backward, backward_input, backward_weight, params, saved, wbuf = mlp_items(ctx, "mlp", ctx.ffn_local,
+                                                                                        bias=bias)
     h, local, e = ctx.hidden, ctx.norm_tokens, ctx.act_bytes
     mask = 1 if ctx.dropout else 0
     fc1_width = ctx.ffn_local * ffn_activation(ctx).up_projections

@@ -52,6 +52,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         tp_overlap_forward=training.tp_comm_overlap,
         fp8_attention=training.fp8_attention,
         ffn_activation=model.ffn_activation,
+        bias_kernels=training.layers_impl == "local",
         v_head_dim=None if mla is None else mla.v_head_dim,
         cp=layout.cp,
         cp_comm=layout.cp_comm,
