@@ -19,6 +19,8 @@ from mpsim.resolve import resolve
 from mpsim.specs import load_scenario
 from mpsim.specs.catalog import load_accelerator
 from mpsim.workload import build_workload
+from mpsim.workload.attention import self_attention
+from mpsim.workload.blocks import LayerContext
 from mpsim.workload.ops import compute_ops, gemm
 from tests.conftest import SCENARIOS
 
@@ -158,3 +160,32 @@ def compute_ops_of_llama():
     layout = resolve(scenario)
     stage = build_workload(scenario, layout).stages[0]
     return [op for block in stage.forward for op in compute_ops(block.items)]
+
+
+def _fp8_linear_ops(sequence_parallel: bool, tp: int) -> dict[str, object]:
+    ctx = LayerContext(microbatch_size=1, seq_length=4096, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+                       ffn_hidden=14336, gated_ffn=True, tp=tp, sequence_parallel=sequence_parallel,
+                       flash_attention=True, dropout=False, rope=True, gemm_in_bytes=1, bias_kernels=False)
+    work = self_attention(ctx, None, False)
+    return {op.name: op for items in (work.forward, work.backward) for op in compute_ops(items)}
+
+
+@pytest.mark.parametrize("sequence_parallel,tp", [(False, 1), (True, 4)])
+def test_fp8_linears_cast_and_transpose_their_inputs_as_transformer_engine_does(sequence_parallel, tp):
+    ops = _fp8_linear_ops(sequence_parallel, tp)
+    tokens = 4096
+    proj_in = tokens * 32 // tp * 128  # the attention core's bf16 output, this rank's heads
+    qkv_in = tokens * 4096  # the norm's fp8 output (gathered under sequence parallelism)
+    # LayerNormLinear: the norm writes fp8, the weight gradient transposes it (1 byte in, 1 out)
+    assert ops["attn.qkv"].cast_bytes == 0
+    assert ops["attn.qkv.wgrad"].cast_bytes == 2 * qkv_in
+    if sequence_parallel:
+        # cast alone in the forward, transposed for the weight gradient
+        assert ops["attn.proj"].cast_bytes == 3 * proj_in
+        assert ops["attn.proj.wgrad"].cast_bytes == 2 * proj_in
+    else:
+        # fp8_cast_transpose_fused: one kernel writes both copies
+        assert ops["attn.proj"].cast_bytes == 4 * proj_in
+        assert ops["attn.proj.wgrad"].cast_bytes == 0
+    # the output gradient's cast-transpose before each input gradient
+    assert ops["attn.proj.dgrad"].cast_bytes == 4 * tokens * 4096

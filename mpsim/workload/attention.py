@@ -138,7 +138,9 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     gather, reduce = tp_collectives(ctx, "attn")
     core_fwd, core_bwd, core_saved = _core(ctx)
     core_fwd, core_bwd = _context_parallel(ctx, core_fwd, core_bwd)
-    proj, proj_dgrad, proj_wgrad = linear(ctx, "attn.proj", t, h, heads * d_v)
+    # the attention core hands the projection a bf16 output (Transformer Engine's
+    # DotProductAttention), which an fp8 run casts in the projection itself
+    proj, proj_dgrad, proj_wgrad = linear(ctx, "attn.proj", t, h, heads * d_v, input_cast=not ctx.fp8_attention)
 
     if mla is None:
         width = (heads + 2 * ctx.kv_local) * d_qk if d_v == d_qk else heads * d_qk + ctx.kv_local * (d_qk + d_v)

@@ -193,29 +193,43 @@ def bias_grad(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]
 
 
 def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
-           fp8: bool = True) -> tuple[Op, Op, Op]:
+           fp8: bool = True, input_cast: bool = False) -> tuple[Op, Op, Op]:
     """(forward, input-gradient, weight-gradient) GEMMs of Y[m,n] = X[m,k] W[k,n].
 
-    In an fp8 run a layer's linear GEMMs run in fp8 as Transformer Engine runs them. The
-    forward's input arrives in fp8 from the kernel before it (Transformer Engine fuses the
-    cast into the norm or activation that produces it); the input gradient first casts the
-    bf16 output gradient to fp8 with a transposed copy for the weight gradient, a kernel of
-    its own (``cast_transpose``: read 2 bytes, write 1 + 1 per element); the weight gradient
-    reuses the copies. The weights' cast happens once per step and is left out.
+    In an fp8 run a layer's linear GEMMs run in fp8 as Transformer Engine runs them, each
+    cast a memory-bound kernel of its own beside its GEMM (TE 1.x, ``module/linear.py``,
+    ``layernorm_linear.py``, ``layernorm_mlp.py``):
+
+    - the input: where a norm or activation produces it (``LayerNormLinear``,
+      ``LayerNormMLP``) that kernel writes it in fp8 and the weight gradient transposes it
+      (``fp8_transpose``: read 1 byte, write 1 per element). A bf16 input
+      (``input_cast``: the attention core's output into the output projection) is cast
+      by the linear itself, with its transpose in the same kernel (read 2, write 1 + 1),
+      or, under sequence parallelism, cast alone (read 2, write 1) and transposed for the
+      weight gradient;
+    - the output gradient: cast with a transposed copy before the input gradient
+      (``cast_transpose``: read 2, write 1 + 1), which the weight gradient reuses;
+    - the weights: cast once per step (Megatron-Core passes ``is_first_microbatch``), left
+      out.
+
     ``fp8=False`` keeps a GEMM in bf16 (the LM head and the router, which Megatron does
     not run through Transformer Engine).
     """
     if ctx.fp8 and fp8:
         e, dtype = 1, ""
-        x_cast, dy_cast = 0.0, 4.0 * batch * m * n
+        x_elements = float(batch * m * k)
+        dy_cast = 4.0 * batch * m * n
+        split = input_cast and ctx.sequence_parallel and ctx.tp > 1  # cast here, transposed later
+        x_cast = (3.0 if split else 4.0) * x_elements if input_cast else 0.0
+        x_transpose = 0.0 if input_cast and not split else 2.0 * x_elements
     else:
         e, dtype = (ctx.act_bytes, "bf16") if ctx.fp8 else (ctx.gemm_in_bytes, "")
-        x_cast = dy_cast = 0.0
+        x_cast = dy_cast = x_transpose = 0.0
     fwd = gemm(name, m, n, k, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes, dtype=dtype, cast_bytes=x_cast)
     dgrad = gemm(f"{name}.dgrad", m, k, n, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes, dtype=dtype,
                  cast_bytes=dy_cast)
     wgrad = gemm(f"{name}.wgrad", k, n, m, batch=batch, in_bytes=e, out_bytes=0,
-                 accumulate_bytes=ctx.wgrad_accumulate_bytes, dtype=dtype)
+                 accumulate_bytes=ctx.wgrad_accumulate_bytes, dtype=dtype, cast_bytes=x_transpose)
     return fwd, dgrad, wgrad
 
 
