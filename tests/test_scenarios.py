@@ -32,7 +32,9 @@ PUBLISHED_TOLERANCE = 0.10
 # GEMM and attention measured under load (efficiency.sustained_compute, sustained_attention,
 # gemm_epilogue_overlap; docs/accuracy.md). The models with linear biases then moved with the
 # bias kernels of Megatron's local layers (training.transformer_impl: the QKV bias add and the
-# bias-gradient sums; ViT-H/14 +3.2 %, wav2vec 2.0 +1.7 %, ViT-22B +0.7 %).
+# bias-gradient sums; ViT-H/14 +3.2 %, wav2vec 2.0 +1.7 %, ViT-22B +0.7 %), and the layer stacks
+# again with autograd's sum of each residual input's two gradients (ViT-H/14 +1.2 %, ViT-22B
+# +1.1 %, wav2vec 2.0 +0.5 %).
 REGRESSION_PIN_S = {
     "deepseek_v3_2048xh100.yaml": 40.12,
     "deepspeech2_8xa100.yaml": 1.002,
@@ -41,12 +43,12 @@ REGRESSION_PIN_S = {
     "llama3_405b_16384xh100.yaml": 5.749,
     "llama3_70b_32xh100.yaml": 5.023,
     "llama3_8b_64xh100_dp8.yaml": 1.492,
-    "megatron_1t_3072xa100.yaml": 16.89,
+    "megatron_1t_3072xa100.yaml": 16.9,
     "mixtral_8x7b_64xh100.yaml": 4.407,
     "validation_2xcpu.yaml": 0.7146,
-    "vit_22b_512xh100.yaml": 0.9485,
-    "vit_h14_32xa100.yaml": 0.7585,
-    "wav2vec2_large_16xa100.yaml": 0.3751,
+    "vit_22b_512xh100.yaml": 0.9593,
+    "vit_h14_32xa100.yaml": 0.7679,
+    "wav2vec2_large_16xa100.yaml": 0.3771,
 }
 REGRESSION_TOLERANCE = 0.01
 

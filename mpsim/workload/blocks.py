@@ -167,11 +167,33 @@ def norm(ctx: LayerContext, name: str, backward: bool = False) -> Op:
     return memory_op(f"{name}{'.grad' if backward else ''}", elems * ctx.act_bytes * (3 if backward else 2))
 
 
-def bias_dropout_add(ctx: LayerContext, name: str, backward: bool = False) -> Op:
-    """Megatron's fused bias + dropout + residual add."""
+def bias_dropout_add(ctx: LayerContext, name: str) -> Op:
+    """Megatron's fused bias + dropout + residual add: read the branch and the residual, write
+    the sum (and the dropout mask)."""
     elems = ctx.norm_tokens * ctx.hidden
     mask = 1 if ctx.dropout else 0
-    return memory_op(f"{name}{'.grad' if backward else ''}", elems * (3 * ctx.act_bytes + mask))
+    return memory_op(name, elems * (3 * ctx.act_bytes + mask))
+
+
+def bias_dropout_add_grad(ctx: LayerContext, name: str) -> list[Op]:
+    """The backward of a residual connection.
+
+    With dropout, the fused kernel's backward scales the gradient by the mask into the
+    branch (read the gradient and the mask, write the branch's gradient); without it the
+    add hands the gradient through unchanged, no kernel. Either way the block's input was
+    used twice, by the branch (its norm) and by the residual, so autograd sums its two
+    gradients in a kernel of its own (``InputBuffer`` accumulation: read both, write the
+    sum), one per residual connection, as profiler traces of eager backwards show.
+    """
+    elems = ctx.norm_tokens * ctx.hidden
+    e = ctx.act_bytes
+    branch = [memory_op(f"{name}.grad", elems * (2 * e + 1))] if ctx.dropout else []
+    return branch + [residual_grad(name, elems, e)]
+
+
+def residual_grad(name: str, elements: float, act_bytes: int) -> Op:
+    """Autograd's sum of a tensor's two gradients (through a branch and along the residual)."""
+    return memory_op(f"{name}.residual_grad", elements * 3 * act_bytes)
 
 
 def bias_add(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]:

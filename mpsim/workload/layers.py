@@ -24,7 +24,7 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
-                                   linear, scattered_gemm, tp_collectives)
+                                   linear, residual_grad, scattered_gemm, tp_collectives)
 from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
                                       embedding_block)
 from mpsim.workload.ops import Item, Op, collective, memory_op
@@ -226,8 +226,9 @@ ELEMENTWISE_TRAFFIC = {
     "activation": (2, 3, 1),  # read x, write y; read x and dy, write dx; keep x
     "gated": (3, 5, 2),  # SwiGLU/GeGLU: read gate and value, write y; keep both halves
     "dropout": (2, 2, 0),
-    "add": (3, 0, 0),  # the backward hands the same gradient to both inputs
-    "bias_dropout_add": (3, 3, 0),  # Megatron's fused kernel
+    # residual connections: their backward is ``residual_backward``
+    "add": (3, 0, 0),  # the add itself hands the same gradient to both inputs
+    "bias_dropout_add": (3, 2, 0),  # Megatron's fused kernel; with dropout its backward scales by the mask
     "scale": (2, 2, 0),
 }
 
@@ -258,7 +259,13 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
     elements = local_elements(env, placed.out_shape, mode)
     mask = 1 if layer.dropout > 0 and layer.op in ("dropout", "bias_dropout_add") else 0
     forward = memory_op(name, elements * (fwd_per * e + mask))
-    backward = (memory_op(f"{name}.grad", elements * (bwd_per * e + mask)),) if bwd_per else ()
+    if kind in ("add", "bias_dropout_add"):
+        # as the transformer's residual connections (blocks.bias_dropout_add_grad): the mask's
+        # scaling only with dropout, and autograd's sum of the residual input's two gradients
+        scaled = (memory_op(f"{name}.grad", elements * (bwd_per * e + mask)),) if mask else ()
+        backward = (*scaled, residual_grad(name, elements, e))
+    else:
+        backward = (memory_op(f"{name}.grad", elements * (bwd_per * e + mask)),) if bwd_per else ()
     params = layer.params // (env.tp if mode == "shard" else 1)
     return BlockWork((forward,), backward, backward, (), params=float(params),
                      saved_bytes=float(elements * (kept_per * e + mask)))

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_grad, column_backward, gathered_gemm,
-                                   grad_gather, linear, norm, scattered_gemm, tp_collectives)
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, bias_grad,
+                                   column_backward, gathered_gemm, grad_gather, linear, norm, scattered_gemm,
+                                   tp_collectives)
 from mpsim.workload.ops import Item, memory_op
 
 
@@ -99,8 +100,8 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     saved += 2 * local * h * e + local * h * mask  # norm input, FC1 input, dropout mask
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),
-        backward=(bias_dropout_add(ctx, "mlp.bda", backward=True), *backward, norm(ctx, "mlp.norm", backward=True)),
-        backward_input=(bias_dropout_add(ctx, "mlp.bda", backward=True), *backward_input,
+        backward=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward, norm(ctx, "mlp.norm", backward=True)),
+        backward_input=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward_input,
                         norm(ctx, "mlp.norm", backward=True)),
         backward_weight=tuple(backward_weight),
         params=params, saved_bytes=saved, weight_grad_buffer_bytes=wbuf)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import BlockWork, LayerContext, bias_dropout_add, linear, norm
+from mpsim.workload.blocks import BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear, norm
 from mpsim.workload.mlp import mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 
@@ -92,7 +92,7 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
 
     head = [norm(ctx, "moe.norm")]
     tail = [bias_dropout_add(ctx, "moe.bda")]
-    grad_head = [bias_dropout_add(ctx, "moe.bda", backward=True)]
+    grad_head = bias_dropout_add_grad(ctx, "moe.bda")
     grad_tail = [norm(ctx, "moe.norm", backward=True)]
     local, mask = ctx.norm_tokens, 1 if ctx.dropout else 0
     expert_params = local_experts * (h * fc1_width + ffn_local * h)
