@@ -5,7 +5,7 @@ five microseconds an item, most of it the interpreter unpacking tuples. The recu
 themselves are a handful of ``max`` and ``+`` per item, so once a schedule is turned into
 arrays they compile (numba) into a loop of a few nanoseconds an item:
 
-1. ``_compile`` (once per schedule, cached): every item of every rank gets a row, in an
+1. ``_compiled`` (once per schedule, cached): every item of every rank gets a row, in an
    order where each item comes after its rank's previous item and after the producers
    of its remote inputs (the order ``longest_path.Walk`` would visit them in; it depends
    only on the schedule, not on any time). A row holds the item's rank, its duration
@@ -19,14 +19,20 @@ arrays they compile (numba) into a loop of a few nanoseconds an item:
    when asked for, the per-action records.
 
 The times equal the Python walk's bit for bit (same operations on the same numbers, in
-the same order per rank and per link). ``records=False`` returns a timeline with the step
-time, rank ends and syncs but no per-action or transfer records, which is all a search
-that only ranks step times needs, and is where the compiled loop's speed shows: a
-Megatron 1T step on 3,072 GPUs (8,192 items) is then well under a millisecond.
+the same order per rank and per link, whatever the order of the rows). ``records=False``
+returns a timeline with the step time, rank ends and syncs but no per-action or transfer
+records, which is all a search that only ranks step times needs. It only reads a few rows
+afterwards (each rank's last, those that feed a DP stream), so it need not evaluate the
+others: its rows are ordered layer by layer as ``steady.py`` walks, and the loop jumps
+over the periods of a pipeline's middle that repeat exactly (``compiled_steady.py``).
+Its cost then follows the warm-up and cool-down, not the microbatches: a Megatron 1T
+step on 3,072 GPUs takes a fraction of a millisecond at 64 microbatches per pipeline
+(8,192 items) and about as long at 4,096 (524,288 items). Its times equal the full
+evaluation's to rounding (the skipping rebases times; a few units in the last place).
 
 numba is an optional extra (``pip install 'mpsim[fast]'``); without it ``available()``
 is False and :func:`simulate_compiled` returns the Python walk's timeline. The SimPy
-engine stays the judge of both (``tests/test_compiled.py``).
+engine stays the judge of both (``tests/test_compiled.py``, ``tests/test_compiled_steady.py``).
 """
 
 from __future__ import annotations
@@ -36,26 +42,29 @@ from itertools import repeat
 
 import numpy as np
 
+from mpsim.engine.compiled_steady import RowPeriod, _evaluate_steady_py, row_period
 from mpsim.engine.core import EngineInput, finish_step
 from mpsim.engine.dpstream import DPStreams
 from mpsim.engine.longest_path import _plan, simulate_fast
+from mpsim.engine.steady import SteadyTimeline, _Layers, _layers
 from mpsim.engine.timeline import ActionRecord, Timeline, TransferRecord
 from mpsim.schedules.actions import Schedule, flat
 
-_KERNEL: list = []  # the compiled loop once built (numba is imported on first use: it takes a while)
+_KERNELS: dict = {}  # the compiled loops once built (numba is imported on first use: it takes a while)
 
 
-def _kernel():
-    """``_evaluate_py`` compiled by numba, or None where numba is not installed."""
-    if not _KERNEL:
+def _kernel(loop=None):
+    """``loop`` (``_evaluate_py`` by default) compiled by numba, or None where numba is not installed."""
+    loop = loop or _evaluate_py
+    if loop.__name__ not in _KERNELS:
         try:
             from numba import njit
         except ImportError:  # exercised where numba is not installed
-            _KERNEL.append(None)
+            _KERNELS[loop.__name__] = None
         else:
             # cache=True keeps the machine code beside this file: later processes load it
-            _KERNEL.append(njit(cache=True, nogil=True)(_evaluate_py))
-    return _KERNEL[0]
+            _KERNELS[loop.__name__] = njit(cache=True, nogil=True)(loop)
+    return _KERNELS[loop.__name__]
 
 
 def available() -> bool:
@@ -64,11 +73,11 @@ def available() -> bool:
 
 
 class _Compiled:
-    """One schedule as arrays (module doc, step 1)."""
+    """One schedule as arrays (module doc, step 1); ``periodic``: rows in layers, and where they repeat."""
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, periodic: bool = False):
         plan = _plan(schedule)
-        order = _visit_order(plan)
+        order = _visit_order(plan, _layers(schedule, plan) if periodic else None)
         rows = len(order)
         key_id: dict[tuple, int] = {}  # duration keys, numbered in order of first use
         transfer_id: dict[tuple[int, int], int] = {}  # (stage, consumer stage), numbered likewise
@@ -115,35 +124,80 @@ class _Compiled:
         # reductions on the DP stream (actions that start their own, ZeRO-2/3, are found per input)
         self.last_backward = [[(index, output[3]) for index, step in enumerate(steps) for output in step[3]
                                if output[5]] for steps in plan]
+        self.link_source = np.array([source for source, _ in link_id], dtype=np.int64)
+        # per rank, its stages from the last: without overlap their reductions queue after its last item
+        self.stages_last_first = [sorted({a.stage for a in flat(items)}, reverse=True) for items in schedule.actions]
+        # where the rows repeat (compiled_steady.py), for the loop without records
+        self.period: RowPeriod | None = row_period(schedule, plan, self.rank, self.key, self.needs, self.gives,
+                                                   self.link, self.transfer, self.slots) if periodic else None
+        self._feeds: dict[tuple, tuple] = {}  # (keys that queue reductions, overlap) -> (feeds, rows read)
+
+    def feeds(self, queued_keys: frozenset, overlap: bool) -> tuple[list[list[tuple]], np.ndarray]:
+        """Per rank, in program order, the items that feed its DP stream, as (index, duration key
+        when it queues reductions of its own or None, stages whose gradients it finalizes); and,
+        ascending, every row read after the loop (these feeds and each rank's last item)."""
+        cached = self._feeds.get((queued_keys, overlap))
+        if cached is not None:
+            return cached
+        feeds = []
+        for rank, steps in enumerate(self.plan):
+            mine = []
+            if queued_keys:
+                for index, (key, _, _, outputs) in enumerate(steps):
+                    stages = [output[3] for output in outputs if output[5]] if overlap else []
+                    if key in queued_keys or stages:
+                        mine.append((index, key if key in queued_keys else None, stages))
+            elif overlap:
+                mine = [(index, None, [stage]) for index, stage in self.last_backward[rank]]
+            feeds.append(mine)
+        read = [self.row_of[rank][index] for rank, mine in enumerate(feeds) for index, _, _ in mine]
+        read += [rows[-1] for rows in self.row_of if rows]
+        cached = self._feeds[(queued_keys, overlap)] = (feeds, np.unique(np.array(read, dtype=np.int64)))
+        return cached
 
 
-def _visit_order(plan: list[list[tuple]]) -> list[tuple[int, int]]:
+def _visit_order(plan: list[list[tuple]], layers: _Layers | None = None) -> list[tuple[int, int]]:
     """(rank, index) of every item in an order that respects each rank's program order and
-    every remote input (``Walk.advance``'s order: it parks a rank on a missing input)."""
+    every remote input (``Walk.advance``'s order: it parks a rank on a missing input).
+
+    With ``layers`` (``steady._layers``), in passes as ``simulate_steady`` walks: each rank up
+    to its next layer boundary, then the rest; a pipeline's repeated layers then give
+    repeated runs of rows (``compiled_steady.py``). Any such order gives the same times.
+    """
+    passes: list = []
+    if layers is not None:
+        start, end, p = layers.start, layers.end, layers.items
+        layer = 0
+        while all(start[r] + layer * p[r] <= end[r] for r in range(len(plan)) if p[r]):
+            passes.append([start[r] + layer * p[r] if p[r] else 0 for r in range(len(plan))])
+            layer += 1
+    passes.append(None)
     produced = set()
     position = [0] * len(plan)
     order = []
-    runnable = list(range(len(plan) - 1, -1, -1))
-    parked: dict[int, int] = {}
-    while runnable:
-        rank = runnable.pop()
-        steps = plan[rank]
-        index = position[rank]
-        while index < len(steps):
-            _, _, needs, outputs = steps[index]
-            missing = next((slot for slot in needs if slot not in produced), -1)
-            if missing >= 0:
-                parked[missing] = rank
-                break
-            order.append((rank, index))
-            for output in outputs:
-                gives = output[0]
-                if gives >= 0:
-                    produced.add(gives)
-                    if gives in parked:
-                        runnable.append(parked.pop(gives))
-            index += 1
-        position[rank] = index
+    for limits in passes:
+        runnable = list(range(len(plan) - 1, -1, -1))
+        parked: dict[int, int] = {}
+        while runnable:
+            rank = runnable.pop()
+            steps = plan[rank]
+            count = len(steps) if limits is None else min(len(steps), limits[rank])
+            index = position[rank]
+            while index < count:
+                _, _, needs, outputs = steps[index]
+                missing = next((slot for slot in needs if slot not in produced), -1)
+                if missing >= 0:
+                    parked[missing] = rank
+                    break
+                order.append((rank, index))
+                for output in outputs:
+                    gives = output[0]
+                    if gives >= 0:
+                        produced.add(gives)
+                        if gives in parked:
+                            runnable.append(parked.pop(gives))
+                index += 1
+            position[rank] = index
     stuck = [rank for rank, steps in enumerate(plan) if position[rank] < len(steps)]
     if stuck:
         rank = stuck[0]
@@ -201,17 +255,19 @@ def _evaluate_py(rank, key, needs, gives, link, transfer, duration_s, transfer_s
     return ready, start, end, input_sent, wait_from, tx_start, tx_end, clock, sends_done
 
 
-_COMPILED: dict[int, tuple[Schedule, _Compiled]] = {}
+_COMPILED: dict[tuple[int, bool], tuple[Schedule, _Compiled]] = {}
 
 
-def _compiled(schedule: Schedule) -> _Compiled:
-    cached = _COMPILED.get(id(schedule))
+def _compiled(schedule: Schedule, periodic: bool = False) -> _Compiled:
+    """The arrays of ``schedule``, cached. The loop with records visits rows in ``Walk``'s order; the
+    one without them in layers (``periodic``), which costs finding the layers and only it uses."""
+    cached = _COMPILED.get((id(schedule), periodic))
     if cached is not None and cached[0] is schedule:
         return cached[1]
     if len(_COMPILED) > 64:  # keep the cache small, as longest_path does
         _COMPILED.clear()
-    compiled = _Compiled(schedule)
-    _COMPILED[id(schedule)] = (schedule, compiled)
+    compiled = _Compiled(schedule, periodic)
+    _COMPILED[(id(schedule), periodic)] = (schedule, compiled)
     return compiled
 
 
@@ -219,27 +275,62 @@ def simulate_compiled(inp: EngineInput, records: bool = True) -> Timeline:
     """The longest-path timeline of ``inp`` from the compiled loop (module doc).
 
     Only for inputs ``longest_path.supports``; without numba, ``simulate_fast``'s timeline.
-    ``records=False`` leaves the per-action and transfer records out (step time, rank ends,
-    syncs and send waits are complete).
+    ``records=False`` leaves the per-action, transfer and per-action send-wait records out
+    (step time, rank ends and syncs are complete), and jumps over the repeated middle of a
+    pipeline where it repeats exactly (``compiled_steady.py``): it returns a
+    :class:`~mpsim.engine.SteadyTimeline` whose ``skipped`` says what was jumped over.
     """
     evaluate = _kernel()
     if evaluate is None:
         return simulate_fast(inp)
     schedule = inp.schedule
-    c = _compiled(schedule)
+    c = _compiled(schedule, periodic=not records)
     duration_s = np.array([inp.action_s[key] for key in c.keys], dtype=np.float64)
     transfer_s = np.array([inp.transfer_s.get(key, 0.0) for key in c.transfer_keys], dtype=np.float64)
     num_ranks = schedule.num_ranks
+    action_buckets = inp.action_buckets
+    queued_keys = frozenset(key for key in c.keys if action_buckets.get(key)) if action_buckets else frozenset()
+    feeds, read_rows = c.feeds(queued_keys, bool(inp.overlap_grad_sync))
+    if not records:
+        return _without_records(inp, c, duration_s, transfer_s, feeds, read_rows)
     ready, start, end, input_sent, wait_from, tx_start, tx_end, clock, sends_done = evaluate(
         c.rank, c.key, c.needs, c.gives, c.link, c.transfer, duration_s, transfer_s, num_ranks,
         c.num_links, c.slots, bool(inp.send_blocking))
     timeline = Timeline(num_ranks, actions=[[] for _ in range(num_ranks)])
-    if records:
-        _records(timeline, c, ready, start, end, input_sent, tx_start, tx_end)
-        if inp.send_blocking:
-            waits = np.flatnonzero(~np.isnan(wait_from))
-            timeline.send_waits.extend(zip(c.rank[waits].tolist(), wait_from[waits].tolist(), ready[waits].tolist()))
-    _finish(inp, timeline, c, start, end, clock.tolist(), sends_done.tolist())
+    _records(timeline, c, ready, start, end, input_sent, tx_start, tx_end)
+    if inp.send_blocking:
+        waits = np.flatnonzero(~np.isnan(wait_from))
+        timeline.send_waits.extend(zip(c.rank[waits].tolist(), wait_from[waits].tolist(), ready[waits].tolist()))
+    _finish(inp, timeline, c, feeds, start, end, clock.tolist(), sends_done.tolist())
+    return timeline
+
+
+_NO_SLOTS = np.empty(0, np.int64)  # the live slots of a loop without boundaries
+
+
+def _without_records(inp: EngineInput, c: _Compiled, duration_s: np.ndarray, transfer_s: np.ndarray,
+                     feeds: list[list[tuple]], read_rows: np.ndarray) -> SteadyTimeline:
+    """The step without records, the repeated periods that no read row lies in jumped over."""
+    num_ranks = inp.schedule.num_ranks
+    period = c.period
+    boundaries = 0
+    if period is not None:
+        # skipping starts at the second boundary at the earliest, and the last boundary may not
+        # pass the first row read afterwards from there on (skipped rows have no times)
+        after = int(np.searchsorted(read_rows, period.first_row + period.rows))
+        first_read = int(read_rows[after]) if after < read_rows.size else len(c.rank)
+        boundaries = min(period.boundaries, (first_read - period.first_row) // period.rows)
+    if boundaries < 2:
+        first_row, period_rows, shift, live = 0, 1, 0, _NO_SLOTS
+    else:
+        first_row, period_rows, shift, live = period.first_row, period.rows, period.shift, period.live
+    start, end, clock, sends_done, skipped, cycle_s = _kernel(_evaluate_steady_py)(
+        c.rank, c.key, c.needs, c.gives, c.link, c.transfer, c.link_source, duration_s, transfer_s, num_ranks,
+        c.slots, bool(inp.send_blocking), first_row, period_rows, boundaries, shift, live)
+    timeline = SteadyTimeline(num_ranks, actions=[[] for _ in range(num_ranks)])
+    if skipped:
+        timeline.skipped.append((skipped, shift, cycle_s, period.rank_rows))
+    _finish(inp, timeline, c, feeds, start, end, clock.tolist(), sends_done.tolist())
     return timeline
 
 
@@ -258,39 +349,30 @@ def _records(timeline: Timeline, c: _Compiled, ready: np.ndarray, start: np.ndar
                                                             begins, ends)))
 
 
-def _finish(inp: EngineInput, timeline: Timeline, c: _Compiled, start: np.ndarray, end: np.ndarray, clock: list,
-            sends_done: list) -> None:
+def _finish(inp: EngineInput, timeline: Timeline, c: _Compiled, feeds: list[list[tuple]], start: np.ndarray,
+            end: np.ndarray, clock: list, sends_done: list) -> None:
     """DP streams in program order, the last send waits, pair syncs and the optimizer (as ``Walk.finish``).
 
-    Only the rows that feed a DP stream are read out of the arrays (as Python floats, so
-    the records hold the same numbers the Python walk's do).
+    Only the rows that feed a DP stream (``feeds``, from ``_Compiled.feeds``) and each rank's
+    last row are read out of the arrays (as Python floats, so the records hold the same
+    numbers the Python walk's do).
     """
     dp = DPStreams(timeline, inp.schedule.num_ranks, inp.grad_buckets)
     action_buckets, overlap = inp.action_buckets, inp.overlap_grad_sync
-    queued_keys = {key for key in c.keys if action_buckets.get(key)} if action_buckets else set()
     for rank, steps in enumerate(c.plan):
         rows = c.row_of[rank]
-        # (index, buckets the action starts or None, stages whose gradients it finalizes), in program order
-        feeds = []
-        if queued_keys:
-            for index, (key, _, _, outputs) in enumerate(steps):
-                stages = [output[3] for output in outputs if output[5]] if overlap else []
-                if key in queued_keys or stages:
-                    feeds.append((index, action_buckets.get(key), stages))
-        elif overlap:
-            feeds = [(index, None, [stage]) for index, stage in c.last_backward[rank]]
-        for index, queued, stages in feeds:
+        for index, key, stages in feeds[rank]:
             row = rows[index]
             begin, finish = float(start[row]), float(end[row])
-            if queued:
-                dp.add(rank, queued, begin, finish, f"{steps[index][1]}")
+            if key is not None:
+                dp.add(rank, action_buckets[key], begin, finish, f"{steps[index][1]}")
             for stage in stages:
                 dp.add_stage(rank, stage, begin, finish)
         last_end = float(end[rows[-1]]) if steps else 0.0
         if inp.send_blocking and sends_done[rank] > clock[rank]:
             timeline.send_waits.append((rank, clock[rank], sends_done[rank]))
         if not overlap:
-            for stage in sorted({a.stage for a in flat(inp.schedule.actions[rank])}, reverse=True):
+            for stage in c.stages_last_first[rank]:
                 dp.add_stage(rank, stage, last_end, last_end)
         dp.close(rank, last_end)
     finish_step(inp, timeline, dp.grad_done)
