@@ -85,6 +85,7 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("training.dtype", ("fp64",)),
     ("training.grad_reduce_bucket_bytes", ("'80 GB/s'", "-1", "'lots'")),
     ("training.memory_reserved", ("abc",)),
+    ("training.transformer_impl", ("megatron", "true")),
     ("cluster.nodes", ("0", "1073741824", "0.5")),
     ("cluster.system", ("nope-system",)),
     ("cluster.system.accelerator", ("nope-gpu",)),
