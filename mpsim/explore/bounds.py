@@ -36,20 +36,11 @@ class StepBound:
     optimizer_s: float
 
 
-_COUNTS: dict[int, tuple[Schedule, list]] = {}
-
-
 def rank_counts(schedule: Schedule) -> list[tuple[Any, Counter]]:
-    """Per rank: its first item and how many items of each duration key it runs (cached per schedule)."""
-    cached = _COUNTS.get(id(schedule))
-    if cached is not None and cached[0] is schedule:
-        return cached[1]
-    counts = [(items[0] if items else None, Counter(duration_key(item) for item in items))
-              for items in schedule.actions]
-    if len(_COUNTS) > 256:
-        _COUNTS.clear()
-    _COUNTS[id(schedule)] = (schedule, counts)
-    return counts
+    """Per rank: its first item and how many items of each duration key it runs (the planner keeps
+    it per schedule key in ``plancache.Short``)."""
+    return [(items[0] if items else None, Counter(duration_key(item) for item in items))
+            for items in schedule.actions]
 
 
 def forward_heads(schedule: Schedule, action_s: Mapping[tuple, float],

@@ -23,7 +23,6 @@ from mpsim.engine import EngineInput, Timeline, rank_spans, simulate as engine_s
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
 from mpsim.resolve import resolve
-from mpsim.results.memory import rank_memory
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
 from mpsim.simulate import SimulationResult, plan_schedule, simulate
 from mpsim.specs.layout import Layout
@@ -38,28 +37,17 @@ def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int) -> S
     return build_schedule(name, pp, vpp, num_microbatches, timer=rank_spans)
 
 
-def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None) -> Schedule:
-    """The layout's schedule; generated ones come from the cache, files are read each time."""
+def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cached: bool = True) -> Schedule:
+    """The layout's schedule; generated ones come from the cache (unless ``cached`` is False: a
+    caller that keeps only a short form need not keep the full lists alive), files are read each time."""
     name = scenario.parallel.schedule
     if name.startswith("file:"):
         return plan_schedule(scenario, layout, base_dir)
+    make = generated_schedule if cached else generated_schedule.__wrapped__
     try:
-        return generated_schedule(name, layout.pp, layout.vpp, layout.num_microbatches)
+        return make(name, layout.pp, layout.vpp, layout.num_microbatches)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
-
-
-def layout_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Any, peak_of: Any = None
-                  ) -> list:
-    """Memory of every pipeline rank, computed the way ``results.summarize`` computes it.
-
-    This is the planner's pre-check before any simulation: the schedule's in-flight
-    activations and the model state, no timeline needed. ``peak_of`` replaces the walk
-    (``memfast.CachedWalk``); the layers-only peak, which only reports show, is then skipped.
-    """
-    if peak_of is None:
-        return rank_memory(scenario, layout, schedule, workload)
-    return rank_memory(scenario, layout, schedule, workload, peak_of=peak_of, layer_peaks=False)
 
 
 def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: str = "fast",

@@ -1,76 +1,136 @@
-"""The activation walk of ``results.memory.walk_peak`` as array operations, prepared once per schedule.
+"""The planner's memory check as array operations: every rank of a layout at once.
 
-A rank's walk adds, after each action, a change that depends only on the action's
-stage and kind and on the layout's bytes per stage: ``+a`` for a forward, ``-a`` for a
-backward, ``w - a`` for an input-gradient pass, ``-w`` for a weight-gradient pass
-(``a`` a microbatch's activations, ``w`` the buffer its deferred weight gradient keeps).
-So a schedule needs to be read once: per rank, the index of each action's change in a
-table of ``4 x stages`` numbers. Each layout then fills the table from its workload,
-gathers, and takes a running sum (``numpy.cumsum`` adds in order, like the loop, so the
-levels are the loop's to the bit) and its first maximum. The planner walks thousands of
-layouts over a few hundred schedules; this is most of its memory check.
+``results.memory.rank_memory`` gives each pipeline rank's peak as the model state and
+buffers it holds whatever the schedule does (``RankState``) plus the peak of a walk over
+its action list. The planner asks that of thousands of layouts, and most of the work
+repeats:
 
-Held ZeRO-3 parameters (``hold_params``) depend on the order of opens and closes per
-stage; those walks go to ``walk_peak`` itself.
+* The walk adds, after each action, a change that depends only on the action's stage
+  and kind and on the layout's bytes per stage: ``+a`` for a forward, ``-a`` for a
+  backward, ``w - a`` for an input-gradient pass, ``-w`` for a weight-gradient pass
+  (``a`` a microbatch's activations, ``w`` the buffer its deferred weight gradient
+  keeps). So a schedule is read once (``ShortWalk``): per rank, the index of each
+  action's change in a table of ``4 x stages`` numbers (plus one zero, which pads the
+  shorter ranks to a matrix). A layout fills the table from its workload, gathers, and
+  takes a running sum along each row: ``numpy.cumsum`` adds in order, like the loop, and
+  a padding zero comes only after a row's last action, so each row's levels, and their
+  maximum, are the loop's to the bit.
+* The state and buffers depend on the layout and on which stages each rank holds, not
+  on the order of the actions: ``LayoutMemory`` keeps them per stage placement, as
+  arrays, and adds the walk's peaks to them with the same operations in the same order
+  as ``rank_at_peak`` (elementwise float64 arithmetic is Python's), so the fullest rank
+  is the one ``max(rank_memory(...))`` names; its ``RankMemory`` is then built by
+  ``rank_at_peak`` itself.
+
+A ``ShortWalk`` holds arrays, not ``Action`` tuples: the planner keeps hundreds of
+walks, and the cycle collector traverses every tuple subclass it holds on each full
+collection. Held ZeRO-3 parameters (``hold_params``) depend on the order of opens and
+closes per stage; those layouts go through ``rank_memory`` itself, over the walk's
+actions rebuilt (``ShortWalk.schedule``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from mpsim.results.memory import WalkPeak, walk_peak
-from mpsim.schedules.actions import Schedule, flat
+from mpsim.results.memory import RankMemory, held_params, rank_at_peak, rank_memory, rank_states, WalkPeak
+from mpsim.schedules.actions import Action, Schedule, flat
+from mpsim.specs.layout import Layout
+from mpsim.specs.scenario import Scenario
+from mpsim.workload.memory import reserved_parts
 
-_KIND_COLUMN = {"F": 0, "B": 1, "I": 2, "W": 3}
-_INDEXES: dict[int, tuple[Schedule, list]] = {}
-
-
-def _indexes(schedule: Schedule) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per rank: (change index into the table, forwards-in-flight change, is I/W), cached per schedule."""
-    cached = _INDEXES.get(id(schedule))
-    if cached is not None and cached[0] is schedule:
-        return cached[1]
-    ranks = []
-    for items in schedule.actions:
-        actions = flat(items)
-        index = np.fromiter((4 * a.stage + _KIND_COLUMN[a.kind] for a in actions), dtype=np.int64,
-                            count=len(actions))
-        kinds = index % 4
-        ranks.append((index, np.select([kinds == 0, kinds == 3], [1, 0], -1), kinds >= 2))
-    if len(_INDEXES) > 4096:  # a few arrays of a short walk each
-        _INDEXES.clear()
-    _INDEXES[id(schedule)] = (schedule, ranks)
-    return ranks
+_KINDS = ("F", "B", "I", "W")
+_KIND_COLUMN = {kind: column for column, kind in enumerate(_KINDS)}
 
 
-def _table(workload) -> tuple[np.ndarray, np.ndarray]:
-    """(level change, weight-gradient buffer change) per 4 x stage + kind, as the walk adds them."""
-    changes, for_weight_grads = [], []
+class ShortWalk:
+    """A schedule's action lists read into a matrix of change indexes (module doc).
+
+    ``shell`` is the schedule with no actions (its ranks, placement and chains);
+    ``index[rank]`` holds ``4 x stage + kind`` for each action of the rank's list, padded
+    with ``4 x stages`` (the table's zero) to the longest list.
+    """
+
+    def __init__(self, schedule: Schedule):
+        self.shell = replace(schedule, actions=tuple(() for _ in schedule.actions))
+        ranks = [flat(items) for items in schedule.actions]
+        width = max((len(actions) for actions in ranks), default=0)
+        self.pad = 4 * schedule.num_stages
+        self.index = np.full((len(ranks), width), self.pad, dtype=np.int64)
+        self.lengths = np.array([len(actions) for actions in ranks], dtype=np.int64)
+        self.microbatches = np.zeros((len(ranks), width), dtype=np.int64)
+        for rank, actions in enumerate(ranks):
+            self.index[rank, :len(actions)] = [4 * a.stage + _KIND_COLUMN[a.kind] for a in actions]
+            self.microbatches[rank, :len(actions)] = [a.microbatch for a in actions]
+
+    def schedule(self) -> Schedule:
+        """The schedule the walk was read from (its actions rebuilt, each item one action)."""
+        ranks = []
+        for rank in range(len(self.index)):
+            count = int(self.lengths[rank])
+            ranks.append(tuple(Action(int(code) // 4, _KINDS[int(code) % 4], int(mb)) for code, mb in
+                               zip(self.index[rank, :count], self.microbatches[rank, :count])))
+        return replace(self.shell, actions=tuple(ranks))
+
+
+def change_table(workload) -> np.ndarray:
+    """The walk's change per ``4 x stage + kind``, as ``walk_peak`` adds them, then one zero."""
+    changes = []
     for work in workload.stages:
         a, w = work.activation_bytes, work.weight_grad_buffer_bytes
         changes += [a, -a, w - a, -w]
-        for_weight_grads += [0.0, 0.0, w, -w]
-    return np.array(changes, dtype=np.float64), np.array(for_weight_grads, dtype=np.float64)
+    return np.array(changes + [0.0], dtype=np.float64)
 
 
-class CachedWalk:
-    """``walk_peak`` for one workload, with the schedule's reading cached (module doc)."""
+def walk_peaks(walk: ShortWalk, table: np.ndarray) -> np.ndarray:
+    """Per rank, ``walk_peak(...).bytes`` of the walk's lists (0 where a walk never rises above 0)."""
+    if walk.index.shape[1] == 0:
+        return np.zeros(len(walk.index))
+    highest = np.cumsum(table[walk.index], axis=1).max(axis=1)
+    return np.where(highest > 0.0, highest, 0.0)  # the loop starts from 0 and keeps only a strict rise
 
-    def __init__(self, workload):
-        self.workload = workload
-        self.changes, self.for_weight_grads = _table(workload)
 
-    def __call__(self, schedule: Schedule, rank: int, workload, layers_only: bool = False,
-                 hold_params: bool = False) -> WalkPeak:
-        if hold_params or layers_only or workload is not self.workload:
-            return walk_peak(schedule, rank, workload, layers_only, hold_params)
-        index, counts, is_weight_grad = _indexes(schedule)[rank]
-        if not len(index):
-            return WalkPeak(0.0, 0, 0.0, 0.0)
-        levels = np.cumsum(self.changes[index])
-        top = int(np.argmax(levels))  # the first of the highest: where the loop's strict '>' stops
-        if not levels[top] > 0.0:
-            return WalkPeak(0.0, 0, 0.0, 0.0)
-        in_flight = int(counts[:top + 1].sum())
-        held = np.cumsum(self.for_weight_grads[index[:top + 1]][is_weight_grad[:top + 1]])
-        return WalkPeak(float(levels[top]), in_flight, 0.0, float(held[-1]) if len(held) else 0.0)
+class LayoutMemory:
+    """The memory check of one layout (scenario, layout, workload) for any schedule (module doc)."""
+
+    def __init__(self, scenario: Scenario, layout: Layout, workload):
+        self.scenario, self.layout, self.workload = scenario, layout, workload
+        self.table = change_table(workload)
+        self.reserved = reserved_parts(scenario, layout)
+        self.reserved_bytes = sum(size for _, size in self.reserved)
+        self.fragmentation = scenario.training.memory_fragmentation
+        self._placed: dict[tuple, tuple] = {}  # (ranks, stage_to_rank) -> (states, arrays)
+
+    def _states(self, shell: Schedule) -> tuple:
+        key = (shell.num_ranks, shell.stage_to_rank)
+        placed = self._placed.get(key)
+        if placed is None:
+            states = rank_states(self.scenario, self.layout, shell.stage_to_rank, shell.num_ranks, self.workload)
+
+            def column(name: str) -> np.ndarray:
+                return np.array([getattr(state, name) for state in states], dtype=np.float64)
+
+            model_state = column("weights_bytes") + column("grads_bytes") + column("optimizer_bytes")
+            placed = self._placed[key] = (states, model_state, column("state_bytes"), column("buffers_bytes"))
+        return placed
+
+    def fullest(self, shell: Schedule, walk: ShortWalk | None = None) -> RankMemory:
+        """The ``RankMemory`` of the rank with the highest peak, the first of equals, as
+        ``max(rank_memory(...), key=peak_memory_bytes)`` finds it over ``walk``'s lists
+        (with no walk: over no actions, the model state and buffers alone). Its forwards in
+        flight and what deferred weight gradients hold at the peak are left at 0: the
+        planner reads neither."""
+        if held_params(self.layout):
+            schedule = walk.schedule() if walk is not None else shell
+            return max(rank_memory(self.scenario, self.layout, schedule, self.workload, layer_peaks=False),
+                       key=lambda m: m.peak_memory_bytes)
+        states, model_state, state_bytes, buffers = self._states(shell)
+        peaks = walk_peaks(walk, self.table) if walk is not None else np.zeros(len(states))
+        # rank_at_peak and RankMemory.peak_memory_bytes, elementwise, in their order
+        fragmentation = (state_bytes + peaks + buffers) * self.fragmentation
+        totals = model_state + peaks + buffers + self.reserved_bytes + fragmentation
+        rank = int(np.argmax(totals))
+        peak = float(peaks[rank])
+        return rank_at_peak(rank, states[rank], WalkPeak(peak, 0, 0.0, 0.0), self.reserved, self.fragmentation)

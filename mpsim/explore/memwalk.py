@@ -34,9 +34,6 @@ from dataclasses import replace
 from mpsim.engine.core import duration_key
 from mpsim.schedules.actions import Action, Schedule, flat
 
-_CACHE: dict[int, tuple[Schedule, Schedule]] = {}
-
-
 def _states(actions: list[Action], slot: dict[int, int], width: int) -> list[tuple[int, ...]]:
     """The state after each action: held activations per stage, then held weight-gradient buffers."""
     state = [0] * (2 * width)
@@ -79,22 +76,16 @@ def _compress(actions: list[Action], stages: tuple[int, ...]) -> tuple[Action, .
 
 
 def memory_schedule(schedule: Schedule) -> Schedule:
-    """The schedule with each rank's list shortened as the module doc describes (cached)."""
-    cached = _CACHE.get(id(schedule))
-    if cached is not None and cached[0] is schedule:
-        return cached[1]
+    """The schedule with each rank's list shortened as the module doc describes.
+
+    Not cached here: the planner keeps the short forms per schedule key (``plancache.Short``)
+    and lets the full lists go, so the cycle collector never walks their actions again.
+    """
     ranks = []
     for rank, items in enumerate(schedule.actions):
         stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
         ranks.append(_compress(flat(items), stages))
-    short = replace(schedule, actions=tuple(ranks))
-    if len(_CACHE) > 256:
-        _CACHE.clear()
-    _CACHE[id(schedule)] = (schedule, short)
-    return short
-
-
-_DISTINCT: dict[int, tuple[Schedule, Schedule]] = {}
+    return replace(schedule, actions=tuple(ranks))
 
 
 def distinct_items(schedule: Schedule) -> Schedule:
@@ -103,9 +94,6 @@ def distinct_items(schedule: Schedule) -> Schedule:
     ``schedule_costs`` prices every overlapped pair it meets, and a DualPipe schedule
     meets the same pair of stages once per microbatch; the costs are the same dict.
     """
-    cached = _DISTINCT.get(id(schedule))
-    if cached is not None and cached[0] is schedule:
-        return cached[1]
     seen: set = set()
     ranks = []
     for items in schedule.actions:
@@ -116,8 +104,4 @@ def distinct_items(schedule: Schedule) -> Schedule:
                 seen.add(key)
                 kept.append(item)
         ranks.append(tuple(kept))
-    short = replace(schedule, actions=tuple(ranks))
-    if len(_DISTINCT) > 256:
-        _DISTINCT.clear()
-    _DISTINCT[id(schedule)] = (schedule, short)
-    return short
+    return replace(schedule, actions=tuple(ranks))

@@ -11,24 +11,37 @@ fields, and collectives, sends and group placements by their exact inputs
 The caches change how often a thing is computed, never what: every key holds all of the
 inputs that the remembered answer reads, and ``clear_caches`` returns a process to a
 state where everything is computed afresh (the tests compare both).
+
+What is kept is kept lean, because Python's cycle collector walks every container a
+process holds on each full collection, and a plan's allocations trigger dozens: a full
+schedule is let go once its short forms are made (the memory walk as arrays, not action
+tuples), and only the layout groups of the chunk at hand stay prepared. Keeping every
+generated schedule and a few hundred groups once cost a plan more time in the collector
+than in its memory checks.
 """
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mpsim.cost.actions import CostModel
 from mpsim.explore.bounds import rank_counts
 from mpsim.explore.evaluate import schedule_for
-from mpsim.explore.memfast import CachedWalk
+from mpsim.explore.memfast import LayoutMemory, ShortWalk
 from mpsim.explore.memwalk import distinct_items, memory_schedule
+from mpsim.schedules import Schedule
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload import Workload, build_workload
 
-PREPARED_ENTRIES = 256  # layout groups, each with its workload and priced costs
+# layout groups, each with its workload and priced costs: a check chunk's groups (SP x ZeRO x
+# recompute, 12 by default) and a few more. The check pass takes its layouts chunk by chunk, so
+# more would only keep groups it is done with, for the cycle collector to walk again and again
+PREPARED_ENTRIES = 16
 SHORT_ENTRIES = 4096  # small: a few hundred items each, where full schedules hold up to a million
 MEMORY_ENTRIES = 16384  # four numbers each
 
@@ -36,7 +49,7 @@ MEMORY_ENTRIES = 16384  # four numbers each
 class Prepared:
     """What layouts differing only in their schedule share: scenario, layout, workload, priced costs.
 
-    The workload, cost model and walk are built on first use: most layouts of a large
+    The workload, cost model and memory check are built on first use: most layouts of a large
     plan are settled by a memory check that needs no prices, and many by one that a
     layout differing only in recompute already made.
     """
@@ -45,7 +58,7 @@ class Prepared:
         self.scenario, self.layout = scenario, layout
         self._workload: Workload | None = None
         self._model: CostModel | None = None
-        self._walk: CachedWalk | None = None
+        self._memory: LayoutMemory | None = None
         self.costs: dict = {}  # schedule name -> (duration key -> ActionCost), filled as schedules ask
 
     @property
@@ -62,21 +75,22 @@ class Prepared:
         return self._model
 
     @property
-    def walk(self) -> CachedWalk:
-        """The activation walk over this workload's bytes (memfast.py)."""
-        if self._walk is None:
-            self._walk = CachedWalk(self.workload)
-        return self._walk
+    def memory(self) -> LayoutMemory:
+        """The memory check of this layout, for any schedule (memfast.py)."""
+        if self._memory is None:
+            self._memory = LayoutMemory(self.scenario, self.layout, self.workload)
+        return self._memory
 
 
 @dataclass(frozen=True)
 class Short:
     """What the check pass needs of a generated schedule, without its full lists: the same lists
-    with no actions (model state alone), the memory walk's shortened lists (``memwalk.py``), one
-    item per duration key, and per rank its first item and item counts (the bound)."""
+    with no actions (model state alone), the memory walk's shortened lists (``memwalk.py``) read
+    into arrays (``memfast.ShortWalk``), one item per duration key, and per rank its first item
+    and item counts (the bound)."""
 
-    idle: Any
-    memory: Any
+    idle: Schedule
+    memory: ShortWalk
     distinct: Any
     counts: list
 
@@ -104,6 +118,20 @@ def clear_caches() -> None:
         cache.clear()
 
 
+@contextmanager
+def _collector_paused():
+    """The cycle collector paused while a schedule is generated and shortened: up to a million
+    actions are made at once and all but the short forms die together when the schedule is let
+    go (reference counting frees them; they hold no cycles), so the collector need not walk them."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches); a
     schedule read from a file is generated afresh each time (the file may change)."""
@@ -112,9 +140,11 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     key = (name, layout.pp, layout.vpp, layout.num_microbatches)
     short = None if from_file else SHORTS.get(key)
     if short is None:
-        schedule = schedule_for(scenario, layout, None)
-        short = Short(replace(schedule, actions=tuple(() for _ in schedule.actions)), memory_schedule(schedule),
-                      distinct_items(schedule), rank_counts(schedule))
+        with _collector_paused():
+            schedule = schedule_for(scenario, layout, None, cached=False)
+            short = Short(replace(schedule, actions=tuple(() for _ in schedule.actions)),
+                          ShortWalk(memory_schedule(schedule)), distinct_items(schedule), rank_counts(schedule))
+            del schedule
         if not from_file:
             remember(SHORTS, key, short)
     return short

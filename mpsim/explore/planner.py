@@ -46,7 +46,7 @@ from mpsim.engine import simulate as engine_simulate, simulate_compiled, support
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.bounds import step_lower_bound
-from mpsim.explore.evaluate import error_text, failure, layout_memory, schedule_for, summary_metrics
+from mpsim.explore.evaluate import error_text, failure, schedule_for, summary_metrics
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
 from mpsim.explore.memwalk import distinct_items
 from mpsim.explore.planbase import apply_fields
@@ -118,8 +118,7 @@ class PlanEvaluator:
             # or schedule ties to the mode: this layout would too, and end here the same way
             return remember(MEMORY, key, state)
         scenario, prepared = self._scenario(fields)
-        layout = prepared.layout
-        short = short_schedule(scenario, layout)
+        short = short_schedule(scenario, prepared.layout)
         if state is None:
             # with no actions, the schedule enters the state only through which stages each rank
             # holds (the group's layout and workload are shared by its schedules already), so
@@ -129,15 +128,13 @@ class PlanEvaluator:
                           + f"|{len(short.idle.actions)}|{short.idle.stage_to_rank}")
             state = MEMORY.get(placed_key)
             if state is None:
-                worst = max(layout_memory(scenario, layout, short.idle, prepared.workload, prepared.walk),
-                            key=lambda m: m.peak_memory_bytes)
+                worst = prepared.memory.fullest(short.idle)
                 state = remember(MEMORY, placed_key, (worst.peak_memory_bytes, worst.capacity_bytes,
                                                         worst.largest_category, False))
             remember(MEMORY, state_key, state)
         if state[0] > state[1]:
             return remember(MEMORY, key, state)
-        worst = max(layout_memory(scenario, layout, short.memory, prepared.workload, prepared.walk),
-                    key=lambda m: m.peak_memory_bytes)
+        worst = prepared.memory.fullest(short.idle, short.memory)
         return remember(MEMORY, key, (worst.peak_memory_bytes, worst.capacity_bytes, worst.largest_category,
                                         True))
 

@@ -175,43 +175,80 @@ def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
     return gathered_input + zero3_layers
 
 
-def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Workload, *,
-                peak_of=walk_peak, layer_peaks: bool = True) -> list[RankMemory]:
-    """Memory of every pipeline rank, by category.
+@dataclass(frozen=True)
+class RankState:
+    """What a pipeline rank holds whatever its schedule does: model state, buffers, capacity.
 
-    ``peak_of`` is ``walk_peak`` or a function that returns the same (the planner's cached
-    walk); without ``layer_peaks`` the layers-only peak is left at 0 (only reports show it).
+    ``rank_memory`` adds the schedule's walk to it; the planner keeps it per layout and
+    stage placement and checks many schedules against it (``explore/memfast.py``).
     """
+
+    stages: tuple[int, ...]
+    params: float  # dense + expert parameters on one device, before ZeRO sharding
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    state_bytes: float  # dense state total + expert state total, in that order (what fragmentation scales)
+    layer_state_bytes: float
+    buffers_bytes: float  # transient buffers, without parameters a walk holds
+    capacity_bytes: float
+
+
+def rank_states(scenario: Scenario, layout: Layout, stage_to_rank: tuple[int, ...], num_ranks: int,
+                workload: Workload) -> list[RankState]:
+    """``RankState`` of each pipeline rank for a stage placement."""
     training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
     # a heterogeneous cluster: each pipeline rank has its own part's memory
     part_of = part_of_pp_ranks(scenario, layout) if scenario.cluster.parts else ()
-    grad_bytes = training.grad_bytes
-    reserved = reserved_parts(scenario, layout)
-    reserved_total = sum(size for _, size in reserved)
-    hold = held_params(layout)
-    result = []
-    for rank in range(schedule.num_ranks):
-        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+    kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.zero_stage, optimizer=training.optimizer)
+    states = []
+    for rank in range(num_ranks):
+        stages = tuple(s for s, owner in enumerate(stage_to_rank) if owner == rank)
         works = [workload.stages[s] for s in stages]
         dense = sum(w.params for w in works)
         experts = sum(w.expert_params for w in works)
-        kwargs = dict(grad_bytes=grad_bytes, zero_stage=layout.zero_stage, optimizer=training.optimizer)
         # dense parameters shard over DP x CP (Layout.shard_ranks), experts over their replicas
         state = model_state_bytes(dense, shard=layout.shard_ranks, **kwargs)
         expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
         layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.shard_ranks, **kwargs)
-        walk = peak_of(schedule, rank, workload, hold_params=hold)
-        gathered = walk.gathered_params_bytes
-        peak = walk.bytes - gathered  # the held parameters are reported with the buffers
-        layer_peak = activation_walk(schedule, rank, workload, layers_only=True)[0] if layer_peaks else 0.0
-        buffers = _buffers_bytes(works, workload, layout) + gathered
-        allocated = state.total_bytes + expert_state.total_bytes + peak + buffers
         if part_of and scenario.cluster.parts:
             capacity = scenario.cluster.parts[part_of[rank]].system.accelerator.memory.capacity
-        result.append(RankMemory(
-            rank, stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
+        states.append(RankState(
+            stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
             state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,
-            peak, walk.in_flight, buffers, reserved_total, allocated * training.memory_fragmentation, capacity,
-            layers.total_bytes, layer_peak, reserved, gathered, walk.weight_grad_held_bytes))
+            state.total_bytes + expert_state.total_bytes, layers.total_bytes,
+            _buffers_bytes(works, workload, layout), capacity))
+    return states
+
+
+def rank_at_peak(rank: int, state: RankState, walk: WalkPeak, reserved: tuple[tuple[str, float], ...],
+                 fragmentation: float, layer_peak: float = 0.0) -> RankMemory:
+    """A rank's memory from its state and its walk's peak (``reserved``: ``reserved_parts``)."""
+    gathered = walk.gathered_params_bytes
+    peak = walk.bytes - gathered  # the held parameters are reported with the buffers
+    buffers = state.buffers_bytes + gathered
+    allocated = state.state_bytes + peak + buffers
+    return RankMemory(
+        rank, state.stages, state.params, state.weights_bytes, state.grads_bytes, state.optimizer_bytes,
+        peak, walk.in_flight, buffers, sum(size for _, size in reserved), allocated * fragmentation,
+        state.capacity_bytes, state.layer_state_bytes, layer_peak, reserved, gathered, walk.weight_grad_held_bytes)
+
+
+def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload: Workload, *,
+                peak_of=walk_peak, layer_peaks: bool = True) -> list[RankMemory]:
+    """Memory of every pipeline rank, by category.
+
+    ``peak_of`` is ``walk_peak`` or a function that returns the same; without
+    ``layer_peaks`` the layers-only peak is left at 0 (only reports show it).
+    """
+    reserved = reserved_parts(scenario, layout)
+    fragmentation = scenario.training.memory_fragmentation
+    hold = held_params(layout)
+    result = []
+    for rank, state in enumerate(rank_states(scenario, layout, schedule.stage_to_rank, schedule.num_ranks,
+                                             workload)):
+        walk = peak_of(schedule, rank, workload, hold_params=hold)
+        layer_peak = activation_walk(schedule, rank, workload, layers_only=True)[0] if layer_peaks else 0.0
+        result.append(rank_at_peak(rank, state, walk, reserved, fragmentation, layer_peak))
     return result
