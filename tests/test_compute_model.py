@@ -165,7 +165,8 @@ def compute_ops_of_llama():
 def _fp8_linear_ops(sequence_parallel: bool, tp: int) -> dict[str, object]:
     ctx = LayerContext(microbatch_size=1, seq_length=4096, hidden=4096, heads=32, kv_heads=8, head_dim=128,
                        ffn_hidden=14336, gated_ffn=True, tp=tp, sequence_parallel=sequence_parallel,
-                       flash_attention=True, dropout=False, rope=True, gemm_in_bytes=1, bias_kernels=False)
+                       flash_attention=True, dropout=False, rope=True, gemm_in_bytes=1,
+                       layers_impl="transformer_engine")
     work = self_attention(ctx, None, False)
     return {op.name: op for items in (work.forward, work.backward) for op in compute_ops(items)}
 

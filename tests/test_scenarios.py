@@ -34,7 +34,9 @@ PUBLISHED_TOLERANCE = 0.10
 # bias kernels of Megatron's local layers (training.transformer_impl: the QKV bias add and the
 # bias-gradient sums; ViT-H/14 +3.2 %, wav2vec 2.0 +1.7 %, ViT-22B +0.7 %), and the layer stacks
 # again with autograd's sum of each residual input's two gradients (ViT-H/14 +1.2 %, ViT-22B
-# +1.1 %, wav2vec 2.0 +0.5 %).
+# +1.1 %, wav2vec 2.0 +0.5 %). The validation model then moved as the plain PyTorch modules it
+# is (training.transformer_impl: pytorch: AccumulateGrad's add per parameter per backward,
+# biases in addmm; +6.8 %).
 REGRESSION_PIN_S = {
     "deepseek_v3_2048xh100.yaml": 40.12,
     "deepspeech2_8xa100.yaml": 1.002,
@@ -45,7 +47,7 @@ REGRESSION_PIN_S = {
     "llama3_8b_64xh100_dp8.yaml": 1.492,
     "megatron_1t_3072xa100.yaml": 16.9,
     "mixtral_8x7b_64xh100.yaml": 4.407,
-    "validation_2xcpu.yaml": 0.7146,
+    "validation_2xcpu.yaml": 0.7632,
     "vit_22b_512xh100.yaml": 0.9593,
     "vit_h14_32xa100.yaml": 0.7679,
     "wav2vec2_large_16xa100.yaml": 0.3771,

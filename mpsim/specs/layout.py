@@ -352,10 +352,10 @@ def _check_dtype(scenario: Scenario) -> None:
         raise _fail("training.fp8_params", f"keeps the weights in fp8, which needs training.dtype: fp8 "
                                            f"(got {scenario.training.dtype})")
     training = scenario.training
-    if training.transformer_impl == "local" and (training.dtype == "fp8" or training.tp_comm_overlap):
+    if training.transformer_impl in ("local", "pytorch") and (training.dtype == "fp8" or training.tp_comm_overlap):
         needs = "dtype: fp8" if training.dtype == "fp8" else "tp_comm_overlap"
-        raise _fail("training.transformer_impl", f"local cannot run training.{needs}, which only Transformer "
-                                                 f"Engine implements; use transformer_engine")
+        raise _fail("training.transformer_impl", f"{training.transformer_impl} cannot run training.{needs}, which "
+                                                 f"only Transformer Engine implements; use transformer_engine")
     if scenario.training.dtype not in accelerator.peak_flops:
         raise _fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for {accelerator.name}; "
                                       f"use one of {', '.join(accelerator.peak_flops)}")

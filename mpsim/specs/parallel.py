@@ -98,10 +98,16 @@ class TrainingOptions(Spec):
     # add the QKV projection's bias in an elementwise kernel after the GEMM (the other biases are
     # fused into bias-GeLU and bias-dropout-add) and sum each bias gradient over the tokens in a
     # reduction kernel; Transformer Engine's layers put both in the GEMMs' cuBLASLt epilogues
-    # (BIAS, BGRADB). fp8 and userbuffers exist only in Transformer Engine, so they choose it
-    transformer_impl: Literal["local", "transformer_engine"] | None = Field(
-        None, description="Megatron's --transformer-impl, where a linear layer's bias is added and its gradient "
-                          "summed: local (kernels of their own) or transformer_engine (GEMM epilogues); default: "
+    # (BIAS, BGRADB). fp8 and userbuffers exist only in Transformer Engine, so they choose it.
+    # Plain PyTorch modules ("pytorch": torch.nn.Linear under autograd, as the models mpsim
+    # validate trains) add a bias in addmm's epilogue, sum its gradient in a reduction
+    # (AddmmBackward0's sum), and write each weight gradient fresh for AccumulateGrad to add
+    # into .grad (one aten::add_ per parameter per backward in a profiler trace)
+    transformer_impl: Literal["local", "transformer_engine", "pytorch"] | None = Field(
+        None, description="whose layers run the model: Megatron's --transformer-impl local (bias add and bias "
+                          "gradient sums in kernels of their own) or transformer_engine (in the GEMM epilogues), "
+                          "or pytorch (plain modules under autograd: biases in addmm, their gradients summed, and "
+                          "each weight gradient added into .grad by a kernel of its own); default: "
                           "transformer_engine with dtype fp8 or tp_comm_overlap, else local")
     tp_comm_overlap_backward: bool = Field(
         True, description="overlap the input-gradient TP collective with the weight-gradient GEMM (Megatron default)"

@@ -152,6 +152,7 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
             qkv_bias_grad = bias_grad(ctx, "attn.qkv", t, width)
             proj_b, proj_i = qkv_bias_grad + proj_b, qkv_bias_grad + proj_i
         params = h * width + (width if bias else 0)
+        tensors = [h * width, *([width] if bias else [])]
         saved_proj = t * width * e
         wbuf = t * (h + width) * e
     else:
@@ -180,6 +181,9 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
         proj_w = [q_wgrad, kv_wgrad, down_wgrad]
         params = h * down_width + 2 * down_width + q_in * heads * d_qk + mla.kv_lora_rank * heads * (
             mla.qk_nope_head_dim + d_v)
+        # the down projection, the latent norms' weights, the two up projections
+        tensors = [h * down_width, 2 * down_width, q_in * heads * d_qk,
+                   mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + d_v)]
         saved_proj = t * (down_width + 2 * heads * d_qk + heads * d_v) * e
         wbuf = t * (h + down_width + q_in + mla.kv_lora_rank + heads * d_qk + heads * (mla.qk_nope_head_dim + d_v)) * e
     rope = [memory_op("attn.rope", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
@@ -194,6 +198,7 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     backward_weight = [proj_wgrad, *proj_w]
 
     params += heads * d_v * h + (h if bias else 0)
+    tensors += [heads * d_v * h, *([h] if bias else [])]
     context = t * heads * d_v * e
     # the projections' input (1/tp of the tokens under sequence parallelism, re-gathered
     # for the backward), their output, what the core keeps, the output projection's input
@@ -201,7 +206,8 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     wbuf += t * (heads * d_v + h) * e  # output projection: input and output gradient
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
                      recompute_selective=tuple(core_fwd), params=float(params), saved_bytes=float(saved),
-                     selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf))
+                     selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf),
+                     param_tensors=tuple(float(n) for n in tensors))
 
 
 def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_params: int) -> BlockWork:
@@ -216,4 +222,5 @@ def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_pa
                      (*after_grad, *inner.backward_input, before_grad), inner.backward_weight,
                      recompute_selective=inner.recompute_selective, params=inner.params + norm_params * h,
                      saved_bytes=saved, selective_saved_bytes=inner.selective_saved_bytes,
-                     weight_grad_buffer_bytes=inner.weight_grad_buffer_bytes)
+                     weight_grad_buffer_bytes=inner.weight_grad_buffer_bytes,
+                     param_tensors=inner.param_tensors + (float(h),) * norm_params)

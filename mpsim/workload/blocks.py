@@ -47,10 +47,28 @@ class LayerContext:
     causal: bool = True  # decoder self-attention masks future keys; encoders (ViT, wav2vec) attend to all
     fp8_attention: bool = False  # an fp8 run's attention core in fp8 too (Transformer Engine's fp8_dpa)
     ffn_activation: str = ""  # gelu, swiglu, squared_relu or relu ("": swiglu when gated, else gelu)
-    # where a linear layer's bias goes (TrainingOptions.transformer_impl): Megatron's own layers add
-    # the QKV bias in a kernel after the GEMM and sum every bias gradient in a reduction kernel;
-    # Transformer Engine does both in the GEMMs' epilogues
-    bias_kernels: bool = True
+    # whose layers run the model (TrainingOptions.transformer_impl): Megatron's own ("local"),
+    # Transformer Engine's, or plain PyTorch modules under autograd ("pytorch")
+    layers_impl: str = "local"
+
+    @property
+    def bias_add_kernel(self) -> bool:
+        """Megatron's local layers add the QKV bias after its GEMM; Transformer Engine and
+        PyTorch's addmm add it in the GEMM's epilogue."""
+        return self.layers_impl == "local"
+
+    @property
+    def bias_grad_kernel(self) -> bool:
+        """Bias gradients summed in a reduction kernel of their own (all but Transformer
+        Engine, whose backward GEMM's epilogue sums them)."""
+        return self.layers_impl != "transformer_engine"
+
+    @property
+    def grad_accumulation_fused(self) -> bool:
+        """Megatron accumulates a weight gradient in its GEMM (``--gradient-accumulation-fusion``:
+        into the fp32 main_grad buffer); plain PyTorch writes it fresh and autograd's
+        AccumulateGrad adds it into ``.grad`` in a kernel of its own."""
+        return self.layers_impl != "pytorch"
 
     @property
     def fp8(self) -> bool:
@@ -109,6 +127,9 @@ class BlockWork:
     selective_saved_bytes: float = 0.0  # of which selective recompute drops
     weight_grad_buffer_bytes: float = 0.0  # kept from I until W by a split backward
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # elements of each parameter tensor on this rank (dense and expert): plain PyTorch adds
+    # each one's gradient into .grad in a kernel of its own (stage_work.unit_blocks)
+    param_tensors: tuple[float, ...] = ()
 
 
 # Transformer Engine's userbuffers defaults (transformer_engine/pytorch/module/base.py,
@@ -199,7 +220,7 @@ def residual_grad(name: str, elements: float, act_bytes: int) -> Op:
 def bias_add(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]:
     """A column-parallel layer's bias added after its GEMM (Megatron's local layers: the output
     read and written again); nothing when the GEMM's epilogue adds it."""
-    if not ctx.bias_kernels:
+    if not ctx.bias_add_kernel:
         return []
     return [memory_op(f"{name}.bias", 2.0 * tokens * width * ctx.act_bytes)]
 
@@ -209,7 +230,7 @@ def bias_grad(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]
     once (``grad_output.sum(dim=0)`` in Megatron's linear backward, or autograd's sum over a
     broadcast bias after a fused bias-GeLU / bias-dropout-add); nothing when the backward
     GEMM's epilogue sums it."""
-    if not ctx.bias_kernels:
+    if not ctx.bias_grad_kernel:
         return []
     return [memory_op(f"{name}.bias.grad", float(tokens * width * ctx.act_bytes))]
 
@@ -250,8 +271,12 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
     fwd = gemm(name, m, n, k, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes, dtype=dtype, cast_bytes=x_cast)
     dgrad = gemm(f"{name}.dgrad", m, k, n, batch=batch, in_bytes=e, out_bytes=ctx.act_bytes, dtype=dtype,
                  cast_bytes=dy_cast)
-    wgrad = gemm(f"{name}.wgrad", k, n, m, batch=batch, in_bytes=e, out_bytes=0,
-                 accumulate_bytes=ctx.wgrad_accumulate_bytes, dtype=dtype, cast_bytes=x_transpose)
+    # accumulated into the gradient buffer by the GEMM (read and written), or written fresh for
+    # autograd to add (grad_accumulation_fused)
+    fused = ctx.grad_accumulation_fused
+    wgrad = gemm(f"{name}.wgrad", k, n, m, batch=batch, in_bytes=e,
+                 out_bytes=0 if fused else ctx.wgrad_accumulate_bytes,
+                 accumulate_bytes=ctx.wgrad_accumulate_bytes if fused else 0, dtype=dtype, cast_bytes=x_transpose)
     return fwd, dgrad, wgrad
 
 

@@ -42,15 +42,25 @@ def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool
         local = ctx.norm_tokens * ctx.hidden
         forward.append(memory_op("embedding.dropout", local * (2 * e + 1)))
         backward_input.insert(0, memory_op("embedding.dropout.grad", local * (2 * e + 1)))
-    # the weight gradient is a scatter-add of the token gradients into an fp32 table
+    # the weight gradient is a scatter-add of the token gradients into an fp32 table; plain
+    # PyTorch first zeroes a fresh table for it (embedding_dense_backward), which autograd then
+    # adds into .grad
     grad_bytes = elems * (e + 2 * ctx.wgrad_accumulate_bytes)
-    backward_weight: list[Item] = [memory_op("embedding.wgrad", grad_bytes)]
+    backward_weight: list[Item] = []
+    if not ctx.grad_accumulation_fused:
+        backward_weight.append(memory_op("embedding.wgrad.zero", vocab_local * ctx.hidden * ctx.wgrad_accumulate_bytes))
+    backward_weight.append(memory_op("embedding.wgrad", grad_bytes))
     if learned_positions:
+        if not ctx.grad_accumulation_fused:
+            backward_weight.append(memory_op("embedding.positions.wgrad.zero",
+                                             ctx.seq_length * ctx.hidden * ctx.wgrad_accumulate_bytes))
         backward_weight.append(memory_op("embedding.positions.wgrad", grad_bytes))
     params = vocab_local * ctx.hidden + (ctx.seq_length * ctx.hidden if learned_positions else 0)
     saved = ctx.norm_tokens * ctx.hidden if ctx.dropout else 0  # the dropout mask
+    tensors = (vocab_local * ctx.hidden, *((ctx.seq_length * ctx.hidden,) if learned_positions else ()))
     return BlockWork(tuple(forward), tuple(backward_input + backward_weight), tuple(backward_input),
-                     tuple(backward_weight), params=float(params), saved_bytes=float(saved))
+                     tuple(backward_weight), params=float(params), saved_bytes=float(saved),
+                     param_tensors=tuple(float(n) for n in tensors))
 
 
 def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool) -> BlockWork:
@@ -78,6 +88,7 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
     # final norm input, LM-head input and the fp32 softmax the cross entropy keeps
     saved = ctx.norm_tokens * ctx.hidden * e + tokens * ctx.hidden * e + n_logits * 4
     wbuf = tokens * (ctx.hidden + vocab_local) * e
+    tensors = (*(ctx.hidden,) * norm_params, *((vocab_local * ctx.hidden,) if with_weights else ()))
     return BlockWork(tuple(forward), (ce_grad, *combined, norm_grad), (ce_grad, *input_only, norm_grad),
                      tuple(weight_only), params=float(params), saved_bytes=float(saved),
-                     weight_grad_buffer_bytes=float(wbuf))
+                     weight_grad_buffer_bytes=float(wbuf), param_tensors=tuple(float(n) for n in tensors))

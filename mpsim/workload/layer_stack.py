@@ -49,7 +49,7 @@ def stack_env(scenario: Scenario, layout: Layout) -> StackEnv:
                     gemm_in_bytes=gemm_bytes, wgrad_accumulate_bytes=training.grad_bytes,
                     tp_overlap_backward=training.tp_comm_overlap_backward,
                     tp_overlap_forward=training.tp_comm_overlap,
-                    bias_kernels=training.layers_impl == "local")
+                    layers_impl=training.layers_impl)
 
 
 def _join(pieces: list[BlockWork]) -> BlockWork:
@@ -63,7 +63,8 @@ def _join(pieces: list[BlockWork]) -> BlockWork:
         recompute_selective=tuple(item for p in pieces for item in p.recompute_selective),
         params=sum(p.params for p in pieces), saved_bytes=sum(p.saved_bytes for p in pieces),
         selective_saved_bytes=sum(p.selective_saved_bytes for p in pieces),
-        weight_grad_buffer_bytes=sum(p.weight_grad_buffer_bytes for p in pieces))
+        weight_grad_buffer_bytes=sum(p.weight_grad_buffer_bytes for p in pieces),
+        param_tensors=tuple(n for p in reverse for n in p.param_tensors))
 
 
 @lru_cache(maxsize=64)
@@ -97,7 +98,8 @@ def build_stack_stage(units: tuple[UnitWork, ...], options: StageOptions) -> Sta
         redo = {"full": work.forward, "selective": work.recompute_selective}.get(options.recompute, ()) \
             if unit.is_layer else ()
         fwd, bwd, bwd_in, bwd_w = unit_blocks(unit.label, unit_params, work.forward, work.backward,
-                                          work.backward_input, work.backward_weight, redo, options)
+                                          work.backward_input, work.backward_weight, redo, options,
+                                          work.param_tensors)
         forward.append(fwd)
         backward[:0] = list(bwd)
         backward_input[:0] = list(bwd_in)
@@ -124,7 +126,8 @@ def stack_options(scenario: Scenario, layout: Layout) -> StageOptions:
     return StageOptions(recompute=scenario.parallel.recompute, vocab_local=0, learned_positions=False, norm_params=0,
                         bias=False, tied_embeddings=False, mla=None, moe=None, zero_stage=layout.zero_stage,
                         grad_bytes=scenario.training.grad_bytes,
-                        reshard_after_forward=layout.reshard_after_forward)
+                        reshard_after_forward=layout.reshard_after_forward,
+                        accumulate_grads=scenario.training.layers_impl == "pytorch")
 
 
 def _widest_context(stack: LayerStackSpec, env: StackEnv) -> LayerContext:

@@ -44,7 +44,12 @@ class StackEnv:
     wgrad_accumulate_bytes: int = 4
     tp_overlap_backward: bool = True
     tp_overlap_forward: bool = False
-    bias_kernels: bool = True  # LayerContext.bias_kernels
+    layers_impl: str = "local"  # LayerContext.layers_impl
+
+    @property
+    def grad_accumulation_fused(self) -> bool:
+        """As ``LayerContext.grad_accumulation_fused``."""
+        return self.layers_impl != "pytorch"
 
     def context(self, tokens: int, hidden: int, **shape) -> LayerContext:
         """The transformer helpers' context for ``tokens`` per sample of width ``hidden``."""
@@ -53,9 +58,14 @@ class StackEnv:
                       sequence_parallel=self.sequence_parallel, flash_attention=self.flash_attention, dropout=False,
                       rope=False, act_bytes=self.act_bytes, gemm_in_bytes=self.gemm_in_bytes,
                       wgrad_accumulate_bytes=self.wgrad_accumulate_bytes, tp_overlap_backward=self.tp_overlap_backward,
-                      tp_overlap_forward=self.tp_overlap_forward, bias_kernels=self.bias_kernels)
+                      tp_overlap_forward=self.tp_overlap_forward, layers_impl=self.layers_impl)
         fields.update(shape)
         return LayerContext(**fields)
+
+
+def _tensors(*elements: float) -> tuple[float, ...]:
+    """A layer's parameter tensors (``BlockWork.param_tensors``), the absent ones (0) left out."""
+    return tuple(float(n) for n in elements if n > 0)
 
 
 def tokens_of(shape: tuple[int, ...]) -> int:
@@ -109,7 +119,8 @@ def _layer_work(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
         ctx = env.context(tokens, dim, dropout=layer.dropout > 0)
         work = embedding_block(ctx, layer.num_embeddings // env.tp, learned_positions=layer.positions > 0)
         params = layer.num_embeddings // env.tp * dim + layer.positions * dim
-        return replace(work, params=float(params))
+        tensors = (layer.num_embeddings // env.tp * dim, *((layer.positions * dim,) if layer.positions else ()))
+        return replace(work, params=float(params), param_tensors=tuple(float(n) for n in tensors))
     if isinstance(layer, CrossEntropyLayer):
         return _cross_entropy(env, placed, mode)
     if isinstance(layer, CustomLayer):
@@ -146,7 +157,8 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         saved = ctx.norm_tokens * inputs * e
         buffer = rows * (inputs + width) * e
         return BlockWork(tuple(forward), tuple(combined), tuple(input_only), tuple(weight_only),
-                         params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer))
+                         params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer),
+                         param_tensors=_tensors(inputs * width, width if layer.bias else 0))
     if mode == "row":
         ctx = env.context(tokens, outputs)  # the reduced output
         depth = inputs // env.tp
@@ -158,13 +170,15 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         params = depth * outputs + (outputs if layer.bias else 0)  # the bias is added once, after the reduction
         return BlockWork(tuple(scattered_gemm(ctx, fwd, reduce)), (*head, wgrad), tuple(head),
                          (wgrad,), params=float(params), saved_bytes=float(rows * depth * e),
-                         weight_grad_buffer_bytes=float(rows * (depth + outputs) * e))
+                         weight_grad_buffer_bytes=float(rows * (depth + outputs) * e),
+                         param_tensors=_tensors(depth * outputs, outputs if layer.bias else 0))
     ctx = env.context(tokens, inputs)
     fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, inputs)
     params = inputs * outputs + (outputs if layer.bias else 0)
     sums = bias_grad(ctx, name, rows, outputs) if layer.bias else []
     return BlockWork((fwd,), (*sums, dgrad, wgrad), (*sums, dgrad), (wgrad,), params=float(params),
-                     saved_bytes=float(rows * inputs * e), weight_grad_buffer_bytes=float(rows * (inputs + outputs) * e))
+                     saved_bytes=float(rows * inputs * e), weight_grad_buffer_bytes=float(rows * (inputs + outputs) * e),
+                     param_tensors=_tensors(inputs * outputs, outputs if layer.bias else 0))
 
 
 def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> BlockWork:
@@ -184,7 +198,8 @@ def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> Bl
     in_bytes = b * positions_in * channels * e
     out_bytes = b * positions_out * out_channels * e
     w_bytes = weights * env.gemm_in_bytes
-    acc = 2 * env.wgrad_accumulate_bytes * weights  # read-modify-write of the accumulated weight gradient
+    # read-modify-write of the accumulated weight gradient, or a fresh one for autograd to add
+    acc = (2 if env.grad_accumulation_fused else 1) * env.wgrad_accumulate_bytes * weights
     fwd = Op(name, "gemm", flops=flops, bytes=float(in_bytes + w_bytes + out_bytes),
              shape=(groups, b * positions_out, out_channels // groups, depth))
     dgrad = Op(f"{name}.dgrad", "gemm", flops=flops, bytes=float(out_bytes + w_bytes + in_bytes),
@@ -204,7 +219,8 @@ def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> Bl
         backward, backward_input = [dgrad, reduce, wgrad], [dgrad, reduce]
     params = weights + (out_channels if layer.bias else 0)
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), (wgrad,), params=float(params),
-                     saved_bytes=float(in_bytes), weight_grad_buffer_bytes=float(in_bytes + out_bytes))
+                     saved_bytes=float(in_bytes), weight_grad_buffer_bytes=float(in_bytes + out_bytes),
+                     param_tensors=_tensors(weights, out_channels if layer.bias else 0))
 
 
 # output tiles a GEMM should offer to fill a GPU (about its SM count); split-K partitions
@@ -239,9 +255,10 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
     if isinstance(layer, NormLayer):
         elements = local_elements(env, placed.in_shape, mode)
         params = layer.params(placed.in_shape) // (env.tp if mode == "shard" else 1)
+        halves = 1 if layer.kind == "rmsnorm" or not layer.bias else 2  # scale, and shift
         return BlockWork((memory_op(name, elements * e * 2),), (memory_op(f"{name}.grad", elements * e * 3),),
                          (memory_op(f"{name}.grad", elements * e * 3),), (), params=float(params),
-                         saved_bytes=float(elements * e))
+                         saved_bytes=float(elements * e), param_tensors=(float(params // halves),) * halves)
     if isinstance(layer, PoolLayer):
         if layer.mode == "first":
             return BlockWork((), (), (), ())
@@ -267,7 +284,7 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
     else:
         backward = (memory_op(f"{name}.grad", elements * (bwd_per * e + mask)),) if bwd_per else ()
     params = layer.params // (env.tp if mode == "shard" else 1)
-    return BlockWork((forward,), backward, backward, (), params=float(params),
+    return BlockWork((forward,), backward, backward, (), params=float(params), param_tensors=_tensors(params),
                      saved_bytes=float(elements * (kept_per * e + mask)))
 
 
@@ -308,8 +325,10 @@ def _custom(env: StackEnv, placed: PlacedLayer, layer: CustomLayer) -> BlockWork
     dgrad = op(f"{name}.dgrad", backward_flops * (1 - weight_share), 2 * traffic * (1 - weight_share))
     weight = (op(f"{name}.wgrad", backward_flops * weight_share, 2 * traffic * weight_share),) if weight_share else ()
     kept = layer.activation_bytes if layer.activation_bytes is not None else numel(placed.in_shape) * e
+    # its parameters taken as one tensor: a custom layer does not say how they are split
     return BlockWork((fwd,), (dgrad, *weight), (dgrad,), weight, params=float(layer.params),
-                     saved_bytes=float(b * kept), weight_grad_buffer_bytes=float(b * kept) if weight else 0.0)
+                     saved_bytes=float(b * kept), weight_grad_buffer_bytes=float(b * kept) if weight else 0.0,
+                     param_tensors=_tensors(layer.params))
 
 
 def forward_flops_per_sample(placed: PlacedLayer) -> float:

@@ -97,6 +97,7 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     mask = 1 if ctx.dropout else 0
     fc1_width = ctx.ffn_local * ffn_activation(ctx).up_projections
     params += (fc1_width + h if bias else 0) + norm_params * h
+    tensors = (h * fc1_width, ctx.ffn_local * h, *((fc1_width, h) if bias else ()), *(h,) * norm_params)
     saved += 2 * local * h * e + local * h * mask  # norm input, FC1 input, dropout mask
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),
@@ -104,4 +105,5 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
         backward_input=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward_input,
                         norm(ctx, "mlp.norm", backward=True)),
         backward_weight=tuple(backward_weight),
-        params=params, saved_bytes=saved, weight_grad_buffer_bytes=wbuf)
+        params=params, saved_bytes=saved, weight_grad_buffer_bytes=wbuf,
+        param_tensors=tuple(float(n) for n in tensors))

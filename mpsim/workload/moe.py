@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear, norm
-from mpsim.workload.mlp import mlp_items
+from mpsim.workload.mlp import ffn_activation, mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 
 
@@ -97,6 +97,12 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     local, mask = ctx.norm_tokens, 1 if ctx.dropout else 0
     expert_params = local_experts * (h * fc1_width + ffn_local * h)
     dense_params = h * moe.num_experts + shared_params + norm_params * h + (h if bias else 0)
+    # the router, each local expert's two weights, the shared expert's two, the norm, the output bias
+    shared_width = moe.shared_ffn // ctx.tp if moe.shared_ffn else 0
+    shared_fc1 = shared_width * ffn_activation(ctx).up_projections
+    tensors = (h * moe.num_experts, *(h * fc1_width, ffn_local * h) * local_experts,
+               *((h * shared_fc1, shared_width * h) if shared_width else ()), *(h,) * norm_params,
+               *((h,) if bias else ()))
     gathered_tokens = per_expert * local_experts
     saved = (2 * local * h * e + tokens * moe.num_experts * 4 + gathered_tokens * h * e
              + gathered_tokens * fc1_width * e + gathered_tokens * ffn_local * e + shared_saved + local * h * mask)
@@ -108,4 +114,4 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
         backward_input=(*grad_head, *shared_i, *routed_in, *grad_tail),
         backward_weight=(*shared_w, *routed_w),
         params=float(dense_params), expert_params=float(expert_params), saved_bytes=float(saved),
-        weight_grad_buffer_bytes=float(wbuf))
+        weight_grad_buffer_bytes=float(wbuf), param_tensors=tuple(float(n) for n in tensors))

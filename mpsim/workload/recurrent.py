@@ -38,12 +38,15 @@ def recurrent_work(env, label: str, layer: RecurrentLayer, in_shape: tuple[int, 
     b, e, w = env.microbatch_size, env.act_bytes, env.gemm_in_bytes
     hidden, gates, directions = layer.hidden_size, layer.gates, layer.directions
     rows = b * steps
-    acc = env.wgrad_accumulate_bytes
+    # the weight gradients accumulate in their GEMMs, or are written fresh for autograd to add
+    acc, fresh = ((env.wgrad_accumulate_bytes, 0) if env.grad_accumulation_fused
+                  else (0, env.wgrad_accumulate_bytes))
     forward: list[Item] = []
     backward: list[Item] = []
     backward_input: list[Item] = []
     backward_weight: list[Item] = []
     params = saved = buffer = 0
+    tensors: list[float] = []
     for depth in range(layer.num_layers):
         inputs = features if depth == 0 else hidden * directions
         fwd_layer: list[Item] = []
@@ -60,11 +63,12 @@ def recurrent_work(env, label: str, layer: RecurrentLayer, in_shape: tuple[int, 
             bwd_in_layer += [memory_op(f"{name}.cell.grad", rows * hidden * e * (gates + 4)),
                              _steps(f"{name}.recurrence.dgrad", steps, b, hidden, width, w, e),
                              gemm(f"{name}.input_proj.dgrad", rows, inputs, width, in_bytes=w, out_bytes=e)]
-            bwd_w_layer += [gemm(f"{name}.input_proj.wgrad", inputs, width, rows, in_bytes=w, out_bytes=0,
+            bwd_w_layer += [gemm(f"{name}.input_proj.wgrad", inputs, width, rows, in_bytes=w, out_bytes=fresh,
                                  accumulate_bytes=acc),
-                            gemm(f"{name}.recurrence.wgrad", hidden, width, rows, in_bytes=w, out_bytes=0,
+                            gemm(f"{name}.recurrence.wgrad", hidden, width, rows, in_bytes=w, out_bytes=fresh,
                                  accumulate_bytes=acc)]
             params += width * (inputs + hidden) + (2 * width if layer.bias else 0)  # PyTorch keeps b_ih and b_hh
+            tensors += [width * inputs, width * hidden, *([width, width] if layer.bias else [])]
             # the input, the gate activations and the hidden (and cell) state of every step
             saved += rows * (inputs + width + 2 * hidden) * e
             buffer += rows * (inputs + hidden + width) * e  # what the weight gradients read
@@ -73,4 +77,5 @@ def recurrent_work(env, label: str, layer: RecurrentLayer, in_shape: tuple[int, 
         backward_input[:0] = bwd_in_layer
         backward_weight[:0] = bwd_w_layer
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
-                     params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer))
+                     params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer),
+                     param_tensors=tuple(float(n) for n in tensors))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import LayerContext
-from mpsim.workload.ops import Block, Pass, collective
+from mpsim.workload.ops import Block, Op, Pass, collective, memory_op
 from mpsim.workload.transformer import MLAShape, MoEShape
 
 
@@ -31,6 +31,8 @@ class StageOptions:
     zero_stage: int
     grad_bytes: int  # bytes per gradient element when reduced
     reshard_after_forward: bool = True  # ZeRO-3: gather the parameters again before the backward
+    # plain PyTorch: each backward adds every weight gradient into .grad (LayerContext.grad_accumulation_fused)
+    accumulate_grads: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,8 +84,24 @@ def _fsdp(label: str, params: float, options: StageOptions) -> tuple:
             collective(f"{label}.fsdp_reduce_scatter_grads", "reduce-scatter", "zero", params * options.grad_bytes))
 
 
+def accumulate_grads(label: str, param_tensors: tuple[float, ...], options: StageOptions) -> tuple[Op, ...]:
+    """Autograd's AccumulateGrad under plain PyTorch: each parameter tensor's fresh gradient
+    added into ``.grad`` (read both, write the sum), one kernel per tensor per backward.
+
+    Every backward pays it, as a loop that keeps ``.grad`` allocated between steps does
+    (``zero_grad(set_to_none=False)``, or no reset, as the validation runs); with PyTorch's
+    default ``set_to_none=True`` a step's first microbatch takes its gradient without a
+    kernel, so mpsim charges one microbatch's adds too many per step there.
+    """
+    if not options.accumulate_grads:
+        return ()
+    return tuple(memory_op(f"{label}.accumulate_grad", 3.0 * elements * options.grad_bytes)
+                 for elements in param_tensors if elements > 0)
+
+
 def unit_blocks(label: str, params: float, forward, backward, backward_input, backward_weight, redo,
-                options: StageOptions) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
+                options: StageOptions, param_tensors: tuple[float, ...] = ()
+                ) -> tuple[Block, tuple[Block, ...], tuple[Block, ...], Block]:
     """(forward, backward, backward_input, backward_weight) blocks of one layer, head or embedding.
 
     Recompute re-runs the forward (full) or the attention core (selective) just before the
@@ -95,6 +113,8 @@ def unit_blocks(label: str, params: float, forward, backward, backward_input, ba
     """
     gather, release = _fsdp(label, params, options)
     again = gather if options.reshard_after_forward else None
+    accumulate = accumulate_grads(label, param_tensors, options)
+    backward, backward_weight = (*backward, *accumulate), (*backward_weight, *accumulate)
     fwd = Block(label, "forward", forward, gather)
     if redo:
         first = Block(label, "recompute", redo, again)

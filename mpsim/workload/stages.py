@@ -52,7 +52,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         tp_overlap_forward=training.tp_comm_overlap,
         fp8_attention=training.fp8_attention,
         ffn_activation=model.ffn_activation,
-        bias_kernels=training.layers_impl == "local",
+        layers_impl=training.layers_impl,
         v_head_dim=None if mla is None else mla.v_head_dim,
         cp=layout.cp,
         cp_comm=layout.cp_comm,
@@ -85,7 +85,8 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
         redo = {"full": work.forward, "selective": work.recompute_selective}.get(options.recompute, ()) \
             if is_layer else ()
         fwd, bwd, bwd_in, bwd_w = unit_blocks(label, work.params + work.expert_params, work.forward, work.backward,
-                                          work.backward_input, work.backward_weight, redo, options)
+                                          work.backward_input, work.backward_weight, redo, options,
+                                          work.param_tensors)
         forward.append(fwd)
         backward[:0] = list(bwd)  # the backward runs the parts in reverse
         backward_input[:0] = list(bwd_in)
@@ -118,7 +119,7 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         learned_positions=model.position_embedding == "learned", norm_params=2 if model.norm == "layernorm" else 1,
         bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
         zero_stage=layout.zero_stage, grad_bytes=training.grad_bytes,
-        reshard_after_forward=layout.reshard_after_forward)
+        reshard_after_forward=layout.reshard_after_forward, accumulate_grads=training.layers_impl == "pytorch")
 
 
 def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:

@@ -59,6 +59,10 @@ class LayerWork:
         return self.attention.params + self.ffn.params
 
     @property
+    def param_tensors(self) -> tuple[float, ...]:
+        return self.ffn.param_tensors + self.attention.param_tensors
+
+    @property
     def expert_params(self) -> float:
         return self.attention.expert_params + self.ffn.expert_params
 
