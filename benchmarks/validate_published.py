@@ -193,6 +193,9 @@ KORTHIKANTI_MODELS = {"22B": "megatron-22b", "175B (GPT-3)": "gpt3-175b", "530B 
 KORTHIKANTI_MODES = {"full recompute": ["parallel.recompute=full", "parallel.sequence_parallel=false"],
                      "SP + selective": ["parallel.recompute=selective", "parallel.sequence_parallel=true"]}
 KORTHIKANTI_FRAMEWORK = [
+    # Megatron-LM of 2022: its own layers (Transformer Engine did not exist yet), Apex's fused
+    # layer norm
+    "training.transformer_impl=local",
     # Megatron-LM of 2022 had no fused (flash) attention: QK^T, softmax, dropout and AV ran
     # as separate kernels (--use-flash-attn came later)
     "training.attention=unfused",
@@ -322,6 +325,9 @@ def korthikanti_table4(data: Path) -> list[Case]:
 # come from the CSV row; the rest is below.
 DGXC_BASE = SCENARIOS / "published" / "dgxc_h100.yaml"
 DGXC_FRAMEWORK = [
+    # NeMo builds its GPT models from Megatron-Core's Transformer Engine layer spec
+    # (transformer_engine: true in the recipes), in BF16 as in FP8
+    "training.transformer_impl=transformer_engine",
     # Transformer Engine attention with NVTE_FUSED_ATTN=1 (configure.sh): cuDNN's fused kernel
     "training.attention=flash",
     # activations_checkpoint_granularity: null -> no activation recompute
@@ -456,6 +462,7 @@ ZB_MODEL = {
 ZB_ASSUMPTIONS = ("vocabulary 32,000 (not printed; consistent with the Table 3 model sizes)",
                   "fp16 (the fork's example script passes --fp16), unfused attention (no --use-flash-attn)")
 ZB_FRAMEWORK = [
+    "training.transformer_impl=local",  # the fork's legacy megatron/model (--transformer-impl local)
     "training.dtype=fp16",  # examples/pretrain_zero_bubble.sh: --fp16 unless FP32 is set
     "training.attention=unfused",  # the script passes no --use-flash-attn: Megatron's unfused core attention
     "parallel.recompute=none",  # no --recompute-* flags

@@ -58,3 +58,28 @@ def test_a_layer_stack_residual_add_has_the_same_backward():
     work = layer_work(env, add, "whole")
     assert [op.name for op in work.backward] == ["residual.residual_grad"]
     assert work.backward[0].bytes == 3 * 2 * 128 * 64 * 2
+
+
+@pytest.mark.parametrize("impl,input_half,weight_half", [
+    ("transformer_engine", ["attn.norm.grad"], []),  # one fused pass: dx and the partial dgamma
+    ("local", ["attn.norm.grad", "attn.norm.grad_params"], []),  # Apex: its own kernel, in the backward
+    ("pytorch", ["attn.norm.grad"], ["attn.norm.grad_params"]),  # native_layer_norm_backward, split by pipelining
+])
+def test_a_norms_parameter_gradient_is_a_kernel_of_its_own_outside_transformer_engine(impl, input_half, weight_half):
+    scenario = load_scenario(GPT, [f"training.transformer_impl={impl}"]).scenario
+    layout = resolve(scenario)
+    stage = build_workload(scenario, layout).stages[0]
+    label = next(block.label for block in stage.forward if block.label.startswith("layer"))
+
+    def names(work) -> list[str]:
+        return [op.name for block in work if block.label == label for op in compute_ops(block.items)
+                if op.name.startswith("attn.norm.")]
+
+    assert names(stage.backward_input) == input_half
+    assert names(stage.backward_weight) == weight_half
+    assert sorted(names(stage.backward)) == sorted(input_half + weight_half)
+    tokens = layout.microbatch_size * scenario.model.seq_length // layout.tp  # sequence parallel
+    ops = {op.name: op.bytes for block in stage.backward if block.label == label for op in compute_ops(block.items)}
+    assert ops["attn.norm.grad"] == 3 * tokens * scenario.model.hidden_size * 2  # read x and dy, write dx
+    if weight_half or len(input_half) == 2:
+        assert ops["attn.norm.grad_params"] == 2 * tokens * scenario.model.hidden_size * 2  # read x and dy

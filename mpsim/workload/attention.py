@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
-                                   bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, present,
+                                   bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
+                                   present,
                                    scattered_gemm, tp_collectives)
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
@@ -215,11 +216,11 @@ def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_pa
     inner = self_attention(ctx, mla, bias)
     h, local, e, mask = ctx.hidden, ctx.norm_tokens, ctx.act_bytes, 1 if ctx.dropout else 0
     before, after = norm(ctx, "attn.norm"), bias_dropout_add(ctx, "attn.bda")
-    before_grad, after_grad = norm(ctx, "attn.norm", backward=True), bias_dropout_add_grad(ctx, "attn.bda")
+    (norm_in, norm_w), after_grad = norm_grad(ctx, "attn.norm"), bias_dropout_add_grad(ctx, "attn.bda")
     # the norm's input and the residual's dropout mask, beside what self-attention keeps
     saved = inner.saved_bytes + local * h * e + local * h * mask
-    return BlockWork((before, *inner.forward, after), (*after_grad, *inner.backward, before_grad),
-                     (*after_grad, *inner.backward_input, before_grad), inner.backward_weight,
+    return BlockWork((before, *inner.forward, after), (*after_grad, *inner.backward, *norm_in, *norm_w),
+                     (*after_grad, *inner.backward_input, *norm_in), (*inner.backward_weight, *norm_w),
                      recompute_selective=inner.recompute_selective, params=inner.params + norm_params * h,
                      saved_bytes=saved, selective_saved_bytes=inner.selective_saved_bytes,
                      weight_grad_buffer_bytes=inner.weight_grad_buffer_bytes,

@@ -188,6 +188,30 @@ def norm(ctx: LayerContext, name: str, backward: bool = False) -> Op:
     return memory_op(f"{name}{'.grad' if backward else ''}", elems * ctx.act_bytes * (3 if backward else 2))
 
 
+def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
+    """A norm's backward: (input-gradient ops, parameter-gradient ops).
+
+    The input gradient reads the input and the output gradient and writes the input's
+    gradient. The scale's (and shift's) gradient is a reduction over the tokens of the same
+    two tensors: Transformer Engine's norm backward computes it in the same pass; Apex's
+    fused norm (Megatron's local layers) and PyTorch's ``native_layer_norm_backward`` run
+    it as a kernel of its own, which a split backward of plain PyTorch
+    (``torch.distributed.pipelining``'s weight pass) runs with the weights.
+    """
+    return norm_grad_ops(name, ctx.norm_tokens * ctx.hidden, ctx.act_bytes, ctx.layers_impl)
+
+
+def norm_grad_ops(name: str, elements: float, act_bytes: int, layers_impl: str) -> tuple[list[Op], list[Op]]:
+    """:func:`norm_grad` over ``elements`` activations of ``act_bytes`` each."""
+    grad_input = [memory_op(f"{name}.grad", elements * act_bytes * 3)]
+    if layers_impl == "transformer_engine":
+        return grad_input, []
+    grad_params = [memory_op(f"{name}.grad_params", elements * act_bytes * 2)]
+    if layers_impl == "pytorch":
+        return grad_input, grad_params
+    return grad_input + grad_params, []
+
+
 def bias_dropout_add(ctx: LayerContext, name: str) -> Op:
     """Megatron's fused bias + dropout + residual add: read the branch and the residual, write
     the sum (and the dropout mask)."""

@@ -8,7 +8,7 @@ VocabParallelEmbedding and vocab-parallel cross entropy).
 
 from __future__ import annotations
 
-from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, norm
+from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, norm, norm_grad
 from mpsim.workload.ops import Item, Op, collective, memory_op
 
 # Megatron's vocab-parallel cross entropy works on an fp32 copy of the logits: cast,
@@ -83,12 +83,12 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
                     for what in ("max", "sum", "target")]
     ce_grad: Op = memory_op("head.cross_entropy.grad", n_logits * (e + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT))
     combined, input_only, weight_only = column_backward(ctx, "head.logits", dgrad, wgrad, gather)
-    norm_grad = norm(ctx, "head.norm", backward=True)
+    norm_in, norm_w = norm_grad(ctx, "head.norm")
     params = norm_params * ctx.hidden + (vocab_local * ctx.hidden if with_weights else 0)
     # final norm input, LM-head input and the fp32 softmax the cross entropy keeps
     saved = ctx.norm_tokens * ctx.hidden * e + tokens * ctx.hidden * e + n_logits * 4
     wbuf = tokens * (ctx.hidden + vocab_local) * e
     tensors = (*(ctx.hidden,) * norm_params, *((vocab_local * ctx.hidden,) if with_weights else ()))
-    return BlockWork(tuple(forward), (ce_grad, *combined, norm_grad), (ce_grad, *input_only, norm_grad),
-                     tuple(weight_only), params=float(params), saved_bytes=float(saved),
+    return BlockWork(tuple(forward), (ce_grad, *combined, *norm_in, *norm_w), (ce_grad, *input_only, *norm_in),
+                     (*weight_only, *norm_w), params=float(params), saved_bytes=float(saved),
                      weight_grad_buffer_bytes=float(wbuf), param_tensors=tuple(float(n) for n in tensors))

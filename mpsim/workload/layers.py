@@ -24,7 +24,7 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
-                                   linear, residual_grad, scattered_gemm, tp_collectives)
+                                   linear, norm_grad_ops, residual_grad, scattered_gemm, tp_collectives)
 from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
                                       embedding_block)
 from mpsim.workload.ops import Item, Op, collective, memory_op
@@ -256,9 +256,10 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
         elements = local_elements(env, placed.in_shape, mode)
         params = layer.params(placed.in_shape) // (env.tp if mode == "shard" else 1)
         halves = 1 if layer.kind == "rmsnorm" or not layer.bias else 2  # scale, and shift
-        return BlockWork((memory_op(name, elements * e * 2),), (memory_op(f"{name}.grad", elements * e * 3),),
-                         (memory_op(f"{name}.grad", elements * e * 3),), (), params=float(params),
-                         saved_bytes=float(elements * e), param_tensors=(float(params // halves),) * halves)
+        grad_in, grad_w = norm_grad_ops(name, elements, e, env.layers_impl)
+        return BlockWork((memory_op(name, elements * e * 2),), (*grad_in, *grad_w), tuple(grad_in), tuple(grad_w),
+                         params=float(params), saved_bytes=float(elements * e),
+                         param_tensors=(float(params // halves),) * halves)
     if isinstance(layer, PoolLayer):
         if layer.mode == "first":
             return BlockWork((), (), (), ())

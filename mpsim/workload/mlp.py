@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, bias_grad,
-                                   column_backward, gathered_gemm, grad_gather, linear, norm, scattered_gemm,
+                                   column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
+                                   scattered_gemm,
                                    tp_collectives)
 from mpsim.workload.ops import Item, memory_op
 
@@ -99,11 +100,11 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     params += (fc1_width + h if bias else 0) + norm_params * h
     tensors = (h * fc1_width, ctx.ffn_local * h, *((fc1_width, h) if bias else ()), *(h,) * norm_params)
     saved += 2 * local * h * e + local * h * mask  # norm input, FC1 input, dropout mask
+    norm_in, norm_w = norm_grad(ctx, "mlp.norm")
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),
-        backward=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward, norm(ctx, "mlp.norm", backward=True)),
-        backward_input=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward_input,
-                        norm(ctx, "mlp.norm", backward=True)),
-        backward_weight=tuple(backward_weight),
+        backward=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward, *norm_in, *norm_w),
+        backward_input=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward_input, *norm_in),
+        backward_weight=(*backward_weight, *norm_w),
         params=params, saved_bytes=saved, weight_grad_buffer_bytes=wbuf,
         param_tensors=tuple(float(n) for n in tensors))

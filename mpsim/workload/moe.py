@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear, norm
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear, norm,
+                                   norm_grad)
 from mpsim.workload.mlp import ffn_activation, mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 
@@ -93,7 +94,7 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     head = [norm(ctx, "moe.norm")]
     tail = [bias_dropout_add(ctx, "moe.bda")]
     grad_head = bias_dropout_add_grad(ctx, "moe.bda")
-    grad_tail = [norm(ctx, "moe.norm", backward=True)]
+    norm_in, norm_w = norm_grad(ctx, "moe.norm")
     local, mask = ctx.norm_tokens, 1 if ctx.dropout else 0
     expert_params = local_experts * (h * fc1_width + ffn_local * h)
     dense_params = h * moe.num_experts + shared_params + norm_params * h + (h if bias else 0)
@@ -110,8 +111,8 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
             + shared_wbuf)
     return BlockWork(
         forward=(*head, *routed_fwd, *shared_f, *tail),
-        backward=(*grad_head, *shared_b, *routed_b, *grad_tail),
-        backward_input=(*grad_head, *shared_i, *routed_in, *grad_tail),
-        backward_weight=(*shared_w, *routed_w),
+        backward=(*grad_head, *shared_b, *routed_b, *norm_in, *norm_w),
+        backward_input=(*grad_head, *shared_i, *routed_in, *norm_in),
+        backward_weight=(*shared_w, *routed_w, *norm_w),
         params=float(dense_params), expert_params=float(expert_params), saved_bytes=float(saved),
         weight_grad_buffer_bytes=float(wbuf), param_tensors=tuple(float(n) for n in tensors))
