@@ -122,3 +122,14 @@ def test_an_encoder_attends_without_a_mask():
     workload = build_workload(scenario, resolve(scenario))
     ops = [op for block in workload.stages[0].forward for op in compute_ops(block.items) if op.kind == "attention"]
     assert ops and all(op.causal_share == 0.0 and op.kernel_seq > 0 for op in ops)
+
+
+def test_gb200_carries_cudnns_measured_sweep_with_its_own_causal_backward():
+    sweep = load_accelerator("gb200").efficiency.attention_sweep
+    assert sweep is not None and sweep.backward_causal is not None
+    # CUDNN-SDPA-GB200 at 8k tokens: forward 1771 / 1574 (causal), backward 1404 / 1332
+    assert sweep.rate(8192, False, False) == pytest.approx(1771e12)
+    assert sweep.rate(8192, False, True) == pytest.approx(1574e12)
+    assert sweep.rate(8192, True, False) == pytest.approx(1404e12)
+    assert sweep.rate(8192, True, True) == pytest.approx(1332e12)  # measured, not the ratio rule
+    assert sweep.rate(8192, True, True) != pytest.approx(1404e12 * 1574 / 1771)
