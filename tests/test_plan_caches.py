@@ -9,11 +9,10 @@ import pytest
 from mpsim.cost import collectives
 from mpsim.cost.collectives import choose_algorithm, p2p_time, remembering
 from mpsim.cost.topology import _place_ranks, place_ranks
-from mpsim.explore import planner
 from mpsim.explore.planbase import base_scenario
 from mpsim.explore.plancache import clear_caches
 from mpsim.explore.planner import PlanEvaluator, plan
-from mpsim.explore.runner import MAX_GROUP_CHUNK, _chunks
+from mpsim.explore.runner import MAX_GROUP_CHUNK, _chunks, _grouped
 
 # a 13B GPT on 8 A100: too big for one GPU's state, so the plan meets every kind of outcome
 # (state-only and full out-of-memory, dominated recompute, bounded, simulated)
@@ -120,5 +119,19 @@ def test_the_check_pass_groups_layouts_by_their_schedules(mid):
              ("parallel.schedule", "zb-h1"), ("parallel.zero_stage", 0), ("parallel.sequence_parallel", False))
     assert evaluator.chunk_group(point) == evaluator.chunk_group(other)
     assert evaluator.chunk_group(point) != evaluator.chunk_group((("parallel.tp", 4),) + point[1:])
+    # tp 4 with microbatches twice as large: as many microbatches per replica, the same schedules
+    larger = (("parallel.tp", 4), ("parallel.microbatch_size", 2)) + point[1:]
+    assert evaluator.chunk_group(larger) == evaluator.chunk_group(point)
     assert PlanEvaluator(mid, "simulate").chunk_group(point) is None
-    assert planner.WITHIN_CHUNK  # the fields a chunk may vary
+
+
+def test_grouped_points_go_together_in_order_of_first_appearance():
+    todo = [(i, (("g", g),)) for i, g in enumerate("abcab")] + [(5, (("g", None),)), (6, (("g", "c"),))]
+    grouped = _grouped(todo, lambda point: point[0][1])
+    assert [i for i, _ in grouped] == [0, 3, 1, 4, 2, 6, 5]  # a point with no group keeps its place
+
+
+def test_plan_records_are_the_same_with_grouped_chunks(mid):
+    one = plan(mid, **OPTIONS)
+    two = plan(mid, **{**OPTIONS, "workers": 2})
+    assert two.records == one.records

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -62,8 +63,6 @@ from mpsim.units import format_bytes
 
 RECOMPUTE_FIELD = "parallel.recompute"
 SCHEDULE_FIELD = "parallel.schedule"
-# the fields the check pass's chunks may vary: layouts equal in all else share their schedules
-WITHIN_CHUNK = frozenset({"parallel.sequence_parallel", "parallel.zero_stage", RECOMPUTE_FIELD, SCHEDULE_FIELD})
 
 
 @dataclass(frozen=True)
@@ -153,12 +152,18 @@ class PlanEvaluator:
         return None
 
     def chunk_group(self, point: Point) -> Any:
-        """What the runner keeps in one chunk: layouts with the same schedules (all but SP, ZeRO,
-        recompute and the schedule's name), so one worker generates and shortens them. The
-        simulation pass has no such group: its layouts are few and long, spread for balance."""
+        """What the runner keeps on one worker: layouts whose schedules are the same, so one worker
+        generates and shortens each schedule (``plancache.short_schedule``). A schedule is named by
+        its pipeline depth, chunks per rank and microbatches per replica, which are global batch
+        x tp x cp x pp / (devices x microbatch size): the same wherever pp, vpp and tp x cp /
+        microbatch size are. The simulation pass has no such group: its layouts are few and long,
+        spread for balance."""
         if self.mode != "check":
             return None
-        return tuple(item for item in point if item[0] not in WITHIN_CHUNK)
+        fields, base = dict(point), self.scenario.parallel
+        return (fields.get("parallel.pp", base.pp), fields.get("parallel.vpp", base.vpp),
+                Fraction(fields.get("parallel.tp", base.tp) * fields.get("parallel.cp", base.cp),
+                         fields.get("parallel.microbatch_size", base.microbatch_size)))
 
     def evaluate(self, point: Point) -> dict[str, Any]:
         with remembering(COLLECTIVES):

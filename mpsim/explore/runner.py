@@ -73,6 +73,17 @@ def _chunks(todo: list[tuple[int, Point]], workers: int, group: Callable[[Point]
         yield chunk
 
 
+def _grouped(todo: list[tuple[int, Point]], group: Callable[[Point], Any]) -> list[tuple[int, Point]]:
+    """The points with each group's together, groups in the order they first appear (a group of
+    None stays where it is): ``_chunks`` then gives each group to one worker."""
+    order: dict[Any, int] = {}
+    keys = []
+    for position, (_, point) in enumerate(todo):
+        here = group(point)
+        keys.append(position if here is None else order.setdefault(here, position))
+    return [item for _, item in sorted(zip(keys, todo), key=lambda pair: pair[0])]
+
+
 def keep_unless_failed(record: dict) -> bool:
     """Reuse rule for ``RunControl.reuse``: a stored record is kept unless its point failed with an error."""
     return record.get("status") != "error"
@@ -164,8 +175,11 @@ def _compute(evaluator: Evaluator, points: Sequence[Point], keys: list[str], tod
     pool = session.open(len(todo))
     report.workers = pool.workers
     bar = control.bar if control.bar is not None else Progress(len(todo), control.label, control.progress)
+    group = getattr(evaluator, "chunk_group", None)
+    if group is not None and pool.workers > 1:
+        todo = _grouped(todo, group)
     writer = _InOrder([index for index, _ in todo], store)
-    source = _chunks(todo, pool.workers, getattr(evaluator, "chunk_group", None))
+    source = _chunks(todo, pool.workers, group)
     pending: list[Any] = []
     clean = False
     halted = False  # should_stop said so: nothing more is submitted
