@@ -182,10 +182,10 @@ def scattered_gemm(ctx: LayerContext, gemm_op: Op, reduce: Op | None) -> list[It
     return [gemm_op, reduce]
 
 
-def norm(ctx: LayerContext, name: str, backward: bool = False) -> Op:
-    """LayerNorm / RMSNorm over the rank's tokens."""
+def norm(ctx: LayerContext, name: str) -> Op:
+    """LayerNorm / RMSNorm over the rank's tokens (its backward: :func:`norm_grad`)."""
     elems = ctx.norm_tokens * ctx.hidden
-    return memory_op(f"{name}{'.grad' if backward else ''}", elems * ctx.act_bytes * (3 if backward else 2))
+    return memory_op(name, elems * ctx.act_bytes * 2)
 
 
 def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
