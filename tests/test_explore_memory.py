@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -60,3 +61,80 @@ def test_distinct_items_keep_every_duration_key(schedule):
     short = distinct_items(schedule)
     assert {duration_key(i) for r in short.actions for i in r} == \
         {duration_key(i) for r in schedule.actions for i in r}
+
+
+# the loops the array versions replaced, kept as the reference they must agree with action for action
+def _loop_memory_schedule(schedule):
+    from dataclasses import replace
+
+    ranks = []
+    for rank, items in enumerate(schedule.actions):
+        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+        actions, slot, width = flat(items), {stage: i for i, stage in enumerate(stages)}, len(stages)
+        state, states = [0] * (2 * width), []
+        for action in actions:
+            i = slot[action.stage]
+            if action.kind in ("F", "B", "I"):
+                state[i] += 1 if action.kind == "F" else -1
+            if action.kind in ("I", "W"):
+                state[width + i] += 1 if action.kind == "I" else -1
+            states.append(tuple(state))
+        wanted = {state for index, (state, action) in enumerate(zip(states, actions))
+                  if action.kind in ("F", "I") and (index + 1 == len(actions) or actions[index + 1].kind != "F")}
+        kept, start, anchor = [], 0, (0,) * (2 * width)
+        for index, now in enumerate(states):
+            if now in wanted:
+                wanted.discard(now)
+                kept.extend(actions[start:index + 1])
+                start, anchor = index + 1, now
+                if not wanted:
+                    break
+            elif now == anchor:
+                start = index + 1
+        ranks.append(tuple(kept))
+    return replace(schedule, actions=tuple(ranks))
+
+
+def _loop_distinct_and_counts(schedule):
+    from collections import Counter
+
+    from mpsim.engine.core import duration_key
+
+    seen, ranks = set(), []
+    for items in schedule.actions:
+        kept = []
+        for item in items:
+            if duration_key(item) not in seen:
+                seen.add(duration_key(item))
+                kept.append(item)
+        ranks.append(tuple(kept))
+    counts = [(items[0] if items else None, Counter(duration_key(item) for item in items))
+              for items in schedule.actions]
+    return ranks, counts
+
+
+def _agree_with_the_loops(schedule):
+    from mpsim.explore.bounds import rank_counts
+
+    assert memory_schedule(schedule) == _loop_memory_schedule(schedule)
+    ranks, counts = _loop_distinct_and_counts(schedule)
+    assert distinct_items(schedule).actions == tuple(ranks)
+    # in the same order too: the bound sums its busy time in the Counter's order
+    assert [(first, list(per_key.items())) for first, per_key in rank_counts(schedule)] == \
+        [(first, list(per_key.items())) for first, per_key in counts]
+
+
+@settings(max_examples=300, deadline=None)
+@given(schedules())
+def test_array_reads_keep_the_loops_actions(schedule):
+    _agree_with_the_loops(schedule)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_array_reads_keep_the_loops_actions_on_longer_schedules(name):
+    for pp, vpp, micro in ((4, 2, 24), (8, 3, 32), (8, 1, 64), (16, 2, 48)):
+        try:
+            schedule = build_schedule(name, pp, vpp, micro, timer=rank_spans)
+        except ScheduleError:
+            continue
+        _agree_with_the_loops(schedule)

@@ -135,3 +135,61 @@ def test_plan_records_are_the_same_with_grouped_chunks(mid):
     one = plan(mid, **OPTIONS)
     two = plan(mid, **{**OPTIONS, "workers": 2})
     assert two.records == one.records
+
+
+def _stage_costs_of(scenario, fields, memo=None):
+    from mpsim.cost.actions import CostModel, sharing_prices, stage_costs
+    from mpsim.explore.planbase import apply_fields
+    from mpsim.resolve import resolve
+    from mpsim.workload import build_workload
+
+    scenario = apply_fields(scenario, fields)
+    layout = resolve(scenario)
+    workload = build_workload(scenario, layout)
+    placement = tuple(stage % layout.pp for stage in range(len(workload.stages)))
+    if memo is None:
+        return stage_costs(workload, CostModel(scenario, layout), placement)
+    with sharing_prices(memo):
+        return stage_costs(workload, CostModel(scenario, layout), placement)
+
+
+def test_shared_prices_equal_each_models_own(mid):
+    # ZeRO 0 and 1, and pipelines of 2 x 1 and 1 x 2 chunks of the same layers, build equal passes
+    # as distinct objects; sharing prices them once and changes no number
+    layouts = [{"parallel.tp": 2, "parallel.pp": 2, "parallel.zero_stage": zero, "parallel.recompute": rc}
+               for zero in (0, 1) for rc in ("none", "full")]
+    layouts.append({"parallel.tp": 2, "parallel.pp": 2, "parallel.vpp": 2, "parallel.zero_stage": 1})
+    layouts.append({"parallel.tp": 4, "parallel.pp": 2, "parallel.zero_stage": 3})
+    memo: dict = {}
+    for fields in layouts:
+        assert _stage_costs_of(mid, fields, memo) == _stage_costs_of(mid, fields)
+    priced = sum(len(prices) for _, prices in memo.values())
+    assert priced < 4 * 3 * len(layouts)  # fewer than one price per pass kind and stage of every layout
+
+
+def test_a_shared_price_is_never_another_systems_or_placements(mid):
+    h100 = base_scenario("gpt3-175b", "dgx-h100", 8, 16).cluster.system
+    other = mid.model_copy(update={"cluster": mid.cluster.model_copy(update={"system": h100})})
+    memo: dict = {}
+    fields = {"parallel.tp": 2, "parallel.pp": 2}
+    _stage_costs_of(mid, fields, memo)
+    assert _stage_costs_of(other, fields, memo) == _stage_costs_of(other, fields) != _stage_costs_of(mid, fields)
+    # the same pass with its TP group placed across nodes: a price of its own
+    from mpsim.cost.actions import CostModel, sharing_prices
+    from mpsim.explore.planbase import apply_fields
+    from mpsim.resolve import resolve
+    from mpsim.workload import build_workload
+
+    scenario = apply_fields(mid, fields)
+    layout = resolve(scenario)
+    work = build_workload(scenario, layout).stages[1].forward
+
+    def model(across_nodes: bool) -> CostModel:
+        built = CostModel(scenario, layout)
+        if across_nodes:
+            built.placements = {**built.placements, "tp": place_ranks([0, 8], 8, 64)}
+        return built
+
+    with sharing_prices(memo):
+        near, far = model(False).price(work), model(True).price(work)
+    assert far == model(True).price(work) != near

@@ -36,8 +36,9 @@ def test_array_walk_equals_the_loop(name, pp, vpp, micro, data):
               for _ in range(schedule.num_stages)]
     workload = SimpleNamespace(stages=stages)
     for short in (schedule, memory_schedule(schedule)):
-        peaks = walk_peaks(ShortWalk(short), change_table(workload))
+        peaks = walk_peaks(ShortWalk.of(short, shorten=False), change_table(workload))
         assert list(peaks) == [walk_peak(short, rank, workload).bytes for rank in range(short.num_ranks)]
+    assert list(walk_peaks(ShortWalk.of(schedule), change_table(workload))) == list(peaks)
 
 
 @settings(max_examples=40, deadline=None)
@@ -48,8 +49,9 @@ def test_a_short_walk_gives_back_its_schedule(name, pp, vpp, micro):
     except ScheduleError:
         assume(False)
     short = memory_schedule(schedule)
-    rebuilt = ShortWalk(short).schedule()
+    rebuilt = ShortWalk.of(schedule).schedule()
     assert rebuilt.actions == tuple(tuple(flat(items)) for items in short.actions)
+    assert ShortWalk.of(short, shorten=False).schedule() == rebuilt
     assert (rebuilt.stage_to_rank, rebuilt.chains, rebuilt.num_microbatches) == \
         (schedule.stage_to_rank, schedule.chains, schedule.num_microbatches)
 
@@ -58,7 +60,7 @@ def test_a_walk_that_never_rises_peaks_at_zero():
     schedule = build_schedule("1f1b", 3, 1, 4)
     nothing = SimpleNamespace(stages=[SimpleNamespace(activation_bytes=0.0, weight_grad_buffer_bytes=0.0)] * 3)
     for lists in (schedule, replace(schedule, actions=((), (), ()))):
-        assert list(walk_peaks(ShortWalk(lists), change_table(nothing))) == [0.0, 0.0, 0.0]
+        assert list(walk_peaks(ShortWalk.of(lists), change_table(nothing))) == [0.0, 0.0, 0.0]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def test_fullest_rank_equals_the_reports(tiny_layouts, data):
     workload = build_workload(scenario, layout)
     check = LayoutMemory(scenario, layout, workload)
     short = memory_schedule(schedule)
-    walk = ShortWalk(short)
+    walk = ShortWalk.of(schedule)
     for lists, checked in ((short, check.fullest(walk.shell, walk)), (walk.shell, check.fullest(walk.shell))):
         expected = max(rank_memory(scenario, layout, lists, workload), key=lambda m: m.peak_memory_bytes)
         assert (checked.rank, checked.peak_memory_bytes, checked.capacity_bytes, checked.largest_category) == \

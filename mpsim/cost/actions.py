@@ -10,7 +10,9 @@ costs. Per-step costs (gradient buckets, optimizer, pipeline transfers) are in
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from mpsim.cost.calibrated import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
@@ -20,7 +22,7 @@ from mpsim.cost.groups import group_placements
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
-from mpsim.workload.stage_work import StageWork, Workload
+from mpsim.workload.stage_work import Workload
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,9 @@ class CostModel:
         if self.calibration is not None:
             self.system = self.calibration.system(self.system)
         self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype, self.calibration)
-        if device is not None and device.compute_speed != 1.0:
-            self.compute = _SlowedCompute(self.compute, device.compute_speed)  # type: ignore[assignment]
+        self.compute_speed = 1.0 if device is None else device.compute_speed
+        if self.compute_speed != 1.0:
+            self.compute = _SlowedCompute(self.compute, self.compute_speed)  # type: ignore[assignment]
         self._devices: tuple[RankDevice, ...] | None = None
         self._rank_models: dict[int, CostModel] = {}
         self._pair_models: dict[tuple[int, int], CostModel] = {}
@@ -188,10 +191,15 @@ class CostModel:
 
     def price(self, work: Pass, compute_scale: float = 1.0) -> ActionCost:
         """Duration and segments of a pass, its compute ops ``compute_scale`` times their own
-        seconds (cached per pass object)."""
+        seconds (cached per pass object, and shared with other models while ``sharing_prices``)."""
         cached = self._passes.get(id(work))
         if cached is not None and cached[0] is work and cached[1] == compute_scale:
             return cached[2]
+        cost = self._price(work, compute_scale) if _shared is None else _shared_price(self, work, compute_scale)
+        self._passes[id(work)] = (work, compute_scale, cost)
+        return cost
+
+    def _price(self, work: Pass, compute_scale: float) -> ActionCost:
         clock = compute = comm = exposed = flops = dp_wait = 0.0
         # The host launches the pass's kernels one after another, host_launch_forward_s apart in a
         # forward, host_launch_backward_s in the rest. After a
@@ -277,10 +285,66 @@ class CostModel:
             clock += overhead_s
             compute += overhead_s
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
-        cost = ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
+        return ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
                           tuple(sorted(by_group.items())), host_wait)
-        self._passes[id(work)] = (work, compute_scale, cost)
-        return cost
+
+
+_shared: dict | None = None
+SHARED_PASSES = 4096
+
+
+@contextmanager
+def sharing_prices(memo: dict) -> Iterator[dict]:
+    """While the block runs, cost models share their prices of equal passes in ``memo``.
+
+    Layouts that differ in ways a pass does not see (a ZeRO stage below 3, the pipeline
+    depth at the same layers per stage) build equal passes as distinct objects, each
+    priced by its own model. ``CostModel.price`` reads, besides the pass and the compute
+    scale: the system (links, accelerator, the SMs a collective takes), the calibration,
+    the dtype and speed of the compute model, the host's launch pace and whether passes
+    start cold, and the placement of each group the pass runs collectives in. A shared
+    price is keyed on the pass's content and on those (objects by identity, held by the
+    entry), so it is used only where a model of its own would compute the same numbers.
+    """
+    global _shared
+    before, _shared = _shared, memo
+    try:
+        yield memo
+    finally:
+        _shared = before
+
+
+def _groups_used(work: Pass) -> tuple[str, ...]:
+    """The groups whose placements pricing ``work`` reads (gathers, releases, collectives)."""
+    groups = set()
+    for block in work:
+        groups.update(op.group for op in (block.gather, block.release) if op is not None)
+        for item in block.items:
+            if isinstance(item, Overlap):
+                groups.add(item.comm.group)
+            elif item.kind == "collective":
+                groups.add(item.group)
+    return tuple(sorted(groups))
+
+
+def _shared_price(model: CostModel, work: Pass, compute_scale: float) -> ActionCost:
+    assert _shared is not None
+    entry = _shared.get(work)  # equal passes meet here, whatever object each is
+    if entry is None:
+        if len(_shared) >= SHARED_PASSES:
+            _shared.clear()
+        entry = _shared[work] = (_groups_used(work), {})
+    groups, prices = entry
+    training = model.scenario.training
+    held = (model.system, model.calibration, *(model.placements[group] for group in groups))
+    key = (compute_scale, training.dtype, model.compute_speed, model.host_launch_forward_s,
+           model.host_launch_backward_s, training.host_sync_between_passes, *map(id, held))
+    known = prices.get(key)
+    if known is not None and all(a is b for a, b in zip(known[0], held)):
+        return known[1]
+    cost = model._price(work, compute_scale)
+    prices[key] = (held, cost)
+    return cost
 
 
 def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, ...] | list[int]
@@ -288,15 +352,16 @@ def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, 
     """(stage, kind) -> ActionCost for every stage and action kind, each stage priced on the
     device of its pipeline rank (``CostModel.on_rank``)."""
     costs: dict[tuple[int, str], ActionCost] = {}
-    # stages of equal work on one device share one object
-    priced: dict[tuple[StageWork, bool, int], tuple[ActionCost, ...]] = {}
+    # stages of equal work on one device share one object (the workload builds one StageWork per
+    # kind of stage; it is looked up by identity, which spares hashing all of its passes per stage)
+    priced: dict[tuple[int, bool, int], tuple[ActionCost, ...]] = {}
     for stage, work in enumerate(workload.stages):
         here = model.on_rank(stage_to_rank[stage])
-        found = priced.get((work, stage > 0, id(here)))
+        found = priced.get((id(work), stage > 0, id(here)))
         if found is None:
             # the first stage has no input gradient to produce, so nothing is split there: its W
             # is the whole backward (torch.distributed.pipelining runs it that way)
-            found = priced[(work, stage > 0, id(here))] = (
+            found = priced[(id(work), stage > 0, id(here))] = (
                 here.price(work.forward), here.price(work.backward), here.price(work.backward_input),
                 here.price(work.backward_weight, here.weight_pass_slowdown if stage > 0 else 1.0))
         costs[(stage, "F")], costs[(stage, "B")], costs[(stage, "I")], costs[(stage, "W")] = found

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from mpsim.engine.core import duration_key
+from mpsim.explore.memwalk import item_keys
 from mpsim.schedules.actions import Schedule, parts
 
 
@@ -36,11 +36,11 @@ class StepBound:
     optimizer_s: float
 
 
-def rank_counts(schedule: Schedule) -> list[tuple[Any, Counter]]:
+def rank_counts(schedule: Schedule, keys: list[list[tuple]] | None = None) -> list[tuple[Any, Counter]]:
     """Per rank: its first item and how many items of each duration key it runs (the planner keeps
     it per schedule key in ``plancache.Short``)."""
-    return [(items[0] if items else None, Counter(duration_key(item) for item in items))
-            for items in schedule.actions]
+    return [(items[0] if items else None, Counter(item_keys(items) if keys is None else keys[rank]))
+            for rank, items in enumerate(schedule.actions)]
 
 
 def forward_heads(schedule: Schedule, action_s: Mapping[tuple, float],

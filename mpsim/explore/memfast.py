@@ -36,42 +36,58 @@ from dataclasses import replace
 import numpy as np
 
 from mpsim.results.memory import RankMemory, held_params, rank_at_peak, rank_memory, rank_states, WalkPeak
-from mpsim.schedules.actions import Action, Schedule, flat
+from mpsim.explore.memwalk import KIND_CODE, kept_indexes, microbatches, rank_actions, read_actions
+from mpsim.schedules.actions import Action, Schedule
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.memory import reserved_parts
 
-_KINDS = ("F", "B", "I", "W")
-_KIND_COLUMN = {kind: column for column, kind in enumerate(_KINDS)}
+_KINDS = tuple(sorted(KIND_CODE, key=KIND_CODE.__getitem__))  # F, B, I, W: column 0 to 3 of a stage
 
 
 class ShortWalk:
-    """A schedule's action lists read into a matrix of change indexes (module doc).
+    """A schedule's action lists as a matrix of change indexes (module doc).
 
     ``shell`` is the schedule with no actions (its ranks, placement and chains);
     ``index[rank]`` holds ``4 x stage + kind`` for each action of the rank's list, padded
-    with ``4 x stages`` (the table's zero) to the longest list.
+    with ``4 x stages`` (the table's zero) to the longest list; ``microbatches`` likewise.
     """
 
-    def __init__(self, schedule: Schedule):
-        self.shell = replace(schedule, actions=tuple(() for _ in schedule.actions))
-        ranks = [flat(items) for items in schedule.actions]
-        width = max((len(actions) for actions in ranks), default=0)
-        self.pad = 4 * schedule.num_stages
-        self.index = np.full((len(ranks), width), self.pad, dtype=np.int64)
-        self.lengths = np.array([len(actions) for actions in ranks], dtype=np.int64)
-        self.microbatches = np.zeros((len(ranks), width), dtype=np.int64)
-        for rank, actions in enumerate(ranks):
-            self.index[rank, :len(actions)] = [4 * a.stage + _KIND_COLUMN[a.kind] for a in actions]
-            self.microbatches[rank, :len(actions)] = [a.microbatch for a in actions]
+    def __init__(self, shell: Schedule, codes: list[np.ndarray], microbatches: list[np.ndarray]):
+        self.shell = shell
+        width = max((len(row) for row in codes), default=0)
+        self.pad = 4 * shell.num_stages
+        self.index = np.full((len(codes), width), self.pad, dtype=np.int64)
+        self.microbatches = np.zeros((len(codes), width), dtype=np.int64)
+        self.lengths = np.array([len(row) for row in codes], dtype=np.int64)
+        for rank, (row, numbers) in enumerate(zip(codes, microbatches)):
+            self.index[rank, :len(row)] = row
+            self.microbatches[rank, :len(row)] = numbers
+
+    @classmethod
+    def of(cls, schedule: Schedule, shorten: bool = True) -> "ShortWalk":
+        """The walk of ``schedule``: shortened as ``memwalk.memory_schedule`` shortens it (the
+        same actions, read straight into arrays), or its lists as they are."""
+        codes, numbers = [], []
+        for rank, items in enumerate(schedule.actions):
+            actions = rank_actions(items)
+            stage, kind = read_actions(actions)
+            batch = microbatches(actions)
+            if shorten:
+                stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+                keep = kept_indexes(stage, kind, stages, schedule.num_stages)
+                stage, kind, batch = stage[keep], kind[keep], batch[keep]
+            codes.append(4 * stage + kind)
+            numbers.append(batch)
+        return cls(replace(schedule, actions=tuple(() for _ in schedule.actions)), codes, numbers)
 
     def schedule(self) -> Schedule:
         """The schedule the walk was read from (its actions rebuilt, each item one action)."""
         ranks = []
         for rank in range(len(self.index)):
             count = int(self.lengths[rank])
-            ranks.append(tuple(Action(int(code) // 4, _KINDS[int(code) % 4], int(mb)) for code, mb in
-                               zip(self.index[rank, :count], self.microbatches[rank, :count])))
+            ranks.append(tuple(Action(code // 4, _KINDS[code % 4], batch) for code, batch in
+                               zip(self.index[rank, :count].tolist(), self.microbatches[rank, :count].tolist())))
         return replace(self.shell, actions=tuple(ranks))
 
 

@@ -30,49 +30,113 @@ neither. A simulated layout's report still walks the full schedule.
 from __future__ import annotations
 
 from dataclasses import replace
+from operator import itemgetter
+
+import numpy as np
 
 from mpsim.engine.core import duration_key
-from mpsim.schedules.actions import Action, Schedule, flat
+from mpsim.schedules.actions import Action, Overlapped, Schedule, flat
 
-def _states(actions: list[Action], slot: dict[int, int], width: int) -> list[tuple[int, ...]]:
-    """The state after each action: held activations per stage, then held weight-gradient buffers."""
-    state = [0] * (2 * width)
-    out = []
-    for action in actions:
-        i = slot[action.stage]
-        if action.kind == "F":
-            state[i] += 1
-        elif action.kind == "B":
-            state[i] -= 1
-        elif action.kind == "I":
-            state[i] -= 1
-            state[width + i] += 1
-        else:  # W
-            state[width + i] -= 1
-        out.append(tuple(state))
-    return out
+KIND_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
+_STAGE, _KIND, _MICROBATCH = itemgetter(0), itemgetter(1), itemgetter(2)
+_ACTION_KEY = itemgetter(0, 1)  # an action's duration key, (stage, kind)
 
 
-def _compress(actions: list[Action], stages: tuple[int, ...]) -> tuple[Action, ...]:
-    slot = {stage: i for i, stage in enumerate(stages)}
-    states = _states(actions, slot, len(stages))
+def rank_actions(items: tuple) -> list[Action] | tuple:
+    """A rank's compute actions in order (its items, with overlapped pairs expanded)."""
+    return flat(items) if Overlapped in set(map(type, items)) else items
+
+
+def item_keys(items: tuple) -> list[tuple]:
+    """The duration key of each of a rank's items (``engine.core.duration_key``)."""
+    if Overlapped in set(map(type, items)):
+        return list(map(duration_key, items))
+    return list(map(_ACTION_KEY, items))
+
+
+def read_actions(actions) -> tuple[np.ndarray, np.ndarray]:
+    """(stage, kind code) of each action, as arrays (read at C speed: no Python per action)."""
+    count = len(actions)
+    stage = np.fromiter(map(_STAGE, actions), dtype=np.int64, count=count)
+    kind = np.fromiter(map(KIND_CODE.__getitem__, map(_KIND, actions)), dtype=np.int64, count=count)
+    return stage, kind
+
+
+def microbatches(actions) -> np.ndarray:
+    return np.fromiter(map(_MICROBATCH, actions), dtype=np.int64, count=len(actions))
+
+
+def _state_ids(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(id of each row, first row of each id): equal rows get equal ids. Rows are packed column
+    by column into one integer, ``id x span + value``, renumbered densely whenever the next
+    column could overflow 64 bits, so the ids are exact whatever the counts."""
+    limit = 2 ** 62
+    packed = np.zeros(len(states), dtype=np.int64)
+    top = 1  # packed < top
+    for column in states.T:
+        low = int(column.min())
+        span = int(column.max()) - low + 1
+        if span == 1:
+            continue
+        if top * span >= limit:
+            _, packed = np.unique(packed, return_inverse=True)
+            top = int(packed.max()) + 1
+        packed = packed * span + (column - low)
+        top *= span
+    _, first, ids = np.unique(packed, return_index=True, return_inverse=True)
+    return ids.reshape(-1), first
+
+
+def kept_indexes(stage: np.ndarray, kind: np.ndarray, stages: tuple[int, ...], num_stages: int) -> np.ndarray:
+    """Which of a rank's actions the short walk keeps (module doc), in order.
+
+    ``stage`` and ``kind`` are ``read_actions``'s arrays; ``stages`` the rank's own. The
+    states are one running sum per column (a forward adds one activation of its stage, a
+    backward takes one, an input-gradient pass moves one to the stage's buffer column, a
+    weight-gradient pass takes one from it); equal states get one id. Walking the list, a
+    wanted state (one that some turning position reaches) is kept with the real path to it
+    the first time it is reached, from just after the last return, since the previous one,
+    to the state kept before it (at first: the empty state). The same actions as a loop
+    that follows the list one action at a time, with array operations only.
+    """
+    count, width = len(stage), len(stages)
+    if not count:
+        return np.zeros(0, dtype=np.int64)
+    slot_of = np.full(num_stages, -1, dtype=np.int64)
+    slot_of[list(stages)] = np.arange(width)
+    slot = slot_of[stage]
+    if (slot < 0).any():
+        raise KeyError(f"an action of stage {int(stage[slot < 0][0])}, which the rank does not hold")
+    deltas = np.zeros((count, 2 * width), dtype=np.int64)
+    rows = np.arange(count)
+    forward, full, split, weight = (kind == code for code in range(4))
+    deltas[rows[forward], slot[forward]] = 1
+    frees = full | split
+    deltas[rows[frees], slot[frees]] = -1
+    deltas[rows[split], width + slot[split]] = 1
+    deltas[rows[weight], width + slot[weight]] = -1
+    states = np.cumsum(deltas, axis=0)
+    ids, first = _state_ids(states)
     # the level rises only in F and I, and a state followed by an F is covered by the next
     # one: the peak is at a state after F or I that is not followed by an F
-    wanted = {state for index, (state, action) in enumerate(zip(states, actions))
-              if action.kind in ("F", "I") and (index + 1 == len(actions) or actions[index + 1].kind != "F")}
-    kept: list[Action] = []
-    start = 0  # first action not yet kept
-    anchor = (0,) * (2 * len(stages))  # the state after the last kept action
-    for index, now in enumerate(states):
-        if now in wanted:  # a state that may hold the peak: keep the real path to it
-            wanted.discard(now)
-            kept.extend(actions[start:index + 1])
-            start, anchor = index + 1, now
-            if not wanted:
-                break  # nothing after the last candidate can raise the peak
-        elif now == anchor:  # back where the kept list ends: the loop reached nothing needed
-            start = index + 1
-    return tuple(kept)
+    turning = (forward | split) & ~np.append(forward[1:], False)
+    reached = np.sort(first[np.unique(ids[turning])])  # where each wanted state is first reached
+    before = np.concatenate(([-1], reached[:-1]))  # the previous kept position (-1: none yet)
+    empty = np.flatnonzero(~states.any(axis=1))
+    anchor = np.concatenate(([ids[empty[0]] if len(empty) else -1], ids[reached[:-1]]))  # the state kept last
+    # each position up to the last reached one lies in the stretch of the first reached one at or after it
+    upto = np.arange(int(reached[-1]) + 1)
+    stretch = np.searchsorted(reached, upto)
+    returns = np.flatnonzero((ids[upto] == anchor[stretch]) & (upto != reached[stretch]))
+    start = before + 1
+    if len(returns):
+        last = np.append(stretch[returns][1:] != stretch[returns][:-1], True)  # the last return in each stretch
+        start[stretch[returns][last]] = returns[last] + 1
+    # the union of [start, reached] over the stretches, which follow each other
+    edges = np.zeros(int(reached[-1]) + 2, dtype=np.int64)
+    np.add.at(edges, start, 1)
+    np.add.at(edges, reached + 1, -1)
+    return np.flatnonzero(np.cumsum(edges[:-1]) > 0)
 
 
 def memory_schedule(schedule: Schedule) -> Schedule:
@@ -84,24 +148,25 @@ def memory_schedule(schedule: Schedule) -> Schedule:
     ranks = []
     for rank, items in enumerate(schedule.actions):
         stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
-        ranks.append(_compress(flat(items), stages))
+        actions = rank_actions(items)
+        keep = kept_indexes(*read_actions(actions), stages, schedule.num_stages)
+        ranks.append(tuple(actions[i] for i in keep.tolist()))
     return replace(schedule, actions=tuple(ranks))
 
 
-def distinct_items(schedule: Schedule) -> Schedule:
+def distinct_items(schedule: Schedule, keys: list[list[tuple]] | None = None) -> Schedule:
     """The schedule with one item per duration key: what ``schedule_costs`` prices, without repeats.
 
     ``schedule_costs`` prices every overlapped pair it meets, and a DualPipe schedule
     meets the same pair of stages once per microbatch; the costs are the same dict.
+    ``keys``: each rank's ``item_keys``, when the caller has them.
     """
     seen: set = set()
     ranks = []
-    for items in schedule.actions:
-        kept = []
-        for item in items:
-            key = duration_key(item)
-            if key not in seen:
-                seen.add(key)
-                kept.append(item)
-        ranks.append(tuple(kept))
+    for rank, items in enumerate(schedule.actions):
+        here = item_keys(items) if keys is None else keys[rank]
+        first = dict(zip(reversed(here), range(len(here) - 1, -1, -1)))  # each key's first position
+        kept = sorted(position for key, position in first.items() if key not in seen)
+        seen.update(first)
+        ranks.append(tuple(items[position] for position in kept))
     return replace(schedule, actions=tuple(ranks))

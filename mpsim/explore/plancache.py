@@ -6,7 +6,8 @@ lazily: most layouts of a large plan are settled by a memory check that needs no
 Layouts with the same schedule, pipeline depth, virtual stages and microbatch count share
 the schedule's short forms (``Short``). Every memory check is remembered by its exact
 fields, and collectives, sends and group placements by their exact inputs
-(``collectives.remembering``, ``topology.place_ranks``).
+(``collectives.remembering``, ``topology.place_ranks``); a pass priced by one group's cost
+model serves every other model that would price it alike (``cost.actions.sharing_prices``).
 
 The caches change how often a thing is computed, never what: every key holds all of the
 inputs that the remembered answer reads, and ``clear_caches`` returns a process to a
@@ -32,7 +33,7 @@ from mpsim.cost.actions import CostModel
 from mpsim.explore.bounds import rank_counts
 from mpsim.explore.evaluate import schedule_for
 from mpsim.explore.memfast import LayoutMemory, ShortWalk
-from mpsim.explore.memwalk import distinct_items, memory_schedule
+from mpsim.explore.memwalk import distinct_items, item_keys
 from mpsim.schedules import Schedule
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -95,10 +96,11 @@ class Short:
     counts: list
 
 
-PREPARED: OrderedDict[str, Prepared] = OrderedDict()
+PREPARED: OrderedDict[tuple, Prepared] = OrderedDict()
 SHORTS: OrderedDict[tuple, Short] = OrderedDict()
-MEMORY: OrderedDict[str, tuple[float, float, str, bool]] = OrderedDict()
+MEMORY: OrderedDict[tuple, tuple[float, float, str, bool]] = OrderedDict()
 COLLECTIVES: dict = {}  # collectives.choose_algorithm's answers in this process (keyed on exact inputs)
+PRICES: dict = {}  # passes priced in this process, shared by cost models (cost.actions.sharing_prices)
 _LIMITS = {id(PREPARED): PREPARED_ENTRIES, id(SHORTS): SHORT_ENTRIES, id(MEMORY): MEMORY_ENTRIES}
 
 
@@ -114,7 +116,7 @@ def clear_caches() -> None:
     """Forget every layout, schedule, memory check, collective and placement this process has kept."""
     from mpsim.cost import topology
 
-    for cache in (PREPARED, SHORTS, MEMORY, COLLECTIVES, topology._PLACED):
+    for cache in (PREPARED, SHORTS, MEMORY, COLLECTIVES, PRICES, topology._PLACED):
         cache.clear()
 
 
@@ -142,8 +144,9 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     if short is None:
         with _collector_paused():
             schedule = schedule_for(scenario, layout, None, cached=False)
+            keys = [item_keys(items) for items in schedule.actions]
             short = Short(replace(schedule, actions=tuple(() for _ in schedule.actions)),
-                          ShortWalk(memory_schedule(schedule)), distinct_items(schedule), rank_counts(schedule))
+                          ShortWalk.of(schedule), distinct_items(schedule, keys), rank_counts(schedule, keys))
             del schedule
         if not from_file:
             remember(SHORTS, key, short)

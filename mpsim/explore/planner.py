@@ -41,6 +41,7 @@ from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from mpsim.cost.actions import sharing_prices
 from mpsim.cost.collectives import remembering
 from mpsim.cost.step import pipeline_transfer_s
 from mpsim.engine import simulate as engine_simulate, simulate_compiled, supports
@@ -51,7 +52,7 @@ from mpsim.explore.evaluate import error_text, failure, schedule_for, summary_me
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
 from mpsim.explore.memwalk import distinct_items
 from mpsim.explore.planbase import apply_fields
-from mpsim.explore.plancache import COLLECTIVES, MEMORY, PREPARED, Prepared, remember, short_schedule
+from mpsim.explore.plancache import COLLECTIVES, MEMORY, PREPARED, PRICES, Prepared, remember, short_schedule
 from mpsim.explore.progress import Progress
 from mpsim.explore.pools import Session
 from mpsim.explore.runner import RunControl, RunReport, run_points
@@ -75,7 +76,7 @@ class PlanEvaluator:
     identity: str = ""
 
     def _scenario(self, fields: dict[str, Any]) -> tuple[Scenario, Prepared]:
-        group = self.identity + canonical_json({k: v for k, v in fields.items() if k != SCHEDULE_FIELD})
+        group = self._key(fields, SCHEDULE_FIELD)
         prepared = PREPARED.get(group)
         if prepared is None:
             scenario = apply_fields(self.scenario, fields)
@@ -86,6 +87,11 @@ class PlanEvaluator:
             plan = scenario.parallel.model_copy(update={"schedule": fields[SCHEDULE_FIELD]})
             scenario = scenario.model_copy(update={"parallel": plan})
         return scenario, prepared
+
+    def _key(self, fields: dict[str, Any], *leaving: str) -> tuple:
+        """The exact key of ``fields`` (but ``leaving``) in this plan, for the process's caches."""
+        return (self.identity, *sorted((name, tuple(value) if isinstance(value, list) else value)
+                                       for name, value in fields.items() if name not in leaving))
 
     @staticmethod
     def _costs(prepared: Prepared, schedule: Any) -> dict:
@@ -105,11 +111,11 @@ class PlanEvaluator:
         (``exact`` False). They do not depend on recompute, so layouts that differ only
         in it share the check.
         """
-        key = self.identity + canonical_json(fields)
+        key = self._key(fields)
         known = MEMORY.get(key)
         if known is not None:
             return known
-        state_key = self.identity + canonical_json({k: v for k, v in fields.items() if k != RECOMPUTE_FIELD})
+        state_key = self._key(fields, RECOMPUTE_FIELD)
         state = MEMORY.get(state_key)
         if state is not None and state[0] > state[1] and fields.get(RECOMPUTE_FIELD) in RECOMPUTE_MODES:
             # the state overflows whatever the recompute; and since it was computed, the same
@@ -122,9 +128,8 @@ class PlanEvaluator:
             # with no actions, the schedule enters the state only through which stages each rank
             # holds (the group's layout and workload are shared by its schedules already), so
             # schedules that place stages alike share the check
-            placed_key = (self.identity + canonical_json({k: v for k, v in fields.items()
-                                                          if k != RECOMPUTE_FIELD and k != SCHEDULE_FIELD})
-                          + f"|{len(short.idle.actions)}|{short.idle.stage_to_rank}")
+            placed_key = (self._key(fields, RECOMPUTE_FIELD, SCHEDULE_FIELD), len(short.idle.actions),
+                          short.idle.stage_to_rank)
             state = MEMORY.get(placed_key)
             if state is None:
                 worst = prepared.memory.fullest(short.idle)
@@ -166,7 +171,7 @@ class PlanEvaluator:
                          fields.get("parallel.microbatch_size", base.microbatch_size)))
 
     def evaluate(self, point: Point) -> dict[str, Any]:
-        with remembering(COLLECTIVES):
+        with remembering(COLLECTIVES), sharing_prices(PRICES):
             return self._evaluate(dict(point))
 
     def _evaluate(self, fields: dict[str, Any]) -> dict[str, Any]:

@@ -115,12 +115,17 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     timeline = result.timeline
     records = timeline.actions[rank]
     compute = sum(r.end_s - r.start_s for r in records)
-    costs = [result.cost(r.action) for r in records]
-    tp_exposed = sum(c.exposed("tp") for c in costs)
-    cp_exposed = sum(c.exposed("cp") for c in costs)
-    ep_exposed = sum(c.exposed("ep", "etp") for c in costs)
-    zero_wait = sum(c.dp_exposed_s for c in costs)
-    host_wait = sum(c.host_wait_s for c in costs)
+    # each cost's parts once (a rank runs each cost many times), then summed record by record
+    parts_of: dict[int, tuple[float, ...]] = {}
+    parts = []
+    for record in records:
+        cost = result.cost(record.action)
+        found = parts_of.get(id(cost))
+        if found is None:
+            found = parts_of[id(cost)] = (cost.exposed("tp"), cost.exposed("cp"), cost.exposed("ep", "etp"),
+                                          cost.dp_exposed_s, cost.host_wait_s)
+        parts.append(found)
+    tp_exposed, cp_exposed, ep_exposed, zero_wait, host_wait = (sum(p[i] for p in parts) for i in range(5))
     waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
     idle = idle_by_kind(idle_intervals(timeline, rank, pipeline_end, waits))
     compute_end = records[-1].end_s if records else 0.0
