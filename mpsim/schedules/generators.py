@@ -7,7 +7,6 @@ real runs execute the same actions in the same order.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Callable
 
 from mpsim.schedules.actions import Action, Schedule
@@ -58,29 +57,21 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int) -> Schedule:
     """
     per_round = interleaved_rounds(pp, num_microbatches)
     total = vpp * num_microbatches
+    make = tuple.__new__  # Action(...) without a named tuple constructor's keyword handling
     ranks = []
     for rank in range(pp):
         warmup = min((vpp - 1) * per_round + 2 * (pp - 1 - rank), total)
-
-        def fwd_stage(step: int) -> int:
-            return ((step // per_round) % vpp) * pp + rank
-
-        def bwd_stage(step: int) -> int:
-            return (vpp - 1 - ((step - warmup) // per_round) % vpp) * pp + rank
-
-        next_fwd: dict[int, int] = defaultdict(int)
-        next_bwd: dict[int, int] = defaultdict(int)
+        next_fwd, next_bwd = [0] * (pp * vpp), [0] * (pp * vpp)  # the next microbatch of each stage
         actions: list[Action] = []
-
-        def emit(stage: int, kind: str, counter: dict[int, int]) -> None:
-            actions.append(Action(stage, kind, counter[stage]))
-            counter[stage] += 1
-
         for step in range(total + warmup):
             if step < total:
-                emit(fwd_stage(step), "F", next_fwd)
+                stage = ((step // per_round) % vpp) * pp + rank
+                actions.append(make(Action, (stage, "F", next_fwd[stage])))
+                next_fwd[stage] += 1
             if step >= warmup:
-                emit(bwd_stage(step), "B", next_bwd)
+                stage = (vpp - 1 - ((step - warmup) // per_round) % vpp) * pp + rank
+                actions.append(make(Action, (stage, "B", next_bwd[stage])))
+                next_bwd[stage] += 1
         ranks.append(tuple(actions))
     return Schedule("interleaved-1f1b", num_microbatches, loop_placement(pp, vpp), tuple(ranks))
 

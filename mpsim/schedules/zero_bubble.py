@@ -64,37 +64,34 @@ def interleaved_zero_bubble(pp: int, vpp: int, num_microbatches: int) -> Schedul
     """Interleaved 1F1B with split backward (torch's ZB1P order for several chunks per rank)."""
     per_round = interleaved_rounds(pp, num_microbatches)
     total = vpp * num_microbatches
+    make = tuple.__new__  # Action(...) without a named tuple constructor's keyword handling
     ranks = []
     for rank in range(pp):
         warmup = min((vpp - 1) * per_round + (pp - 1 - rank), total)
-
-        def fwd_stage(step: int) -> int:
-            return ((step // per_round) % vpp) * pp + rank
-
-        def bwd_stage(step: int) -> int:
-            return (vpp - 1 - ((step - warmup) // per_round) % vpp) * pp + rank
-
-        counters: dict[tuple[int, str], int] = defaultdict(int)
-        actions: list[Action] = []
-        backward_steps: list[int] = []
+        # the next microbatch of each stage's F, I and W; the stage of each I so far, whose W follow
+        next_f, next_i, next_w = [0] * (pp * vpp), [0] * (pp * vpp), [0] * (pp * vpp)
+        backward_stages: list[int] = []
         weights_done = 0
-
-        def emit(stage: int, kind: str) -> None:
-            actions.append(Action(stage, kind, counters[(stage, kind)]))
-            counters[(stage, kind)] += 1
-
+        actions: list[Action] = []
         for step in range(total + warmup):
             if step < total:
-                emit(fwd_stage(step), "F")
+                stage = ((step // per_round) % vpp) * pp + rank
+                actions.append(make(Action, (stage, "F", next_f[stage])))
+                next_f[stage] += 1
             if step >= warmup:
-                emit(bwd_stage(step), "I")
-                backward_steps.append(step)
+                stage = (vpp - 1 - ((step - warmup) // per_round) % vpp) * pp + rank
+                actions.append(make(Action, (stage, "I", next_i[stage])))
+                next_i[stage] += 1
+                backward_stages.append(stage)
                 # rank r keeps r weight gradients pending, as ZB-H1 does
                 if step - warmup >= rank:
-                    emit(bwd_stage(backward_steps[weights_done]), "W")
+                    stage = backward_stages[weights_done]
+                    actions.append(make(Action, (stage, "W", next_w[stage])))
+                    next_w[stage] += 1
                     weights_done += 1
-        for step in backward_steps[weights_done:]:
-            emit(bwd_stage(step), "W")
+        for stage in backward_stages[weights_done:]:
+            actions.append(make(Action, (stage, "W", next_w[stage])))
+            next_w[stage] += 1
         ranks.append(tuple(actions))
     return Schedule("interleaved-zb", num_microbatches, loop_placement(pp, vpp), tuple(ranks))
 
