@@ -138,7 +138,8 @@ def test_plan_records_are_the_same_with_grouped_chunks(mid):
 
 
 def _stage_costs_of(scenario, fields, memo=None):
-    from mpsim.cost.actions import CostModel, sharing_prices, stage_costs
+    from mpsim.cost.actions import CostModel, stage_costs
+    from mpsim.cost.shared_prices import sharing as sharing_prices
     from mpsim.explore.planbase import apply_fields
     from mpsim.resolve import resolve
     from mpsim.workload import build_workload
@@ -175,7 +176,8 @@ def test_a_shared_price_is_never_another_systems_or_placements(mid):
     _stage_costs_of(mid, fields, memo)
     assert _stage_costs_of(other, fields, memo) == _stage_costs_of(other, fields) != _stage_costs_of(mid, fields)
     # the same pass with its TP group placed across nodes: a price of its own
-    from mpsim.cost.actions import CostModel, sharing_prices
+    from mpsim.cost.actions import CostModel
+    from mpsim.cost.shared_prices import sharing as sharing_prices
     from mpsim.explore.planbase import apply_fields
     from mpsim.resolve import resolve
     from mpsim.workload import build_workload

@@ -10,10 +10,9 @@ costs. Per-step costs (gradient buckets, optimizer, pipeline transfers) are in
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
+from mpsim.cost import shared_prices
 from mpsim.cost.calibrated import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.compute import ComputeModel
@@ -191,11 +190,12 @@ class CostModel:
 
     def price(self, work: Pass, compute_scale: float = 1.0) -> ActionCost:
         """Duration and segments of a pass, its compute ops ``compute_scale`` times their own
-        seconds (cached per pass object, and shared with other models while ``sharing_prices``)."""
+        seconds (cached per pass object, and shared with other models while ``shared_prices.sharing``)."""
         cached = self._passes.get(id(work))
         if cached is not None and cached[0] is work and cached[1] == compute_scale:
             return cached[2]
-        cost = self._price(work, compute_scale) if _shared is None else _shared_price(self, work, compute_scale)
+        cost = self._price(work, compute_scale) if shared_prices.memo is None else \
+            shared_prices.price(self, work, compute_scale)
         self._passes[id(work)] = (work, compute_scale, cost)
         return cost
 
@@ -287,64 +287,6 @@ class CostModel:
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
         return ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
                           tuple(sorted(by_group.items())), host_wait)
-
-
-_shared: dict | None = None
-SHARED_PASSES = 4096
-
-
-@contextmanager
-def sharing_prices(memo: dict) -> Iterator[dict]:
-    """While the block runs, cost models share their prices of equal passes in ``memo``.
-
-    Layouts that differ in ways a pass does not see (a ZeRO stage below 3, the pipeline
-    depth at the same layers per stage) build equal passes as distinct objects, each
-    priced by its own model. ``CostModel.price`` reads, besides the pass and the compute
-    scale: the system (links, accelerator, the SMs a collective takes), the calibration,
-    the dtype and speed of the compute model, the host's launch pace and whether passes
-    start cold, and the placement of each group the pass runs collectives in. A shared
-    price is keyed on the pass's content and on those (objects by identity, held by the
-    entry), so it is used only where a model of its own would compute the same numbers.
-    """
-    global _shared
-    before, _shared = _shared, memo
-    try:
-        yield memo
-    finally:
-        _shared = before
-
-
-def _groups_used(work: Pass) -> tuple[str, ...]:
-    """The groups whose placements pricing ``work`` reads (gathers, releases, collectives)."""
-    groups = set()
-    for block in work:
-        groups.update(op.group for op in (block.gather, block.release) if op is not None)
-        for item in block.items:
-            if isinstance(item, Overlap):
-                groups.add(item.comm.group)
-            elif item.kind == "collective":
-                groups.add(item.group)
-    return tuple(sorted(groups))
-
-
-def _shared_price(model: CostModel, work: Pass, compute_scale: float) -> ActionCost:
-    assert _shared is not None
-    entry = _shared.get(work)  # equal passes meet here, whatever object each is
-    if entry is None:
-        if len(_shared) >= SHARED_PASSES:
-            _shared.clear()
-        entry = _shared[work] = (_groups_used(work), {})
-    groups, prices = entry
-    training = model.scenario.training
-    held = (model.system, model.calibration, *(model.placements[group] for group in groups))
-    key = (compute_scale, training.dtype, model.compute_speed, model.host_launch_forward_s,
-           model.host_launch_backward_s, training.host_sync_between_passes, *map(id, held))
-    known = prices.get(key)
-    if known is not None and all(a is b for a, b in zip(known[0], held)):
-        return known[1]
-    cost = model._price(work, compute_scale)
-    prices[key] = (held, cost)
-    return cost
 
 
 def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, ...] | list[int]

@@ -7,7 +7,7 @@ Layouts with the same schedule, pipeline depth, virtual stages and microbatch co
 the schedule's short forms (``Short``). Every memory check is remembered by its exact
 fields, and collectives, sends and group placements by their exact inputs
 (``collectives.remembering``, ``topology.place_ranks``); a pass priced by one group's cost
-model serves every other model that would price it alike (``cost.actions.sharing_prices``).
+model serves every other model that would price it alike (``cost.shared_prices.sharing``).
 
 The caches change how often a thing is computed, never what: every key holds all of the
 inputs that the remembered answer reads, and ``clear_caches`` returns a process to a
@@ -100,7 +100,7 @@ PREPARED: OrderedDict[tuple, Prepared] = OrderedDict()
 SHORTS: OrderedDict[tuple, Short] = OrderedDict()
 MEMORY: OrderedDict[tuple, tuple[float, float, str, bool]] = OrderedDict()
 COLLECTIVES: dict = {}  # collectives.choose_algorithm's answers in this process (keyed on exact inputs)
-PRICES: dict = {}  # passes priced in this process, shared by cost models (cost.actions.sharing_prices)
+PRICES: dict = {}  # passes priced in this process, shared by cost models (cost.shared_prices)
 _LIMITS = {id(PREPARED): PREPARED_ENTRIES, id(SHORTS): SHORT_ENTRIES, id(MEMORY): MEMORY_ENTRIES}
 
 

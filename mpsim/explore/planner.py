@@ -25,12 +25,14 @@ simulates everything).
 
 Costs are cached per worker for layouts that differ only in the schedule: the cost of a
 stage's passes does not depend on the order the schedule runs them in, so each layout
-group prices them once per schedule name. The check pass never holds a full schedule
-longer than it takes to shorten it: per (schedule, pp, vpp, microbatches) it keeps the
-lists with no actions (model state), the memory walk's short lists, one item per
-duration key and the bound's item counts (``plancache.Short``), and the activation walk runs as
-array operations over a per-schedule index (``memfast.py``), the same sums in the same
-order as ``results.memory.walk_peak``.
+group prices them once per schedule name, and a pass equal to one another group priced
+alike is not priced again (``cost.shared_prices.sharing``). The check pass never holds a
+full schedule longer than it takes to shorten it: per (schedule, pp, vpp, microbatches)
+it keeps the lists with no actions (model state), the memory walk's short lists as
+arrays, one item per duration key and the bound's item counts (``plancache.Short``), and
+a layout's memory check takes all of its ranks at once (``memfast.LayoutMemory``), the
+same sums in the same order as ``results.memory.rank_memory``. With several workers its
+chunks keep the layouts that share schedules together (``chunk_group``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from mpsim.cost.actions import sharing_prices
+from mpsim.cost.shared_prices import sharing as sharing_prices
 from mpsim.cost.collectives import remembering
 from mpsim.cost.step import pipeline_transfer_s
 from mpsim.engine import simulate as engine_simulate, simulate_compiled, supports
