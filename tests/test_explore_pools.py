@@ -54,3 +54,15 @@ def test_a_serial_session_restores_the_pace_when_it_closes(default_pace):
             assert results[0][1]["metrics"]["threshold"] == YOUNG_COLLECTION_ALLOCATIONS
             raise KeyError("interrupted")
     assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_records_without_a_results_file_carry_the_same_keys(tmp_path):
+    from mpsim.explore.runner import RunControl, run_points
+    from mpsim.explore.store import stable_key
+
+    points = [(("x", i),) for i in range(5)]
+    with Session(workers=1) as session:
+        lazy = run_points(_Probe(), points, session, RunControl(progress=False))
+        stored = run_points(_Probe(), points, session, RunControl(out=str(tmp_path / "r.jsonl"), progress=False))
+    assert [r["key"] for r in lazy.records] == [stable_key("probe", p) for p in points]
+    assert [r["key"] for r in stored.records] == [r["key"] for r in lazy.records]

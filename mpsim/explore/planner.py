@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from fractions import Fraction
+from math import gcd
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -168,9 +168,11 @@ class PlanEvaluator:
         if self.mode != "check":
             return None
         fields, base = dict(point), self.scenario.parallel
-        return (fields.get("parallel.pp", base.pp), fields.get("parallel.vpp", base.vpp),
-                Fraction(fields.get("parallel.tp", base.tp) * fields.get("parallel.cp", base.cp),
-                         fields.get("parallel.microbatch_size", base.microbatch_size)))
+        width = fields.get("parallel.tp", base.tp) * fields.get("parallel.cp", base.cp)
+        size = fields.get("parallel.microbatch_size", base.microbatch_size)
+        common = gcd(width, size)  # the ratio in lowest terms
+        return (fields.get("parallel.pp", base.pp), fields.get("parallel.vpp", base.vpp), width // common,
+                size // common)
 
     def evaluate(self, point: Point) -> dict[str, Any]:
         with remembering(COLLECTIVES), sharing_prices(PRICES):

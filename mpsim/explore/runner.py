@@ -114,10 +114,15 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], session: Session |
         with Session() as own:
             return run_points(evaluator, points, own, control)
     started = time.monotonic()
-    keys = [stable_key(evaluator.identity, point) for point in points]
     store = ResultsFile(control.out) if control.out is not None else None
     report = RunReport(records=[None] * len(points), backend=session.backend)
-    todo = _reuse_stored(report, keys, points, store.load() if store is not None else {}, control.reuse)
+    if store is None:
+        # nothing to reuse: each key is made when its record is, while the workers compute
+        keys: Sequence[str] = _Keys(evaluator.identity, points)
+        todo = list(enumerate(points))
+    else:
+        keys = [stable_key(evaluator.identity, point) for point in points]
+        todo = _reuse_stored(report, keys, points, store.load(), control.reuse)
     if control.limit is not None and len(todo) > max(0, control.limit):
         todo = todo[:max(0, control.limit)]
         report.stopped = True  # points are left for a later run
@@ -125,6 +130,16 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], session: Session |
         _compute(evaluator, points, keys, todo, session, control, store, report)
     report.elapsed_s = time.monotonic() - started
     return report
+
+
+class _Keys:
+    """``stable_key`` of each point, made when first asked for."""
+
+    def __init__(self, identity: Any, points: Sequence[Point]):
+        self.identity, self.points = identity, points
+
+    def __getitem__(self, index: int) -> str:
+        return stable_key(self.identity, self.points[index])
 
 
 def _reuse_stored(report: RunReport, keys: list[str], points: Sequence[Point], stored: dict[str, dict],
