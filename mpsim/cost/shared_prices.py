@@ -17,7 +17,7 @@ from mpsim.workload.ops import Overlap, Pass
 if TYPE_CHECKING:
     from mpsim.cost.actions import ActionCost, CostModel
 
-memo: dict | None = None  # while ``sharing``: pass -> (groups it reads, {inputs -> (objects, cost)})
+memo: dict | None = None  # while ``sharing``: pass content -> (groups it reads, {inputs -> (objects, cost)})
 SHARED_PASSES = 4096
 
 
@@ -55,14 +55,33 @@ def _groups_used(work: Pass) -> tuple[str, ...]:
     return tuple(sorted(groups))
 
 
+class _Content:
+    """A pass as a dictionary key: equal to another holding an equal pass (compared in full),
+    hashed on its length and its first and last blocks only. Equal passes hash alike; hashing
+    every block of every pass looked up cost more than a third of what sharing saved."""
+
+    __slots__ = ("work", "_hash")
+
+    def __init__(self, work: Pass):
+        self.work = work
+        self._hash = hash((len(work), work[0], work[-1])) if work else 0
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Content) and (self.work is other.work or self.work == other.work)
+
+
 def price(model: CostModel, work: Pass, compute_scale: float) -> ActionCost:
     """``model``'s price of ``work``: another model's, when it was priced alike, else its own."""
     assert memo is not None
-    entry = memo.get(work)  # equal passes meet here, whatever object each is
+    content = _Content(work)
+    entry = memo.get(content)  # equal passes meet here, whatever object each is
     if entry is None:
         if len(memo) >= SHARED_PASSES:
             memo.clear()
-        entry = memo[work] = (_groups_used(work), {})
+        entry = memo[content] = (_groups_used(work), {})
     groups, prices = entry
     training = model.scenario.training
     held = (model.system, model.calibration, *(model.placements[group] for group in groups))
