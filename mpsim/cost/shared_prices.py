@@ -10,12 +10,9 @@ prices it only when no model priced it alike before.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Iterator
 
 from mpsim.workload.ops import Overlap, Pass
-
-if TYPE_CHECKING:
-    from mpsim.cost.actions import ActionCost, CostModel
 
 memo: dict | None = None  # while ``sharing``: pass content -> (groups it reads, {inputs -> (objects, cost)})
 SHARED_PASSES = 4096
@@ -73,8 +70,10 @@ class _Content:
         return isinstance(other, _Content) and (self.work is other.work or self.work == other.work)
 
 
-def price(model: CostModel, work: Pass, compute_scale: float) -> ActionCost:
-    """``model``'s price of ``work``: another model's, when it was priced alike, else its own."""
+def price(model: Any, work: Pass, compute_scale: float) -> Any:
+    """``model``'s price of ``work`` (a ``CostModel`` and the ``ActionCost`` it returns; not
+    imported, since ``cost.actions`` imports this module): another model's, when it was
+    priced alike, else its own."""
     assert memo is not None
     content = _Content(work)
     entry = memo.get(content)  # equal passes meet here, whatever object each is
