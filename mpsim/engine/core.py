@@ -64,7 +64,7 @@ class EngineInput:
 
 
 @contextmanager
-def _cyclic_gc_paused():
+def cyclic_gc_paused():
     """Pause Python's cycle collector while the engine runs.
 
     A run allocates a few hundred thousand small objects (events, flows, records, keys),
@@ -327,7 +327,7 @@ class _Run:
     def execute(self) -> Timeline:
         for rank in range(self.schedule.num_ranks):
             self.env.process(self._rank(rank))
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             self.env.run()
         unfinished = [r for r in range(self.schedule.num_ranks)
                       if len(self.timeline.actions[r]) != len(self.schedule.actions[r])]

@@ -23,13 +23,12 @@ than in its memory checks.
 
 from __future__ import annotations
 
-import gc
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mpsim.cost.actions import CostModel
+from mpsim.engine.core import cyclic_gc_paused
 from mpsim.explore.bounds import rank_counts
 from mpsim.explore.evaluate import schedule_for
 from mpsim.explore.memfast import LayoutMemory, ShortWalk
@@ -120,20 +119,6 @@ def clear_caches() -> None:
         cache.clear()
 
 
-@contextmanager
-def _collector_paused():
-    """The cycle collector paused while a schedule is generated and shortened: up to a million
-    actions are made at once and all but the short forms die together when the schedule is let
-    go (reference counting frees them; they hold no cycles), so the collector need not walk them."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches); a
     schedule read from a file is generated afresh each time (the file may change)."""
@@ -142,7 +127,9 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     key = (name, layout.pp, layout.vpp, layout.num_microbatches)
     short = None if from_file else SHORTS.get(key)
     if short is None:
-        with _collector_paused():
+        # a schedule of up to a million actions is made and shortened at once; all but the
+        # short forms die together when it is let go, holding no cycles
+        with cyclic_gc_paused():
             schedule = schedule_for(scenario, layout, None, cached=False)
             keys = [item_keys(items) for items in schedule.actions]
             short = Short(replace(schedule, actions=tuple(() for _ in schedule.actions)),

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
                                    bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
-                                   present,
-                                   scattered_gemm, tp_collectives)
+                                   param_tensors, present, scattered_gemm, tp_collectives)
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
 # FlashAttention works on key blocks of this many tokens; with a causal mask it skips the
@@ -208,7 +207,7 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
                      recompute_selective=tuple(core_fwd), params=float(params), saved_bytes=float(saved),
                      selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf),
-                     param_tensors=tuple(float(n) for n in tensors))
+                     param_tensors=param_tensors(*tensors))
 
 
 def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_params: int) -> BlockWork:

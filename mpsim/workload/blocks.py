@@ -132,6 +132,11 @@ class BlockWork:
     param_tensors: tuple[float, ...] = ()
 
 
+def param_tensors(*elements: float) -> tuple[float, ...]:
+    """A block's parameter tensors (``BlockWork.param_tensors``), the absent ones (0) left out."""
+    return tuple(float(n) for n in elements if n > 0)
+
+
 # Transformer Engine's userbuffers defaults (transformer_engine/pytorch/module/base.py,
 # initialize_ub): an all-gather that feeds a GEMM (qkv_fprop, fc1_fprop, proj_dgrad,
 # fc2_dgrad) is a ring exchange in tp pieces on the copy engines (num_sm 1, no SM margin);

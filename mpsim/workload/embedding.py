@@ -8,7 +8,7 @@ VocabParallelEmbedding and vocab-parallel cross entropy).
 
 from __future__ import annotations
 
-from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, norm, norm_grad
+from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, norm, norm_grad, param_tensors
 from mpsim.workload.ops import Item, Op, collective, memory_op
 
 # Megatron's vocab-parallel cross entropy works on an fp32 copy of the logits: cast,
@@ -60,7 +60,7 @@ def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool
     tensors = (vocab_local * ctx.hidden, *((ctx.seq_length * ctx.hidden,) if learned_positions else ()))
     return BlockWork(tuple(forward), tuple(backward_input + backward_weight), tuple(backward_input),
                      tuple(backward_weight), params=float(params), saved_bytes=float(saved),
-                     param_tensors=tuple(float(n) for n in tensors))
+                     param_tensors=param_tensors(*tensors))
 
 
 def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool) -> BlockWork:
@@ -91,4 +91,4 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
     tensors = (*(ctx.hidden,) * norm_params, *((vocab_local * ctx.hidden,) if with_weights else ()))
     return BlockWork(tuple(forward), (ce_grad, *combined, *norm_in, *norm_w), (ce_grad, *input_only, *norm_in),
                      (*weight_only, *norm_w), params=float(params), saved_bytes=float(saved),
-                     weight_grad_buffer_bytes=float(wbuf), param_tensors=tuple(float(n) for n in tensors))
+                     weight_grad_buffer_bytes=float(wbuf), param_tensors=param_tensors(*tensors))

@@ -24,7 +24,8 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
-                                   linear, norm_grad_ops, residual_grad, scattered_gemm, tp_collectives)
+                                   linear, norm_grad_ops, param_tensors, residual_grad, scattered_gemm,
+                                   tp_collectives)
 from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
                                       embedding_block)
 from mpsim.workload.ops import Item, Op, collective, memory_op
@@ -61,11 +62,6 @@ class StackEnv:
                       tp_overlap_forward=self.tp_overlap_forward, layers_impl=self.layers_impl)
         fields.update(shape)
         return LayerContext(**fields)
-
-
-def _tensors(*elements: float) -> tuple[float, ...]:
-    """A layer's parameter tensors (``BlockWork.param_tensors``), the absent ones (0) left out."""
-    return tuple(float(n) for n in elements if n > 0)
 
 
 def tokens_of(shape: tuple[int, ...]) -> int:
@@ -120,7 +116,7 @@ def _layer_work(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
         work = embedding_block(ctx, layer.num_embeddings // env.tp, learned_positions=layer.positions > 0)
         params = layer.num_embeddings // env.tp * dim + layer.positions * dim
         tensors = (layer.num_embeddings // env.tp * dim, *((layer.positions * dim,) if layer.positions else ()))
-        return replace(work, params=float(params), param_tensors=tuple(float(n) for n in tensors))
+        return replace(work, params=float(params), param_tensors=param_tensors(*tensors))
     if isinstance(layer, CrossEntropyLayer):
         return _cross_entropy(env, placed, mode)
     if isinstance(layer, CustomLayer):
@@ -158,7 +154,7 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         buffer = rows * (inputs + width) * e
         return BlockWork(tuple(forward), tuple(combined), tuple(input_only), tuple(weight_only),
                          params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer),
-                         param_tensors=_tensors(inputs * width, width if layer.bias else 0))
+                         param_tensors=param_tensors(inputs * width, width if layer.bias else 0))
     if mode == "row":
         ctx = env.context(tokens, outputs)  # the reduced output
         depth = inputs // env.tp
@@ -171,14 +167,14 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         return BlockWork(tuple(scattered_gemm(ctx, fwd, reduce)), (*head, wgrad), tuple(head),
                          (wgrad,), params=float(params), saved_bytes=float(rows * depth * e),
                          weight_grad_buffer_bytes=float(rows * (depth + outputs) * e),
-                         param_tensors=_tensors(depth * outputs, outputs if layer.bias else 0))
+                         param_tensors=param_tensors(depth * outputs, outputs if layer.bias else 0))
     ctx = env.context(tokens, inputs)
     fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, inputs)
     params = inputs * outputs + (outputs if layer.bias else 0)
     sums = bias_grad(ctx, name, rows, outputs) if layer.bias else []
     return BlockWork((fwd,), (*sums, dgrad, wgrad), (*sums, dgrad), (wgrad,), params=float(params),
                      saved_bytes=float(rows * inputs * e), weight_grad_buffer_bytes=float(rows * (inputs + outputs) * e),
-                     param_tensors=_tensors(inputs * outputs, outputs if layer.bias else 0))
+                     param_tensors=param_tensors(inputs * outputs, outputs if layer.bias else 0))
 
 
 def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> BlockWork:
@@ -220,7 +216,7 @@ def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> Bl
     params = weights + (out_channels if layer.bias else 0)
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), (wgrad,), params=float(params),
                      saved_bytes=float(in_bytes), weight_grad_buffer_bytes=float(in_bytes + out_bytes),
-                     param_tensors=_tensors(weights, out_channels if layer.bias else 0))
+                     param_tensors=param_tensors(weights, out_channels if layer.bias else 0))
 
 
 # output tiles a GEMM should offer to fill a GPU (about its SM count); split-K partitions
@@ -285,7 +281,7 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
     else:
         backward = (memory_op(f"{name}.grad", elements * (bwd_per * e + mask)),) if bwd_per else ()
     params = layer.params // (env.tp if mode == "shard" else 1)
-    return BlockWork((forward,), backward, backward, (), params=float(params), param_tensors=_tensors(params),
+    return BlockWork((forward,), backward, backward, (), params=float(params), param_tensors=param_tensors(params),
                      saved_bytes=float(elements * (kept_per * e + mask)))
 
 
@@ -329,7 +325,7 @@ def _custom(env: StackEnv, placed: PlacedLayer, layer: CustomLayer) -> BlockWork
     # its parameters taken as one tensor: a custom layer does not say how they are split
     return BlockWork((fwd,), (dgrad, *weight), (dgrad,), weight, params=float(layer.params),
                      saved_bytes=float(b * kept), weight_grad_buffer_bytes=float(b * kept) if weight else 0.0,
-                     param_tensors=_tensors(layer.params))
+                     param_tensors=param_tensors(layer.params))
 
 
 def forward_flops_per_sample(placed: PlacedLayer) -> float:

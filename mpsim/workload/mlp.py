@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, bias_grad,
-                                   column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
-                                   scattered_gemm,
-                                   tp_collectives)
+                                   column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad, param_tensors,
+                                   scattered_gemm, tp_collectives)
 from mpsim.workload.ops import Item, memory_op
 
 
@@ -107,4 +106,4 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
         backward_input=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward_input, *norm_in),
         backward_weight=(*backward_weight, *norm_w),
         params=params, saved_bytes=saved, weight_grad_buffer_bytes=wbuf,
-        param_tensors=tuple(float(n) for n in tensors))
+        param_tensors=param_tensors(*tensors))

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear, norm,
-                                   norm_grad)
+                                   norm_grad, param_tensors)
 from mpsim.workload.mlp import ffn_activation, mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 
@@ -115,4 +115,4 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
         backward_input=(*grad_head, *shared_i, *routed_in, *norm_in),
         backward_weight=(*shared_w, *routed_w, *norm_w),
         params=float(dense_params), expert_params=float(expert_params), saved_bytes=float(saved),
-        weight_grad_buffer_bytes=float(wbuf), param_tensors=tuple(float(n) for n in tensors))
+        weight_grad_buffer_bytes=float(wbuf), param_tensors=param_tensors(*tensors))

@@ -22,7 +22,7 @@ Schmidhuber 1997; Cho et al. 2014; cuDNN's RNN documentation).
 from __future__ import annotations
 
 from mpsim.specs.layers import RecurrentLayer
-from mpsim.workload.blocks import BlockWork
+from mpsim.workload.blocks import BlockWork, param_tensors
 from mpsim.workload.ops import Item, Op, gemm, memory_op
 
 
@@ -78,4 +78,4 @@ def recurrent_work(env, label: str, layer: RecurrentLayer, in_shape: tuple[int, 
         backward_weight[:0] = bwd_w_layer
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
                      params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer),
-                     param_tensors=tuple(float(n) for n in tensors))
+                     param_tensors=param_tensors(*tensors))
