@@ -65,7 +65,7 @@ class DPStreams:
         for bucket in buckets:
             begin = max(start + bucket.ready_fraction * (end - start), free)
             free = begin + bucket.duration_s
-            if bucket.duration_s > 0:
+            if free > begin:  # as with contention: a bucket too short to move the clock leaves no record
                 self.timeline.syncs.append(SyncRecord(rank, "dp-comm", f"{label} {bucket.label}", begin, free))
         self.free_s[rank] = free
 

@@ -19,7 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mpsim.engine import EngineInput, Timeline, rank_spans, simulate as engine_simulate, simulate_compiled, supports
+from mpsim.engine import EngineInput, Timeline, rank_spans, simulate as engine_simulate
+from mpsim.engine.uncontended import simulate_uncontended
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
 from mpsim.resolve import resolve
@@ -54,13 +55,14 @@ def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: 
                       layout: Layout | None = None, schedule: Schedule | None = None) -> SimulationResult:
     """``mpsim.simulate.simulate`` with a choice of engine (and reuse of a layout/schedule already built).
 
-    ``fast`` evaluates the longest path (``mpsim/engine/longest_path.py``) and falls back to the SimPy
+    ``fast`` evaluates the longest path (``mpsim/engine/longest_path.py``), also where shared links
+    never carry two flows at once (``mpsim/engine/uncontended.py``), and falls back to the SimPy
     engine for an input it does not model; ``simpy`` always runs the engine.
     """
     layout = layout or resolve(scenario)
 
     def run(inp: EngineInput) -> Timeline:
-        return simulate_compiled(inp) if engine == "fast" and supports(inp) else engine_simulate(inp)
+        return simulate_uncontended(inp) if engine == "fast" else engine_simulate(inp)
 
     return simulate(scenario, base_dir, engine=run, layout=layout,
                     schedule=schedule or schedule_for(scenario, layout, base_dir))

@@ -24,6 +24,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Protocol, Sequence
 
+from mpsim.engine.core import cyclic_gc_paused
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.evaluate import error_text, failure
@@ -69,7 +70,7 @@ def fewer_collections() -> Iterator[None]:
 def evaluate_chunk(evaluator: Evaluator, chunk: Chunk) -> list[tuple[int, dict[str, Any]]]:
     """Evaluate each point of a chunk; the same function runs in every backend."""
     out = []
-    with fewer_collections():
+    with fewer_collections(), cyclic_gc_paused():
         for index, point in chunk:
             try:
                 body = evaluator.evaluate(point)
