@@ -174,6 +174,11 @@ class PlanEvaluator:
         return (fields.get("parallel.pp", base.pp), fields.get("parallel.vpp", base.vpp), width // common,
                 size // common)
 
+    @property
+    def collect_after_chunk(self) -> bool:
+        """Checks make few reference cycles: the collector may wait for the end of a chunk (``pools.py``)."""
+        return self.mode == "check"
+
     def evaluate(self, point: Point) -> dict[str, Any]:
         with remembering(COLLECTIVES), sharing_prices(PRICES):
             return self._evaluate(dict(point))

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, Protocol, Sequence
 
 from mpsim.engine.core import cyclic_gc_paused
@@ -70,7 +70,11 @@ def fewer_collections() -> Iterator[None]:
 def evaluate_chunk(evaluator: Evaluator, chunk: Chunk) -> list[tuple[int, dict[str, Any]]]:
     """Evaluate each point of a chunk; the same function runs in every backend."""
     out = []
-    with fewer_collections(), cyclic_gc_paused():
+    # an evaluator whose points leave few reference cycles (the planner's checks) may have the
+    # cycle collector wait for the chunk's end; one that simulates keeps the usual pace, since
+    # a chunk's SimPy runs would otherwise all stay in memory until then
+    paused = cyclic_gc_paused() if getattr(evaluator, "collect_after_chunk", False) else nullcontext()
+    with fewer_collections(), paused:
         for index, point in chunk:
             try:
                 body = evaluator.evaluate(point)
