@@ -108,8 +108,13 @@ def _loop_distinct_and_counts(schedule):
                 seen.add(duration_key(item))
                 kept.append(item)
         ranks.append(tuple(kept))
-    counts = [(items[0] if items else None, Counter(duration_key(item) for item in items))
-              for items in schedule.actions]
+    counts = []
+    for items in schedule.actions:
+        keys = [duration_key(item) for item in items]
+        backward = [i for i, key in enumerate(keys) if key[-1] in ("B", "I")]
+        last = backward[-1] if backward else -1
+        counts.append((items[0] if items else None, items[last] if backward else None, Counter(keys[last + 1:]),
+                       Counter(keys)))
     return ranks, counts
 
 
@@ -120,8 +125,8 @@ def _agree_with_the_loops(schedule):
     ranks, counts = _loop_distinct_and_counts(schedule)
     assert distinct_items(schedule).actions == tuple(ranks)
     # in the same order too: the bound sums its busy time in the Counter's order
-    assert [(first, list(per_key.items())) for first, per_key in rank_counts(schedule)] == \
-        [(first, list(per_key.items())) for first, per_key in counts]
+    assert [(first, last, after, list(per_key.items())) for first, last, after, per_key in rank_counts(schedule)] \
+        == [(first, last, after, list(per_key.items())) for first, last, after, per_key in counts]
 
 
 @settings(max_examples=300, deadline=None)

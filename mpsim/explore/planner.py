@@ -210,11 +210,13 @@ class PlanEvaluator:
         short = short_schedule(scenario, layout)
         schedule = short.distinct  # the full schedule's stages, ranks and chains; its counts are short.counts
         costs = self._costs(prepared, schedule)
-        # the bound needs the durations, the forward chain's transfers and the optimizer
-        # steps of the engine input; its DP buckets (most of its price) wait for simulation
+        # the bound needs the durations, the chains' transfers (a gradient goes back over the
+        # cut its activation came through) and the optimizer steps of the engine input; its DP
+        # buckets (most of its price) wait for simulation
         rank_of, chains = schedule.stage_to_rank, schedule.topology
         hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
         transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
+        transfer.update({(b, a): seconds for (a, b), seconds in list(transfer.items())})
         metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer,
                               optimizer_steps(workload, schedule, model), costs, short.counts)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
