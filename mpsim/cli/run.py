@@ -10,6 +10,16 @@ from mpsim.errors import EXIT_OUT_OF_MEMORY, InputError
 
 
 def _run(args: argparse.Namespace) -> int:
+    from mpsim.engine.core import cyclic_gc_paused
+
+    # a step of a million actions holds millions of records that live until the command ends:
+    # the cycle collector would walk them again and again (two thirds of the time), and the
+    # few cycles left behind die with the process
+    with cyclic_gc_paused():
+        return _run_step(args)
+
+
+def _run_step(args: argparse.Namespace) -> int:
     from mpsim.results import summarize
     from mpsim.results.report import placement_warning
     from mpsim.simulate import bubble_reference, simulate
