@@ -15,8 +15,8 @@ rank's own items after that backward (weight-gradient passes) run meanwhile:
     step >= ... + its busy time + max(its optimizer, tail + optimizer of that first stage's rank - after)
 
 with the tail the backward chain's passes and transfers, and ``after`` the rank's items
-after its last backward. For 1F1B with uniform stages and
-free transfers the last rank's bound is then (p - 1)(F + B) + m(F + B): the step itself.
+after its last backward. For 1F1B with uniform stages and free transfers the last rank's
+bound is then (p - 1)(F + B) + m(F + B): the step itself.
 Waiting on other ranks (the bubble), blocking sends, link contention and exposed DP
 communication only add to this, so the bound holds for every schedule the engine runs.
 A chain stage whose backward runs inside a forward+backward pair (DualPipe) adds the pair:
@@ -45,6 +45,7 @@ class StepBound:
     busy_s: float  # its items back to back
     tp_exposed_s: float  # of which TP communication not hidden under compute
     optimizer_s: float
+    tail_s: float = 0.0  # beyond its optimizer: the backward chain still to run after its items (the drain)
 
 
 def _carries_gradient(key: tuple) -> bool:
@@ -118,7 +119,7 @@ def backward_tails(schedule: Schedule, action_s: Mapping[tuple, float],
 
 def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transfer_s: Mapping[tuple[int, int], float],
                      finalize_s: Sequence[float] = (), tp_exposed_s: Mapping[tuple, float] | None = None,
-                     counts: list[tuple[Any, Counter]] | None = None) -> StepBound:
+                     counts: list[tuple[Any, Any, Counter, Counter]] | None = None) -> StepBound:
     """The largest per-rank bound (see the module doc); ``tp_exposed_s`` splits the busy time.
 
     The arguments are the fields of the same names of ``engine.EngineInput``, so the
@@ -146,15 +147,15 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
         optimizer = finalize_s[rank] if finalize_s else 0.0
         after = optimizer  # from the end of the rank's last item to the end of the step
         if tails is not None and last_backward is not None:
-            # the rank's last backward ends no later than its items after it allow; its gradient
-            # then goes back down the chain while they run
+            # the items up to the rank's last backward end head + busy - left at the earliest; its
+            # gradient then goes back down the chain while the rest of the rank's items run
             left = sum(count * action_s[key] for key, count in after_it.items())
             for action in parts(last_backward):
                 if action.kind in ("B", "I") and tails[action.stage] > 0:
                     head_stage = chains.first(action.stage)
                     then = finalize_s[rank_of[head_stage]] if finalize_s else 0.0
                     after = max(after, tails[action.stage] + then - left)
-        bound = StepBound(head + busy + after, rank, head, busy, exposed, optimizer)
+        bound = StepBound(head + busy + after, rank, head, busy, exposed, optimizer, after - optimizer)
         if best is None or bound.lower_bound_s > best.lower_bound_s:
             best = bound
     return best or StepBound(0.0, 0, 0.0, 0.0, 0.0, 0.0)

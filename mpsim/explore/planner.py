@@ -230,7 +230,7 @@ class PlanEvaluator:
                                  {key: cost.tp_exposed_s for key, cost in costs.items()}, counts)
         return {"lower_bound_s": bound.lower_bound_s, "bound_rank": bound.rank, "bound_head_s": bound.head_s,
                 "bound_busy_s": bound.busy_s, "bound_tp_exposed_s": bound.tp_exposed_s,
-                "bound_optimizer_s": bound.optimizer_s}
+                "bound_optimizer_s": bound.optimizer_s, "bound_tail_s": bound.tail_s}
 
     def _simulate(self, fields: dict[str, Any]) -> dict[str, Any]:
         from mpsim.results import summarize

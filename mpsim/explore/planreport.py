@@ -10,7 +10,8 @@ then enumeration order). Every other layout gets one reason, compared with #1:
   idle time waiting on other stages; communication: exposed TP, PP and DP; compute:
   work on the compute stream, where recompute and less efficient GEMMs show);
 * the same four for layouts the bound cut before simulation, judged on the parts of
-  their bound (the pipeline fill before their busiest rank can start counts as bubble),
+  their bound (the pipeline fill before their busiest rank can start and the drain after
+  its last backward count as bubble),
   which alone already exceeds the step time of the last shown layout;
 * ``more recompute than needed``: less recompute fits and is never slower;
 * ``invalid``: a combination the framework refuses (the most common reason is shown).
@@ -44,8 +45,10 @@ def _comm(m: dict) -> float:
 
 
 def _bound_parts(m: dict) -> dict[str, float]:
-    """The bound split like the breakdown: the pipeline fill before the rank starts, its own work, its optimizer."""
-    return {"bubble": m.get("bound_head_s", 0.0), "compute": m["bound_busy_s"] - m["bound_tp_exposed_s"],
+    """The bound split like the breakdown: the pipeline fill before the rank starts and the drain after
+    its work, its own work, its optimizer."""
+    return {"bubble": m.get("bound_head_s", 0.0) + m.get("bound_tail_s", 0.0),
+            "compute": m["bound_busy_s"] - m["bound_tp_exposed_s"],
             "communication": m["bound_tp_exposed_s"], "optimizer": m["bound_optimizer_s"]}
 
 
@@ -72,8 +75,9 @@ def loss_reason(record: dict, best: dict) -> tuple[str, str]:
     if status == "bound" and "bound_busy_s" in m and "bound_busy_s" in b:
         mine, theirs = _bound_parts(m), _bound_parts(b)
         reason = max(mine, key=lambda k: mine[k] - theirs[k])
-        part = "pipeline fill" if reason == "bubble" else reason
-        return reason, (f"not simulated: its fill plus its busiest rank's own work, {fmt_seconds(m['lower_bound_s'])}, "
+        part = "pipeline fill and drain" if reason == "bubble" else reason
+        return reason, (f"not simulated: its fill and drain plus its busiest rank's own work, "
+                        f"{fmt_seconds(m['lower_bound_s'])}, "
                         f"already exceeds the last shown step time ({part} {fmt_seconds(mine[reason])} "
                         f"vs {fmt_seconds(theirs[reason])} in #1)")
     return "not reached", record.get("error") or status
