@@ -133,3 +133,37 @@ def test_the_cnn_step_waited_for_its_host_more_than_the_recommender():
     cnn = starved_share(load_trace(str(TRACES / "cnn_allreduce_step5.json.gz")))
     recsys = starved_share(load_trace(str(TRACES / "recsys16_step551.json.gz")))
     assert cnn > 0.5 > recsys
+
+
+def test_plain_pytorch_attention_launches_the_kernels_its_trace_shows_and_the_host_pays_each():
+    """PyTorch's fused attention launches a memset beside its kernel (forward) and three kernels
+    (backward), and autograd stacks and copies the packed q/k/v gradients: 2 and 6 launches per
+    layer, where Megatron's own layers count one. A launch-bound pass costs one host interval
+    per launch."""
+    from mpsim.cost.actions import CostModel
+    from mpsim.resolve import resolve
+    from mpsim.simulate import simulate
+    from mpsim.specs import load_scenario
+    from mpsim.workload.ops import Overlap
+    from tests.conftest import SCENARIOS
+
+    def stage(overrides):
+        scenario = load_scenario(SCENARIOS / "validation_2xcpu.yaml", overrides).scenario
+        return scenario, simulate(scenario).workload.stages[0]
+
+    def ops(passes):
+        return [op for block in passes for item in block.items
+                for op in (item.compute if isinstance(item, Overlap) else (item,))]
+
+    interval = 0.01  # far longer than any op of this model: every pass is launch-bound
+    scenario, work = stage([f"training.host_launch_interval={interval}"])
+    assert scenario.training.layers_impl == "pytorch"
+    assert {op.launches for op in ops(work.forward) if op.name == "attn.flash"} == {2}
+    assert {op.launches for op in ops(work.backward) if op.name == "attn.flash.grad"} == {6}
+    _, local = stage([f"training.host_launch_interval={interval}", "training.transformer_impl=local"])
+    assert {op.launches for op in ops(local.forward) + ops(local.backward) if op.name.startswith("attn.flash")} == {1}
+    model = CostModel(scenario, resolve(scenario))
+    for passes in (work.forward, work.backward):
+        launches = sum(op.launches for op in ops(passes))
+        assert launches > len(ops(passes))
+        assert model.price(passes).duration_s == pytest.approx(launches * interval, rel=0.02)

@@ -279,3 +279,53 @@ def test_forwards_and_backwards_are_launched_at_the_pace_of_their_own_threads():
     scenario = scenario.model_copy(update={"calibration": _profile(trace).profile})
     model = CostModel(scenario, resolve(scenario))
     assert (model.host_launch_forward_s, model.host_launch_backward_s) == pytest.approx((60e-6, 20e-6))
+
+
+def test_inside_annotated_passes_the_pace_is_the_mean_interval_and_waits_between_passes_drop_out():
+    """Two forward passes, each launching a kernel every 20 us but one launch 100 us late; between
+    them the thread waits 5 ms. Inside the pass windows the pace is the mean (the sum a pass costs);
+    the wait is no launch work. Without annotations the median stands in, wait and all."""
+    from dataclasses import replace
+
+    from mpsim.traces.host import launch_intervals_by_pass
+
+    base = synthetic_trace()
+    gaps = [20e-6] * 9 + [100e-6]  # one pass: ten intervals
+    launches, clock = [], 0.0
+    for pass_index in range(2):
+        clock += 5e-3 if pass_index else 0.0
+        launches.append(clock)
+        for gap in gaps:
+            clock += gap
+            launches.append(clock)
+    kernels = tuple(replace(kernel, step=1, launch_s=launches[index], launch_thread=1)
+                    for index, kernel in enumerate(base.kernels[:len(launches)]))
+    assert len(kernels) == len(launches) == 22
+    windows = (CpuOp("Forward 0", -1e-6, launches[10] + 2e-6, 1), CpuOp("Forward 1", launches[11] - 1e-6,
+                                                                           launches[21] - launches[11] + 2e-6, 1))
+    annotated = replace(base, kernels=kernels, annotations=windows)
+    inside, _ = launch_intervals_by_pass(annotated, within_passes=True)
+    assert sorted(inside) == pytest.approx(sorted(gaps * 2))
+    launch = _profile(annotated).profile.compute.launch
+    assert launch.host_interval_statistic == "mean within passes"
+    assert launch.host_interval_forward_s == pytest.approx(np.mean(gaps))  # 28 us, not the median's 20
+    bare = _profile(replace(annotated, annotations=())).profile.compute.launch
+    assert bare.host_interval_statistic == "median" and bare.host_interval_forward_s == pytest.approx(20e-6)
+
+
+def test_a_kind_of_pass_without_windows_keeps_the_median_of_all_its_intervals():
+    """Forwards annotated, backwards not (the autograd thread's launches, after the forward, fall
+    in no window)."""
+    from dataclasses import replace
+
+    base = synthetic_trace()
+    half = len(base.kernels) // 2
+    kernels = tuple(replace(kernel, step=1, launch_s=60e-6 * index, launch_thread=1) if index < half else
+                    replace(kernel, step=1, launch_s=60e-6 * half + 1e-3 + 20e-6 * (index - half), launch_thread=2,
+                            op_names=("autograd::engine::evaluate_function: MmBackward0", "aten::mm"))
+                    for index, kernel in enumerate(base.kernels))
+    window = CpuOp("Forward 0", -1e-6, 60e-6 * (half - 1) + 2e-6, 1)
+    launch = _profile(replace(base, kernels=kernels, annotations=(window,))).profile.compute.launch
+    assert launch.host_interval_forward_s == pytest.approx(60e-6)
+    assert launch.host_interval_backward_s == pytest.approx(20e-6)
+    assert launch.host_interval_statistic == "forwards mean within passes, backwards median"

@@ -211,10 +211,11 @@ class CostModel:
         cold = self.scenario.training.host_sync_between_passes
         host = host_wait = 0.0
 
-        def launched(at: float) -> float:
-            """Start of the next kernel, due at ``at`` on the GPU, once the host has launched it."""
+        def launched(at: float, launches: int = 1) -> float:
+            """Start of the next op, due at ``at`` on the GPU, once the host has launched its kernels
+            (its first starts after its last launch: the host pays all before it runs ahead)."""
             nonlocal host, host_wait
-            host += host_s
+            host += host_s * launches
             if cold and host > at:
                 host_wait += host - at
                 return host
@@ -242,7 +243,7 @@ class CostModel:
                     segments.append(Segment("tp", "tp-comm", f"{block.label} {item.comm.name}", clock, comm_s))
                     busy = ops_s = 0.0  # busy: the ops and any wait for their launches
                     for op in item.compute:
-                        busy = launched(clock + busy) - clock
+                        busy = launched(clock + busy, op.launches) - clock
                         op_s = self.compute.time(op) * compute_scale
                         segments.append(Segment("compute", block.category, f"{block.label} {op.name}",
                                                 clock + busy, op_s))
@@ -264,7 +265,7 @@ class CostModel:
                     exposed += comm_s
                     by_group[item.group] = by_group.get(item.group, 0.0) + comm_s
                 else:
-                    clock = launched(clock)
+                    clock = launched(clock, item.launches)
                     op_s = self.compute.time(item) * compute_scale
                     segments.append(Segment("compute", block.category, f"{block.label} {item.name}", clock, op_s))
                     clock += op_s

@@ -195,16 +195,21 @@ class LaunchGaps(_Strict):
                                                                  "kernel-to-kernel overhead, added to every op the "
                                                                  "profile prices")
     queued_samples: int = Field(0, ge=0)
-    host_interval_s: float | None = Field(None, ge=0, description="median interval between consecutive kernel "
-                                                                    "launches of one CPU thread in the profiled "
-                                                                    "steps: the host's pace, priced as "
-                                                                    "training.host_launch_interval is without a "
-                                                                    "profile")
+    host_interval_s: float | None = Field(None, ge=0, description="interval between consecutive kernel launches "
+                                                                    "of one CPU thread in the profiled steps "
+                                                                    "(host_interval_statistic): the host's pace, "
+                                                                    "priced as training.host_launch_interval is "
+                                                                    "without a profile")
     host_interval_samples: int = Field(0, ge=0)
     host_interval_forward_s: float | None = Field(None, ge=0, description="the same over the threads that ran "
                                                                             "forwards (Python, module by module)")
     host_interval_backward_s: float | None = Field(None, ge=0, description="the same over the autograd engine's "
                                                                              "threads, which run backwards")
+    host_interval_statistic: str = Field(
+        "median", description="how the intervals make the pace: their mean inside the trace's annotated passes "
+                              "(the sum a pass costs), or, without pass annotations, their median over every "
+                              "interval (waits between passes cannot be told apart; mpsim/traces/host.py); per "
+                              "pass kind where the two kinds differ")
 
 
 class ComputeProfile(_Strict):

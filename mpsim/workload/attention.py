@@ -41,6 +41,19 @@ class MLAShape:
     v_head_dim: int
 
 
+# Kernels plain PyTorch launches around a fused attention call, as the project's H200 profiler
+# trace shows them per layer and microbatch (benchmarks/data/h200_gpipe_trace_rank0.json.gz,
+# PyTorch's scaled_dot_product_attention on its cuDNN backend): the forward call launches a
+# memset and the attention kernel, the backward a memset and three kernels; and autograd's
+# backward of the packed QKV activation's split into heads (``unbind`` of a permuted view)
+# stacks the three gradients (``aten::cat``) and copies them back to the packed layout
+# (``aten::copy_``). Their time is in the op's (a calibrated ``attn.flash`` is measured on
+# that very code); each launch is one more interval of the host's pace (cost/actions.py).
+SDPA_FORWARD_LAUNCHES = 2
+SDPA_BACKWARD_LAUNCHES = 4
+PACKED_QKV_BACKWARD_LAUNCHES = 2
+
+
 def _kernel_calls(ctx: LayerContext) -> tuple[int, float]:
     """(keys per query in one fused kernel call, share of the FLOPs under a causal mask).
 
@@ -75,11 +88,14 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
         out_bytes = queries * heads * d_v * e
         lse_bytes = b * heads * (queries // b) * 4
         kernel_seq, causal_share = _kernel_calls(ctx)
+        plain = ctx.layers_impl == "pytorch"
         fwd = Op("attn.flash", "attention", flops=fwd_flops, bytes=qkv_bytes + out_bytes + lse_bytes,
-                 direction="forward", dtype=ctx.attention_dtype, kernel_seq=kernel_seq, causal_share=causal_share)
+                 direction="forward", dtype=ctx.attention_dtype, kernel_seq=kernel_seq, causal_share=causal_share,
+                 launches=SDPA_FORWARD_LAUNCHES if plain else 1)
         bwd = Op("attn.flash.grad", "attention", flops=fwd_flops * FLASH_BACKWARD_FLOPS_RATIO,
                  bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward", dtype=ctx.attention_dtype,
-                 kernel_seq=kernel_seq, causal_share=causal_share)
+                 kernel_seq=kernel_seq, causal_share=causal_share,
+                 launches=SDPA_BACKWARD_LAUNCHES + PACKED_QKV_BACKWARD_LAUNCHES if plain else 1)
         return [fwd], [bwd], float(lse_bytes)
     # Megatron's unfused path: the full s x s scores are computed, written, then masked
     batch = b * heads

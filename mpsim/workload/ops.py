@@ -48,6 +48,8 @@ class Op:
     collective: CollectiveKind | None = None
     group: str = ""
     message_bytes: float = 0.0
+    # kernels the framework launches for it (its time covers them all; the host pays each launch)
+    launches: int = 1
 
 
 @dataclass(frozen=True)

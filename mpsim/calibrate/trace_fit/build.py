@@ -108,7 +108,8 @@ def build_profile(samples: TraceSamples, traces: list[str], device_name: str, de
     dtype = max(gemm_fits, key=lambda f: f.kernels).dtype if gemm_fits else "fp32"
     compute = ComputeProfile(dtype=dtype, gemm_fits=gemm_fits, memory_fit=memory_fit,
                              launch=launch_summary(samples.waiting_gaps_s, samples.queued_gaps_s,
-                                                   samples.forward_intervals_s, samples.backward_intervals_s))
+                                                   samples.forward_intervals_s, samples.backward_intervals_s,
+                                                   samples.forward_within_passes, samples.backward_within_passes))
     links = LinksProfile(backend="nccl", collectives=collective_fits) if collective_fits else None
     info = TraceFitInfo(traces=traces, system=system_name, accelerator=accelerator.name, held_out=HOLD_OUT_RULE,
                         gemm=gemm_error.summary(), collectives=collective_error.summary(),
@@ -146,7 +147,8 @@ def format_trace_fit(profile: CalibrationProfile) -> list[str]:
             return "n/a" if value is None else f"{value * 1e6:.2f} us"
         lines.append(f"  launch gaps waiting for the CPU {us(launch.waiting_gap_s)} ({launch.waiting_samples}), "
                      f"queued {us(launch.queued_gap_s)} ({launch.queued_samples}); the host launched a kernel "
-                     f"every {us(launch.host_interval_s)} ({launch.host_interval_samples} intervals; forwards "
+                     f"every {us(launch.host_interval_s)} ({launch.host_interval_statistic} of "
+                     f"{launch.host_interval_samples} intervals; forwards "
                      f"{us(launch.host_interval_forward_s)}, backwards {us(launch.host_interval_backward_s)})")
     for fit in (profile.links.collectives if profile.links else []):
         lines.append(f"  {fit.kind:<14} {fit.algorithm or '?'}/{fit.protocol or '?'} on {fit.ranks or '?'} ranks: "

@@ -23,6 +23,7 @@ import numpy as np
 from mpsim.calibrate.trace_fit.robust import fit_nonnegative
 from mpsim.calibrate.trace_fit.samples import MemorySample
 from mpsim.specs.calibration import LaunchGaps, StreamFit
+from mpsim.traces.host import launch_pace
 
 MIN_SIZES = 3  # distinct sizes before a line is fitted to memory-bound kernels
 
@@ -43,20 +44,31 @@ def fit_memory(samples: list[MemorySample]) -> StreamFit | None:
 
 
 def launch_summary(waiting_gaps_s: list[float], queued_gaps_s: list[float],
-                   forward_intervals_s: list[float] = (), backward_intervals_s: list[float] = ()
-                   ) -> LaunchGaps | None:
+                   forward_intervals_s: list[float] = (), backward_intervals_s: list[float] = (),
+                   forward_within: bool = False, backward_within: bool = False) -> LaunchGaps | None:
     """Median gaps between kernels, with and without the GPU waiting for the CPU, and the
-    median interval between the host's launches, over all threads and per pass kind."""
+    host's pace between launches (``traces.host.launch_pace``: the mean of the intervals
+    inside annotated passes, else the median), over all threads and per pass kind."""
     launch_intervals_s = [*forward_intervals_s, *backward_intervals_s]
     if not waiting_gaps_s and not queued_gaps_s and not launch_intervals_s:
         return None
-
-    def median(values):
-        return float(np.median(values)) if len(values) else None
+    forward_within = forward_within and bool(forward_intervals_s)
+    backward_within = backward_within and bool(backward_intervals_s)
+    # the kinds that have intervals; pooled, a mean where each of them has its intervals from its passes
+    kinds = [(name, within) for name, within, intervals in (("forwards", forward_within, forward_intervals_s),
+                                                            ("backwards", backward_within, backward_intervals_s))
+             if intervals]
+    pooled_within = bool(kinds) and all(within for _, within in kinds)
+    if pooled_within or not any(within for _, within in kinds):
+        statistic = "mean within passes" if pooled_within else "median"
+    else:
+        statistic = ", ".join(f"{name} {'mean within passes' if within else 'median'}" for name, within in kinds)
     return LaunchGaps(waiting_gap_s=float(np.median(waiting_gaps_s)) if waiting_gaps_s else None,
                       waiting_samples=len(waiting_gaps_s),
                       queued_gap_s=float(np.median(queued_gaps_s)) if queued_gaps_s else None,
                       queued_samples=len(queued_gaps_s),
-                      host_interval_s=median(launch_intervals_s), host_interval_samples=len(launch_intervals_s),
-                      host_interval_forward_s=median(forward_intervals_s),
-                      host_interval_backward_s=median(backward_intervals_s))
+                      host_interval_s=launch_pace(launch_intervals_s, pooled_within),
+                      host_interval_samples=len(launch_intervals_s),
+                      host_interval_forward_s=launch_pace(list(forward_intervals_s), forward_within),
+                      host_interval_backward_s=launch_pace(list(backward_intervals_s), backward_within),
+                      host_interval_statistic=statistic)

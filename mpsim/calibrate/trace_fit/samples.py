@@ -85,6 +85,9 @@ class TraceSamples:
     queued_gaps_s: list[float] = field(default_factory=list)
     forward_intervals_s: list[float] = field(default_factory=list)  # traces/host.py
     backward_intervals_s: list[float] = field(default_factory=list)
+    # per pass kind: every trace's intervals came from inside its annotated passes (traces/host.py)
+    forward_within_passes: bool = True
+    backward_within_passes: bool = True
     skipped: Counter = field(default_factory=Counter)
 
 
@@ -210,7 +213,16 @@ def trace_samples(traces: list[Trace]) -> TraceSamples:
         collective_samples(trace, samples)
         memory_samples(trace, samples)
         launch_gaps(trace, samples)
-        forward, backward = launch_intervals_by_pass(trace)
-        samples.forward_intervals_s += forward
-        samples.backward_intervals_s += backward
+        # inside the trace's annotated passes where it has them, for each kind of pass; else all
+        everything, inside = launch_intervals_by_pass(trace), launch_intervals_by_pass(trace, within_passes=True)
+        if inside[0] or not everything[0]:
+            samples.forward_intervals_s += inside[0]
+        else:
+            samples.forward_intervals_s += everything[0]
+            samples.forward_within_passes = False
+        if inside[1] or not everything[1]:
+            samples.backward_intervals_s += inside[1]
+        else:
+            samples.backward_intervals_s += everything[1]
+            samples.backward_within_passes = False
     return samples
