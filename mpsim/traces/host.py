@@ -19,7 +19,7 @@ the pace (``launch_pace``), for each kind of pass the windows hold. Without anno
 (or without those of one kind) the waits cannot be told apart from the launches, and the
 median over every interval stands in for it: a lower figure where a
 few launches take long (in the project's H200 trace the median is 64 us on the forward
-thread and 36 us on the backward one, the mean within passes 77 and 48 us).
+thread and 36 us on the backward one, the mean within passes 74 and 46 us).
 """
 
 from __future__ import annotations
