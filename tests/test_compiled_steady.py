@@ -132,3 +132,24 @@ def test_reductions_started_in_the_middle_are_evaluated_in_full(overlap):
     assert_close_timelines(bare, simulate(inp))
     # the same input without them skips
     assert simulate_compiled(replace(inp, action_buckets={}), records=False).skipped
+
+
+def test_stage_times_that_do_not_add_up_exactly_in_floating_point_still_repeat():
+    """Sixteen stages of slightly different times and 0.1 s transfers: in floating point their
+    sums round differently as the clock grows and no two boundaries' states were ever equal
+    (nothing was skipped before the loop took its times on a power-of-two grid). On the grid
+    the middle repeats exactly and is skipped, and the step is the full evaluation's to 1e-9."""
+    import random
+
+    from mpsim.engine import rank_spans
+
+    pp, microbatches = 16, 256
+    schedule = build_schedule("1f1b", pp, 1, microbatches, timer=rank_spans)
+    action_s = {(stage, kind): random.Random(stage).uniform(0.9, 1.1) * (2 if kind == "B" else 1)
+                for stage in range(pp) for kind in ("F", "B")}
+    transfer_s = {(a, b): 0.1 for a in range(pp) for b in range(pp) if abs(a - b) == 1}
+    inp = EngineInput(schedule, action_s, transfer_s)
+    bare = simulate_compiled(inp, records=False)
+    assert bare.skipped_items > 0.8 * 2 * pp * microbatches
+    assert_close_timelines(bare, simulate_compiled(inp))
+    assert close(bare.step_time_s, simulate(inp).step_time_s)

@@ -105,6 +105,11 @@ class _Compiled:
                 self.transfer[row, j] = transfer_id.setdefault((stage, consumer_stage), len(transfer_id))
         self.keys = list(key_id)
         self.transfer_keys = list(transfer_id)
+        # rows per duration key and sends per transfer key: the serial sum of a step's times
+        # from the per-key values alone (``_on_exact_grid``)
+        self.key_counts = np.bincount(self.key, minlength=len(self.keys)).astype(np.float64)
+        self.transfer_counts = np.bincount(self.transfer[self.transfer >= 0],
+                                           minlength=len(self.transfer_keys)).astype(np.float64)
         # for the records, per rank in program order: its rows and items; every send as
         # (row, output slot) with its source rank, consumer rank and producing action
         self.rank_rows = [np.array(rows, dtype=np.int64) for rows in self.row_of]
@@ -324,6 +329,7 @@ def _without_records(inp: EngineInput, c: _Compiled, duration_s: np.ndarray, tra
         first_row, period_rows, shift, live = 0, 1, 0, _NO_SLOTS
     else:
         first_row, period_rows, shift, live = period.first_row, period.rows, period.shift, period.live
+        duration_s, transfer_s = _on_exact_grid(c, duration_s, transfer_s)
     start, end, clock, sends_done, skipped, cycle_s = _kernel(_evaluate_steady_py)(
         c.rank, c.key, c.needs, c.gives, c.link, c.transfer, c.link_source, duration_s, transfer_s, num_ranks,
         c.slots, bool(inp.send_blocking), first_row, period_rows, boundaries, shift, live)
@@ -332,6 +338,27 @@ def _without_records(inp: EngineInput, c: _Compiled, duration_s: np.ndarray, tra
         timeline.skipped.append((skipped, shift, cycle_s, period.rank_rows))
     _finish(inp, timeline, c, feeds, start, end, clock.tolist(), sends_done.tolist())
     return timeline
+
+
+def _on_exact_grid(c: _Compiled, duration_s: np.ndarray, transfer_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Durations and transfer times rounded to the finest power-of-two grid on which every time
+    of the step is exact in float64.
+
+    Equal states are recognised bit for bit (``compiled_steady.py``), but a sum of times
+    like 0.1 s rounds differently as the clock grows, so a schedule whose exact times
+    repeat (uniform stages, say) may never show two equal states in floating point. On a
+    grid of ``2^-g`` seconds with every time below ``2^(53-g)``, sums, differences and
+    maxima of grid times are exact, and the times repeat as the exact ones do. The bound
+    is the serial sum of every row's duration and transfers (no time of the step exceeds
+    it); each value moves by at most half a grid step, ``2^-54`` of that sum, so the step
+    time moves by at most the number of rows on its longest path times that: below 1e-9
+    of it for any schedule mpsim builds (``tests/test_compiled_steady.py``).
+    """
+    bound = float(duration_s @ c.key_counts + (transfer_s @ c.transfer_counts if transfer_s.size else 0.0))
+    if not bound > 0 or not np.isfinite(bound):
+        return duration_s, transfer_s
+    scale = 2.0 ** (52 - math.ceil(math.log2(bound)))
+    return np.round(duration_s * scale) / scale, np.round(transfer_s * scale) / scale
 
 
 def _records(timeline: Timeline, c: _Compiled, ready: np.ndarray, start: np.ndarray, end: np.ndarray,

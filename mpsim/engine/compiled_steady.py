@@ -29,8 +29,11 @@ link's free time, and the arrival of every slot produced before and consumed aft
 
 Only ``records=False`` skips, and only where no row that is read afterwards (each rank's
 last row, the rows that feed the DP streams) lies in the skipped periods: the caller
-passes the last boundary it allows. Nothing is approximated: the times are the full
-evaluation's up to the rounding of the rebasing (a few units in the last place).
+passes the last boundary it allows. Its times are taken on a power-of-two grid fine
+enough that every time of the step is exact (``compiled._on_exact_grid``: each moves by
+under 2^-54 of the step's serial sum), so that states which repeat in exact arithmetic
+repeat bit for bit, where sums like 0.1 s would round differently as the clock grows.
+Nothing else is approximated: the times are the full evaluation's to that grid.
 """
 
 from __future__ import annotations
