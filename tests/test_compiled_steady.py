@@ -153,3 +153,24 @@ def test_stage_times_that_do_not_add_up_exactly_in_floating_point_still_repeat()
     assert bare.skipped_items > 0.8 * 2 * pp * microbatches
     assert_close_timelines(bare, simulate_compiled(inp))
     assert close(bare.step_time_s, simulate(inp).step_time_s)
+
+
+@pytest.mark.parametrize("transfer_s", [0.1, 0.125])
+def test_a_state_that_repeats_only_every_few_periods_is_found_and_skipped(transfer_s):
+    """Uniform 1F1B stages with transfers settle into a pattern over several layers (most
+    layers take F + B + 2 transfers, some only F + B): no two consecutive boundaries match,
+    but a boundary matches one a few periods back, and the whole repetition is jumped."""
+    from mpsim.engine import rank_spans
+
+    pp, microbatches = 16, 256
+    schedule = build_schedule("1f1b", pp, 1, microbatches, timer=rank_spans)
+    action_s = {(stage, kind): 2.0 if kind == "B" else 1.0 for stage in range(pp) for kind in ("F", "B")}
+    transfers = {(a, b): transfer_s for a in range(pp) for b in range(pp) if abs(a - b) == 1}
+    inp = EngineInput(schedule, action_s, transfers)
+    full = simulate_compiled(inp)
+    middle = [r.start_s for r in full.actions[7]][40:80:2]
+    assert len({round(b - a, 9) for a, b in zip(middle, middle[1:])}) > 1  # not the same every layer
+    bare = simulate_compiled(inp, records=False)
+    assert bare.skipped_items > 0.8 * 2 * pp * microbatches
+    assert_close_timelines(bare, full)
+    assert close(bare.step_time_s, simulate(inp).step_time_s)

@@ -17,13 +17,16 @@ link's free time, and the arrival of every slot produced before and consumed aft
    consumer rows). A run shorter than ``steady.MIN_LAYERS`` periods is not used.
 2. ``_evaluate_steady_py`` (compiled by numba): the loop of ``compiled.py`` without
    records. At each boundary it subtracts the latest clock from every time in the state
-   (and adds it to an offset) and compares the state with the previous boundary's, bit
-   for bit, live slots paired by ``q``. A send or link free no later than its rank's
+   (and adds it to an offset) and compares the state with those of the last
+   ``MAX_CYCLICITY`` boundaries, bit for bit, live slots paired by position (a state may
+   repeat only every few periods: uniform stages with transfers settle into a pattern
+   over several layers). A send or link free no later than its rank's
    clock cannot delay anything (every later time is a max with a time past that clock),
    so it compares as "none", not by value. Equal rebased states run the same operations
    on the same numbers over image rows, so every later period repeats them exactly.
-3. On a match it jumps to the last boundary: the live slots' times move to their slots
-   plus the skipped periods times ``q``, the offset grows by as many cycles, and the rows
+3. On a match ``j`` boundaries back it jumps over as many whole repetitions of those ``j``
+   periods as fit before the last boundary: the live slots' times move to their slots plus
+   the skipped periods times ``q``, the offset grows by as many repetitions, and the rows
    after it (the last periods and the cool-down) are evaluated as usual, their start and
    end stored as relative time plus offset.
 
@@ -43,6 +46,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpsim.engine.steady import MIN_LAYERS, _layers
+
+
+# how many boundaries back a state is looked for: a steady state may repeat only every few
+# periods (uniform stages with transfers settle into a pattern over several layers)
+MAX_CYCLICITY = 32
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,7 @@ def _evaluate_steady_py(rank, key, needs, gives, link, transfer, link_source, du
 
     ``boundaries`` < 2 evaluates every row. Returns each row's absolute start and end (rows
     skipped are left unset), each rank's clock and sends-done time, the periods skipped and
-    the cycle (seconds per period).
+    the cycle (seconds per period, their mean where the state repeats every few periods).
     """
     rows = rank.shape[0]
     num_links = link_source.shape[0]
@@ -140,10 +148,14 @@ def _evaluate_steady_py(rank, key, needs, gives, link, transfer, link_source, du
     link_free = np.full(num_links, -np.inf)
     arrival = np.empty(slots)  # every slot is written before it is read (the rows' order says so)
     live_count = live.shape[0]
-    last_clock = np.zeros(num_ranks)  # the state at the previous boundary, rebased
-    last_sends = np.zeros(num_ranks)
-    last_links = np.zeros(num_links)
-    last_arrival = np.zeros(live_count)
+    depth = MAX_CYCLICITY
+    # the states at the last ``depth`` boundaries, rebased, newest in slot k % depth, with each
+    # boundary's base (the seconds from the boundary before it)
+    last_clock = np.zeros((depth, num_ranks))
+    last_sends = np.zeros((depth, num_ranks))
+    last_links = np.zeros((depth, num_links))
+    last_arrival = np.zeros((depth, live_count))
+    last_base = np.zeros(depth)
     offset = 0.0
     skipped = 0
     cycle = 0.0
@@ -162,44 +174,58 @@ def _evaluate_steady_py(rank, key, needs, gives, link, transfer, link_source, du
             for i in range(live_count):
                 arrival[live[i] + moved] -= base
             offset += base
-            same = k > 0
-            if same:
+            # the state j boundaries back, for the smallest j it equals (0: none)
+            period = 0
+            for j in range(1, min(k, depth) + 1):
+                old = (k - j) % depth
+                same = True
                 for r in range(num_ranks):
-                    busy, was_busy = sends_done[r] > clock[r], last_sends[r] > last_clock[r]
-                    if clock[r] != last_clock[r] or busy != was_busy or (busy and sends_done[r] != last_sends[r]):
+                    busy, was_busy = sends_done[r] > clock[r], last_sends[old, r] > last_clock[old, r]
+                    if clock[r] != last_clock[old, r] or busy != was_busy or \
+                            (busy and sends_done[r] != last_sends[old, r]):
                         same = False
                         break
-            if same:
-                for lk in range(num_links):
-                    r = link_source[lk]
-                    busy, was_busy = link_free[lk] > clock[r], last_links[lk] > last_clock[r]
-                    if busy != was_busy or (busy and link_free[lk] != last_links[lk]):
-                        same = False
-                        break
-            if same:
-                for i in range(live_count):
-                    if arrival[live[i] + moved] != last_arrival[i]:
-                        same = False
-                        break
-            if same and k < boundaries:
-                skipped = boundaries - k
-                cycle = base
+                if same:
+                    for lk in range(num_links):
+                        r = link_source[lk]
+                        busy, was_busy = link_free[lk] > clock[r], last_links[old, lk] > last_clock[old, r]
+                        if busy != was_busy or (busy and link_free[lk] != last_links[old, lk]):
+                            same = False
+                            break
+                if same:
+                    for i in range(live_count):
+                        if arrival[live[i] + moved] != last_arrival[old, i]:
+                            same = False
+                            break
+                if same:
+                    period = j
+                    break
+            groups = (boundaries - k) // period if period > 0 else 0
+            if groups > 0:
+                # the last ``period`` bases are one repetition's seconds
+                repeat_s = base
+                for j in range(1, period):
+                    repeat_s += last_base[(k - j) % depth]
+                skipped = groups * period
+                cycle = repeat_s / period
                 jump = skipped * shift
                 for i in range(live_count):
-                    last_arrival[i] = arrival[live[i] + moved]
+                    last_arrival[0, i] = arrival[live[i] + moved]
                 for i in range(live_count):
-                    arrival[live[i] + moved + jump] = last_arrival[i]
-                offset += skipped * cycle
+                    arrival[live[i] + moved + jump] = last_arrival[0, i]
+                offset += groups * repeat_s
                 row += skipped * period_rows
                 boundary = -1
                 continue
+            slot_k = k % depth
             for r in range(num_ranks):
-                last_clock[r] = clock[r]
-                last_sends[r] = sends_done[r]
+                last_clock[slot_k, r] = clock[r]
+                last_sends[slot_k, r] = sends_done[r]
             for lk in range(num_links):
-                last_links[lk] = link_free[lk]
+                last_links[slot_k, lk] = link_free[lk]
             for i in range(live_count):
-                last_arrival[i] = arrival[live[i] + moved]
+                last_arrival[slot_k, i] = arrival[live[i] + moved]
+            last_base[slot_k] = base
             k += 1
             boundary = first_row + k * period_rows if k <= boundaries else -1
         r = rank[row]
