@@ -52,17 +52,16 @@ def launch_summary(waiting_gaps_s: list[float], queued_gaps_s: list[float],
     launch_intervals_s = [*forward_intervals_s, *backward_intervals_s]
     if not waiting_gaps_s and not queued_gaps_s and not launch_intervals_s:
         return None
-    forward_within = forward_within and bool(forward_intervals_s)
-    backward_within = backward_within and bool(backward_intervals_s)
-    # the kinds that have intervals; pooled, a mean where each of them has its intervals from its passes
-    kinds = [(name, within) for name, within, intervals in (("forwards", forward_within, forward_intervals_s),
-                                                            ("backwards", backward_within, backward_intervals_s))
-             if intervals]
-    pooled_within = bool(kinds) and all(within for _, within in kinds)
-    if pooled_within or not any(within for _, within in kinds):
-        statistic = "mean within passes" if pooled_within else "median"
+    # per kind that has intervals, how its pace is taken; pooled, a mean only where every kind's is
+    kinds = [(name, "mean within passes" if within else "median")
+             for name, within, intervals in (("forwards", forward_within, forward_intervals_s),
+                                             ("backwards", backward_within, backward_intervals_s)) if intervals]
+    labels = {label for _, label in kinds}
+    pooled_within = labels == {"mean within passes"}
+    if len(labels) > 1:
+        statistic = ", ".join(f"{name} {label}" for name, label in kinds)
     else:
-        statistic = ", ".join(f"{name} {'mean within passes' if within else 'median'}" for name, within in kinds)
+        statistic = labels.pop() if labels else "median"
     return LaunchGaps(waiting_gap_s=float(np.median(waiting_gaps_s)) if waiting_gaps_s else None,
                       waiting_samples=len(waiting_gaps_s),
                       queued_gap_s=float(np.median(queued_gaps_s)) if queued_gaps_s else None,
