@@ -10,29 +10,20 @@ costs. Per-step costs (gradient buckets, optimizer, pipeline transfers) are in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mpsim.cost import shared_prices
 from mpsim.cost.calibrated import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.compute import ComputeModel
+from mpsim.cost.segments import BlockPart, Part, Segment, Segments, TemplateOp
 from mpsim.cost.devices import RankDevice, pair_system, rank_devices
 from mpsim.cost.groups import group_placements
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
 from mpsim.workload.stage_work import Workload
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A piece of an action: a compute op, or a collective on the TP or DP stream."""
-
-    stream: str  # "compute", "tp" (collectives on the critical path or overlapped), "dp"
-    category: str  # "forward", "backward", "recompute", "weight-grad", "tp-comm", "dp-comm"
-    label: str
-    offset_s: float
-    duration_s: float
 
 
 @dataclass(frozen=True)
@@ -44,7 +35,7 @@ class ActionCost:
     tp_comm_s: float  # TP (and CP, EP) collectives inside the action
     tp_exposed_s: float  # of which not hidden under compute
     flops: float
-    segments: tuple[Segment, ...]
+    segments: Sequence[Segment]  # built when first read (segments.py)
     dp_exposed_s: float = 0.0  # waiting for ZeRO-3 parameter gathers
     async_dp: tuple[tuple[float, float, str], ...] = ()  # (ready fraction, seconds, label) on the DP stream
     exposed_by_group: tuple[tuple[str, float], ...] = ()  # exposed collective seconds per group (tp, cp, ep, ...)
@@ -223,54 +214,52 @@ class CostModel:
 
         by_group: dict[str, float] = {}
         previous_start = 0.0
-        segments: list[Segment] = []
+        parts: list[Part] = []
         releases: list[tuple[float, float, str]] = []
+        # With the host ahead, a block's ops take the same time wherever the block starts, so a
+        # stage's layers (one items tuple) are priced once and their steps replayed: the clock and
+        # the totals advance by the same additions in the same order as pricing op by op would
+        priced: dict[int, tuple[tuple, _BlockPrice]] = {}
         for block in work:
             if block.gather is not None:
                 # ZeRO-3 / FSDP: issued when the previous block started (prefetch)
                 host += host_s
                 gather_s = self.collective_s(block.gather)
-                segments.append(Segment("dp", "dp-comm", f"{block.label} {block.gather.name}", previous_start,
-                                        gather_s))
+                parts.append(Segment("dp", "dp-comm", f"{block.label} {block.gather.name}", previous_start, gather_s))
                 if previous_start + gather_s > clock:
                     dp_wait += previous_start + gather_s - clock
                     clock = previous_start + gather_s
             previous_start = clock
-            for item in block.items:
-                if isinstance(item, Overlap):
-                    clock = launched(clock)
-                    comm_s = self.collective_s(item.comm)
-                    segments.append(Segment("tp", "tp-comm", f"{block.label} {item.comm.name}", clock, comm_s))
-                    busy = ops_s = 0.0  # busy: the ops and any wait for their launches
-                    for op in item.compute:
-                        busy = launched(clock + busy, op.launches) - clock
-                        op_s = self.compute.time(op) * compute_scale
-                        segments.append(Segment("compute", block.category, f"{block.label} {op.name}",
-                                                clock + busy, op_s))
-                        busy += op_s
-                        ops_s += op_s
-                        flops += op.flops
-                    span = self.overlapped_s(busy, comm_s, item)
-                    clock += span
-                    compute += ops_s
-                    comm += comm_s
-                    exposed += max(0.0, span - busy)
-                    by_group[item.comm.group] = by_group.get(item.comm.group, 0.0) + max(0.0, span - busy)
-                elif item.kind == "collective":
-                    clock = launched(clock)
-                    comm_s = self.collective_s(item)
-                    segments.append(Segment("tp", "tp-comm", f"{block.label} {item.name}", clock, comm_s))
-                    clock += comm_s
-                    comm += comm_s
-                    exposed += comm_s
-                    by_group[item.group] = by_group.get(item.group, 0.0) + comm_s
-                else:
-                    clock = launched(clock, item.launches)
-                    op_s = self.compute.time(item) * compute_scale
-                    segments.append(Segment("compute", block.category, f"{block.label} {item.name}", clock, op_s))
-                    clock += op_s
-                    compute += op_s
-                    flops += item.flops
+            if cold:
+                # the host paces each op from where it is: priced in place, not replayed
+                price, starts, clock_after = self._block_ops(block.items, clock, launched, compute_scale)
+            else:
+                known = priced.get(id(block.items))
+                if known is None or known[0] is not block.items:
+                    count = [0]
+
+                    def counted(at: float, launches: int = 1) -> float:
+                        count[0] += launches
+                        return at
+
+                    known = priced[id(block.items)] = (block.items, self._block_ops(block.items, 0.0, counted,
+                                                                                     compute_scale)[0])
+                price = known[1]
+                host += host_s * price.launches
+                starts = []
+                for step in price.steps:
+                    starts.append(clock)
+                    clock += step.span_s
+            for step in price.steps:
+                compute += step.compute_s
+                comm += step.comm_s
+                exposed += step.exposed_s
+                flops += step.flops
+                if step.group:
+                    by_group[step.group] = by_group.get(step.group, 0.0) + step.exposed_s
+            if cold:
+                clock = clock_after
+            parts.append(BlockPart(block.label, block.category, price.template, tuple(starts)))
             if block.release is not None:
                 host += host_s
                 releases.append((clock, self.collective_s(block.release), f"{block.label} {block.release.name}"))
@@ -281,13 +270,81 @@ class CostModel:
         if self.calibration is not None and self.calibration.action_overhead_s > 0:
             # the fitted fixed cost of one action in the framework (autograd, Python, p2p posting)
             overhead_s = self.calibration.action_overhead_s
-            segments.append(Segment("compute", work[0].category if work else "forward", "action overhead",
-                                    clock, overhead_s))
+            parts.append(Segment("compute", work[0].category if work else "forward", "action overhead",
+                                 clock, overhead_s))
             clock += overhead_s
             compute += overhead_s
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
-        return ActionCost(clock, compute, comm, exposed, flops, tuple(segments), dp_wait, async_dp,
+        return ActionCost(clock, compute, comm, exposed, flops, Segments(parts), dp_wait, async_dp,
                           tuple(sorted(by_group.items())), host_wait)
+
+    def _block_ops(self, items: tuple, start: float, launched, compute_scale: float
+                   ) -> tuple["_BlockPrice", list[float], float]:
+        """One block's items run from ``start``: their steps (what each adds to the clock and the
+        totals) and segment template, each item's start, and the clock after the last.
+
+        ``launched(at, launches)`` is the host: when an op due at ``at`` can start."""
+        clock = start
+        steps: list[_Step] = []
+        starts: list[float] = []
+        template: list[TemplateOp] = []
+        launches = 0
+        for index, item in enumerate(items):
+            if isinstance(item, Overlap):
+                clock = launched(clock)
+                launches += 1
+                starts.append(clock)
+                comm_s = self.collective_s(item.comm)
+                template.append(("tp", item.comm.name, index, 0.0, comm_s))
+                busy = ops_s = item_flops = 0.0  # busy: the ops and any wait for their launches
+                for op in item.compute:
+                    busy = launched(clock + busy, op.launches) - clock
+                    launches += op.launches
+                    op_s = self.compute.time(op) * compute_scale
+                    template.append(("compute", op.name, index, busy, op_s))
+                    busy += op_s
+                    ops_s += op_s
+                    item_flops += op.flops
+                span = self.overlapped_s(busy, comm_s, item)
+                steps.append(_Step(span, ops_s, comm_s, max(0.0, span - busy), item_flops, item.comm.group))
+            elif item.kind == "collective":
+                clock = launched(clock)
+                launches += 1
+                starts.append(clock)
+                comm_s = self.collective_s(item)
+                template.append(("tp", item.name, index, 0.0, comm_s))
+                steps.append(_Step(comm_s, 0.0, comm_s, comm_s, 0.0, item.group))
+            else:
+                clock = launched(clock, item.launches)
+                launches += item.launches
+                starts.append(clock)
+                op_s = self.compute.time(item) * compute_scale
+                template.append(("compute", item.name, index, 0.0, op_s))
+                steps.append(_Step(op_s, op_s, 0.0, 0.0, item.flops, ""))
+            clock += steps[-1].span_s
+        return _BlockPrice(tuple(steps), tuple(template), launches), starts, clock
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one item of a block adds to a pass once it starts: its span, totals and the exposed
+    seconds it adds to its collective's group ("" for a compute op)."""
+
+    span_s: float
+    compute_s: float
+    comm_s: float
+    exposed_s: float
+    flops: float
+    group: str
+
+
+@dataclass(frozen=True)
+class _BlockPrice:
+    """A block's steps and segment template (``CostModel._block_ops``), and its kernel launches."""
+
+    steps: tuple[_Step, ...]
+    template: tuple[TemplateOp, ...]
+    launches: int
 
 
 def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, ...] | list[int]

@@ -62,7 +62,8 @@ class Flow:
                 segment += 1
             (t0, left0), (t1, left1) = points[segment], points[segment + 1]
             # a part too small to change the float total is passed where the segment starts
-            times.append(t0 if left >= left0 else t0 + (left0 - left) * (t1 - t0) / (left0 - left1))
+            # (the share of the segment first: a product of two tiny spans could underflow to 0)
+            times.append(t0 if left >= left0 else t0 + (t1 - t0) * ((left0 - left) / (left0 - left1)))
         return times
 
 

@@ -2,7 +2,9 @@
 
 A plan prices thousands of layouts that share most of their work. Layouts that differ only
 in their schedule share a scenario, layout, workload and cost model (``Prepared``, built
-lazily: most layouts of a large plan are settled by a memory check that needs no prices).
+lazily: most layouts of a large plan are settled by a memory check that needs no prices);
+groups that differ only in a ZeRO stage below 3 also share the workload, since those stages
+shard optimizer state and gradients and change no op.
 Layouts with the same schedule, pipeline depth, virtual stages and microbatch count share
 the schedule's short forms (``Short``). Every memory check is remembered by its exact
 fields, and collectives, sends and group placements by their exact inputs
@@ -42,6 +44,7 @@ from mpsim.workload import Workload, build_workload
 # recompute, 12 by default) and a few more. The check pass takes its layouts chunk by chunk, so
 # more would only keep groups it is done with, for the cycle collector to walk again and again
 PREPARED_ENTRIES = 16
+WORKLOAD_ENTRIES = 16  # a workload serves the layout groups that differ from it only below ZeRO-3
 SHORT_ENTRIES = 4096  # small: a few hundred items each, where full schedules hold up to a million
 MEMORY_ENTRIES = 16384  # four numbers each
 
@@ -54,8 +57,11 @@ class Prepared:
     layout differing only in recompute already made.
     """
 
-    def __init__(self, scenario: Scenario, layout: Layout):
+    def __init__(self, scenario: Scenario, layout: Layout, workload_key: Any = None):
         self.scenario, self.layout = scenario, layout
+        # layouts whose stages are alike (below ZeRO-3 the stage does not change a stage's ops)
+        # share one workload under this key (None: this group's own)
+        self.workload_key = workload_key
         self._workload: Workload | None = None
         self._model: CostModel | None = None
         self._memory: LayoutMemory | None = None
@@ -64,7 +70,12 @@ class Prepared:
     @property
     def workload(self) -> Workload:
         if self._workload is None:
-            self._workload = build_workload(self.scenario, self.layout)
+            shared = None if self.workload_key is None else WORKLOADS.get(self.workload_key)
+            if shared is None:
+                shared = build_workload(self.scenario, self.layout)
+                if self.workload_key is not None:
+                    remember(WORKLOADS, self.workload_key, shared)
+            self._workload = shared
         return self._workload
 
     @property
@@ -96,11 +107,12 @@ class Short:
 
 
 PREPARED: OrderedDict[tuple, Prepared] = OrderedDict()
+WORKLOADS: OrderedDict[tuple, Workload] = OrderedDict()
 SHORTS: OrderedDict[tuple, Short] = OrderedDict()
 MEMORY: OrderedDict[tuple, tuple[float, float, str, bool]] = OrderedDict()
 COLLECTIVES: dict = {}  # collectives.choose_algorithm's answers in this process (keyed on exact inputs)
 PRICES: dict = {}  # passes priced in this process, shared by cost models (cost.shared_prices)
-_LIMITS = {id(PREPARED): PREPARED_ENTRIES, id(SHORTS): SHORT_ENTRIES, id(MEMORY): MEMORY_ENTRIES}
+_LIMITS = {id(PREPARED): PREPARED_ENTRIES, id(WORKLOADS): WORKLOAD_ENTRIES, id(SHORTS): SHORT_ENTRIES, id(MEMORY): MEMORY_ENTRIES}
 
 
 def remember(cache: OrderedDict, key: Any, value: Any) -> Any:
@@ -115,7 +127,7 @@ def clear_caches() -> None:
     """Forget every layout, schedule, memory check, collective and placement this process has kept."""
     from mpsim.cost import topology
 
-    for cache in (PREPARED, SHORTS, MEMORY, COLLECTIVES, PRICES, topology._PLACED):
+    for cache in (PREPARED, WORKLOADS, SHORTS, MEMORY, COLLECTIVES, PRICES, topology._PLACED):
         cache.clear()
 
 

@@ -28,9 +28,12 @@ class StageOptions:
     tied_embeddings: bool
     mla: MLAShape | None
     moe: MoEShape | None
-    zero_stage: int
+    # ZeRO-3 / FSDP: the parameters are sharded over the data-parallel ranks and gathered block by
+    # block. Lower ZeRO stages shard only optimizer state and gradients, which change no op of a
+    # stage, so layouts that differ only there share their stages (and the prices of their passes)
+    shard_params: bool
     grad_bytes: int  # bytes per gradient element when reduced
-    reshard_after_forward: bool = True  # ZeRO-3: gather the parameters again before the backward
+    reshard_after_forward: bool = True  # with shard_params: gather the parameters again before the backward
     # plain PyTorch: each backward adds every weight gradient into .grad (LayerContext.grad_accumulation_fused)
     accumulate_grads: bool = False
 
@@ -78,7 +81,7 @@ class Workload:
 
 def _fsdp(label: str, params: float, options: StageOptions) -> tuple:
     """(gather, release) collectives of a block under ZeRO-3 / FSDP, or (None, None)."""
-    if options.zero_stage < 3 or params <= 0:
+    if not options.shard_params or params <= 0:
         return None, None
     return (collective(f"{label}.fsdp_all_gather_params", "all-gather", "zero", params * 2),
             collective(f"{label}.fsdp_reduce_scatter_grads", "reduce-scatter", "zero", params * options.grad_bytes))
@@ -114,7 +117,8 @@ def unit_blocks(label: str, params: float, forward, backward, backward_input, ba
     gather, release = _fsdp(label, params, options)
     again = gather if options.reshard_after_forward else None
     accumulate = accumulate_grads(label, param_tensors, options)
-    backward, backward_weight = (*backward, *accumulate), (*backward_weight, *accumulate)
+    if accumulate:  # otherwise the layer's own tuples, which its twins share (a pass prices them once)
+        backward, backward_weight = (*backward, *accumulate), (*backward_weight, *accumulate)
     fwd = Block(label, "forward", forward, gather)
     if redo:
         first = Block(label, "recompute", redo, again)

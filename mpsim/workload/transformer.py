@@ -14,7 +14,7 @@ depends on the recompute policy:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from mpsim.workload.attention import MLAShape, attention_block
 from mpsim.workload.blocks import BlockWork, LayerContext
@@ -33,7 +33,7 @@ class LayerWork:
     ffn: BlockWork
     layer_input_bytes: float  # what full recompute keeps
 
-    @property
+    @cached_property  # one tuple per layer: its twins in a stage share it (and its price)
     def forward(self) -> tuple[Item, ...]:
         return self.attention.forward + self.ffn.forward
 
@@ -41,15 +41,15 @@ class LayerWork:
     def recompute_selective(self) -> tuple[Item, ...]:
         return self.attention.recompute_selective
 
-    @property
+    @cached_property  # one tuple per layer: its twins in a stage share it (and its price)
     def backward(self) -> tuple[Item, ...]:
         return self.ffn.backward + self.attention.backward
 
-    @property
+    @cached_property  # one tuple per layer: its twins in a stage share it (and its price)
     def backward_input(self) -> tuple[Item, ...]:
         return self.ffn.backward_input + self.attention.backward_input
 
-    @property
+    @cached_property  # one tuple per layer: its twins in a stage share it (and its price)
     def backward_weight(self) -> tuple[Item, ...]:
         return self.ffn.backward_weight + self.attention.backward_weight
 
