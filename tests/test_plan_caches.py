@@ -111,7 +111,7 @@ def test_grouped_chunks_keep_each_group_on_one_worker():
     assert [len(c) for c in _chunks(todo, 2, group=lambda point: None)] == [len(c) for c in _chunks(todo, 2)]
 
 
-def test_the_check_pass_groups_layouts_by_their_stage_shapes(mid):
+def test_the_check_pass_groups_layouts_that_share_stage_shapes_and_schedules(mid):
     evaluator = PlanEvaluator(mid, "check")
     point = (("parallel.tp", 2), ("parallel.pp", 2), ("parallel.recompute", "full"),
              ("parallel.schedule", "1f1b"), ("parallel.zero_stage", 1), ("parallel.sequence_parallel", True))
@@ -119,10 +119,12 @@ def test_the_check_pass_groups_layouts_by_their_stage_shapes(mid):
              ("parallel.schedule", "zb-h1"), ("parallel.zero_stage", 0), ("parallel.sequence_parallel", False))
     # recompute, schedule, ZeRO stage and sequence parallelism vary inside a group
     assert evaluator.chunk_group(point) == evaluator.chunk_group(other)
-    # another TP width or microbatch size prices other passes
+    # another TP width alone changes the passes and the microbatch count
     assert evaluator.chunk_group(point) != evaluator.chunk_group((("parallel.tp", 4),) + point[1:])
-    assert evaluator.chunk_group(point) != evaluator.chunk_group((("parallel.microbatch_size", 2),) + point)
-    # pp 4 with one chunk per rank and pp 2 with two: as many layers per chunk, the same stage shapes
+    # tp 4 with microbatches twice as large: as many microbatches per replica, one group
+    larger = (("parallel.tp", 4), ("parallel.microbatch_size", 2)) + point[1:]
+    assert evaluator.chunk_group(larger) == evaluator.chunk_group(point)
+    # pp 4 with one chunk per rank and pp 2 with two: as many layers per chunk, one group
     deeper = (("parallel.pp", 4),) + tuple(item for item in point if item[0] != "parallel.pp")
     chunked = point + (("parallel.vpp", 2),)
     assert evaluator.chunk_group(deeper) == evaluator.chunk_group(chunked)

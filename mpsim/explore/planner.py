@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from math import gcd
 from typing import Any, Sequence
 
 from mpsim.cost.shared_prices import sharing as sharing_prices
@@ -161,20 +162,23 @@ class PlanEvaluator:
         return None
 
     def chunk_group(self, point: Point) -> Any:
-        """What the runner keeps on one worker: layouts whose stages are alike, so one worker
-        prices each stage's passes (``cost.shared_prices``). A stage's passes are set by the
-        tensor and context parallel widths, the microbatch size and the layers per model chunk,
-        which is the layer count over pp x vpp; recompute and sequence parallelism vary inside a
-        group. Layouts of one schedule (pipeline depth, chunks per rank, microbatches per
-        replica) may land on several workers and each generates it: a schedule costs a worker
-        less than pricing the passes of every stage shape again (``benchmarks/plan_speed.py``:
-        about 15 % less CPU than grouping by schedule). The simulation pass has no such group:
-        its layouts are few and long, spread for balance."""
+        """What the runner keeps on one worker: layouts that share stage shapes and schedules, so
+        one worker prices each shape's passes (``cost.shared_prices``) and generates and shortens
+        each schedule (``plancache.short_schedule``). A stage's passes are set by tp, cp, the
+        microbatch size and the layers per model chunk (the layer count over pp x vpp); a
+        schedule by pp, vpp and the microbatches per replica, global batch x tp x cp x pp /
+        (devices x microbatch size). Both are fixed within a group of one pp x vpp and one ratio
+        tp x cp / microbatch size (in lowest terms). Grouping by schedule alone spread the
+        pricing of each shape over the workers, which cost more than the schedules
+        (``benchmarks/plan_speed.py``). The simulation pass has no such group: its layouts are
+        few and long, spread for balance."""
         if self.mode != "check":
             return None
         fields, base = dict(point), self.scenario.parallel
-        return (fields.get("parallel.tp", base.tp), fields.get("parallel.cp", base.cp),
-                fields.get("parallel.microbatch_size", base.microbatch_size),
+        width = fields.get("parallel.tp", base.tp) * fields.get("parallel.cp", base.cp)
+        size = fields.get("parallel.microbatch_size", base.microbatch_size)
+        common = gcd(width, size)  # the ratio in lowest terms
+        return (width // common, size // common,
                 fields.get("parallel.pp", base.pp) * fields.get("parallel.vpp", base.vpp))
 
     @property
