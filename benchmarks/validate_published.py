@@ -541,10 +541,14 @@ def zero_bubble_table4(data: Path) -> list[Case]:
             *ZB_FRAMEWORK,
         ]
 
-        def predict(overrides=overrides, samples=microbatch * count * dp, gpus=gpus) -> Prediction:
+        def predict(overrides=overrides, samples=microbatch * count * dp, gpus=gpus,
+                    memory_gb=float(row["memory_gb"])) -> Prediction:
             summary = simulate_step(ZB_BASE, overrides)
+            # the table's memory column beside mpsim's peak (GB as the paper prints them, 1e9 bytes:
+            # an assumption, the unit is not defined there); not part of the throughput statistics
             return Prediction(samples / summary.step_time_s / gpus, step_breakdown(summary),
-                              {"step_s": summary.step_time_s})
+                              {"step_s": summary.step_time_s, "mem_meas": memory_gb,
+                               "mem_pred": summary.peak_memory_bytes / 1e9})
 
         label = f"{row['model']} p={pp} m={count} {row['schedule']}"
         notes = ("zb-ilp", "post-validation") if name in ("zb-1p", "zb-2p") else ()
@@ -631,7 +635,8 @@ TABLES: dict[str, Table] = {
                          "step time", "s", "s", dgxc_table),
     "zero_bubble_table4": Table("Qi et al. 2024 (Zero Bubble), Table 4: throughput, the authors' Megatron-LM fork "
                                 "on A100", "samples/s per GPU", "samples/s/GPU", "s", zero_bubble_table4,
-                                (("step s", "step_s"),), ZB_ASSUMPTIONS),
+                                (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
+                                ZB_ASSUMPTIONS),
     "zero_bubble_table9": Table("Qi et al. 2024 (Zero Bubble), Table 9: profiled F, B and W passes of one "
                                 "pipeline stage per microbatch, the authors' fork on A100", "T_F + T_B + T_W",
                                 "ms", "ms", zero_bubble_table9,
@@ -667,15 +672,28 @@ def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: boo
     return results
 
 
-def statistics(results: list[Result]) -> dict[str, float]:
-    """rows, mean and max absolute error and mean signed error (percent) of the predicted rows."""
-    errors = [r.error_pct for r in results if r.error_pct is not None]
+def error_statistics(errors: list[float]) -> dict[str, float]:
+    """rows, mean and max absolute error and mean signed error (percent)."""
     if not errors:
         return {"rows": 0, "mean_abs_error_pct": float("nan"), "max_abs_error_pct": float("nan"),
                 "mean_signed_error_pct": float("nan")}
     return {"rows": len(errors), "mean_abs_error_pct": sum(abs(e) for e in errors) / len(errors),
             "max_abs_error_pct": max(abs(e) for e in errors),
             "mean_signed_error_pct": sum(errors) / len(errors)}
+
+
+def statistics(results: list[Result]) -> dict[str, float]:
+    """The error statistics of the predicted rows."""
+    return error_statistics([r.error_pct for r in results if r.error_pct is not None])
+
+
+def memory_statistics(results: list[Result]) -> dict[str, float] | None:
+    """Error statistics of the peak memory, for rows whose source prints it (``mem_meas`` / ``mem_pred``)."""
+    pairs = [(r.extra["mem_meas"], r.extra["mem_pred"]) for r in results
+             if r.failure is None and "mem_meas" in r.extra and "mem_pred" in r.extra]
+    if not pairs:
+        return None
+    return error_statistics([100.0 * (predicted / measured - 1.0) for measured, predicted in pairs])
 
 
 def _stats_text(stats: dict[str, float]) -> str:
@@ -714,6 +732,10 @@ def print_table(name: str, results: list[Result]) -> None:
         print(f"{r.label:{width}s} {_fmt(r.measured, 9)} {_fmt(r.predicted, 9)} {r.error_pct:+6.1f}% {cells}{more}"
               f"  {note}".rstrip())
     print(f"{name}: {_stats_text(statistics(results))}")
+    memory = memory_statistics(results)
+    if memory is not None:
+        print(f"{name} peak memory (GB measured against mpsim's peak_memory_bytes; not in the line above or the "
+              f"last line): {_stats_text(memory)}")
     print()
 
 
@@ -744,6 +766,9 @@ def report(names: list[str], results: list[Result]) -> dict:
         if rows:
             print_table(name, rows)
             per_table[name] = statistics(rows)
+            memory = memory_statistics(rows)
+            if memory is not None:
+                per_table[name]["peak_memory"] = memory
     print_gaps(names, results)
     overall = statistics(results)
     print(f"tables={len(per_table)} rows={overall['rows']} mean_abs_error_pct={overall['mean_abs_error_pct']:.2f} "

@@ -63,9 +63,12 @@ def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) 
     rank_of = schedule.stage_to_rank
     transfer_s = max((pipeline_transfer_s(workload, model.between(rank_of[s], rank_of[s + 1]), rank_of[s],
                                           rank_of[s + 1], s) for s in stages[:-1]), default=0.0)
+    # the memory a forward holds and a pending weight gradient keeps, which the search's limit counts
     times = StageTimes(tuple(costs[(s, "F")].duration_s for s in stages),
                        tuple(costs[(s, "I")].duration_s for s in stages),
-                       tuple(costs[(s, "W")].duration_s for s in stages), transfer_s)
+                       tuple(costs[(s, "W")].duration_s for s in stages), transfer_s,
+                       tuple(workload.stages[s].activation_bytes for s in stages),
+                       tuple(workload.stages[s].weight_grad_buffer_bytes for s in stages))
     return SEARCHED[schedule.name](times, schedule.num_microbatches, rank_spans)
 
 

@@ -51,9 +51,10 @@ def test_searched_schedules_are_valid_within_limit_and_no_worse_than_zb_h(seed):
         schedule = searched(times, m, rank_spans)
         validate(schedule)  # every F, I and W once, on its rank, and no deadlock
         timing = execute([list(rank) for rank in schedule.actions], times, rank_spans)
-        assert max(timing.peak_pending) <= limit
+        cap = times.memory_cap(limit)
+        assert max(timing.peak_memory) <= cap
         reference = execute([list(rank) for rank in handmade(times.pp, 1, m).actions], times, rank_spans)
-        if max(reference.peak_pending) <= limit:
+        if max(reference.peak_memory) <= cap:
             assert timing.end_s <= reference.end_s + 1e-9
 
 
@@ -67,6 +68,7 @@ def test_the_search_times_a_schedule_exactly_as_the_engine_does(seed):
         replayed = execute(lists, times, rank_spans)  # the engine's longest-path evaluator
         assert replayed.longest_span_s == pytest.approx(timing.longest_span_s, rel=1e-12)
         assert (replayed.peak_pending, replayed.peak_held) == (timing.peak_pending, timing.peak_held)
+        assert replayed.peak_memory == pytest.approx(timing.peak_memory, rel=1e-12)
 
 
 def test_uniform_times_without_transfers_reach_zb_h2s_zero_bubble():
@@ -108,16 +110,44 @@ def test_torchs_class_names_name_their_schedules(torch_class, name):
     assert canonical_name(torch_class) == name
 
 
-def test_a_scenario_searches_with_its_own_stage_times():
+def scenario_times(result) -> StageTimes:
+    """A simulated scenario's stage times and memory, as the search gets them."""
+    stages = range(result.schedule.num_stages)
+    return StageTimes(*(tuple(result.costs[(s, kind)].duration_s for s in stages) for kind in "FIW"), 0.0,
+                      tuple(result.workload.stages[s].activation_bytes for s in stages),
+                      tuple(result.workload.stages[s].weight_grad_buffer_bytes for s in stages))
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_a_scenario_searches_with_its_own_stage_times_and_memory(recompute):
     scenario = load_scenario(SCENARIOS / "megatron_22b_8xa100.yaml",
                              ["parallel.tp=2", "parallel.pp=4", "parallel.dp=1", "parallel.global_batch_size=32",
-                              "parallel.schedule=zb-1p"]).scenario
+                              "parallel.schedule=zb-1p", f"parallel.recompute={recompute}"]).scenario
     searched = simulate(scenario)
     assert searched.schedule.name == "zb-1p"
     validate(searched.schedule)
+    times = scenario_times(searched)
+    timing = execute([list(rank) for rank in searched.schedule.actions], times, rank_spans)
+    assert max(timing.peak_memory) <= times.memory_cap(4)  # p microbatches' worth, weight gradients included
     h1 = simulate(scenario.model_copy(update={"parallel": scenario.parallel.model_copy(
         update={"schedule": "zb-h1"})}))
-    assert searched.timeline.step_time_s <= h1.timeline.step_time_s + 1e-9
+    if max(execute([list(rank) for rank in h1.schedule.actions], times, rank_spans).peak_memory) <= \
+            times.memory_cap(4):
+        assert searched.timeline.step_time_s <= h1.timeline.step_time_s + 1e-9
+
+
+def test_pending_weight_gradients_count_against_the_limit():
+    """As the authors' scheduler counts memory (a forward's activations, half of which a pending
+    weight gradient keeps in its example setting): on uniform times ZB-1p holds what 1F1B holds
+    and has ZB-H1's bubble, (p - 1)(T_F + T_B - T_W); ZB-2p reaches zero bubble within 2p."""
+    times = StageTimes.uniform(4, 1.0, 1.0, 1.0)
+    one = execute([list(rank) for rank in zb_1p(times, 12, rank_spans, objective="span").actions], times,
+                  rank_spans)
+    assert max(one.peak_memory) == pytest.approx(4.0)
+    assert one.longest_span_s == pytest.approx(12 * 3.0 + 3 * (1.0 + 1.0 - 1.0))
+    two = execute([list(rank) for rank in zb_2p(times, 12, rank_spans, objective="span").actions], times,
+                  rank_spans)
+    assert max(two.peak_memory) <= 8.0 and two.longest_span_s == pytest.approx(12 * 3.0)
 
 
 def test_a_limit_below_one_is_refused():

@@ -12,11 +12,16 @@ pipeline transfer and a memory limit, it
    that has idled most);
 3. ends with the weight gradients still pending.
 
-The memory limit counts what the paper's implementation counts
-(``--zero-bubble-max-pending-backward``): microbatches whose forward has run and whose
-input gradient has not. The activations a pending weight gradient still needs are not
-in that count (mpsim's memory report shows them). ``zb-1p`` allows p such microbatches,
-1F1B's first-stage count, and ``zb-2p`` 2p.
+The memory limit is the one the paper's implementation enforces. Its scheduler
+(``megatron/core/pipeline_parallel/auto_schedule.py`` in the authors' fork, commit 4769e08)
+adds each stage's activation memory per forward (``mem_f``), takes back part of it with
+the input gradient (``mem_b``) and the rest with the weight gradient (``mem_w``), and
+lets no stage hold more than ``--zero-bubble-max-pending-backward`` times a forward's
+memory (``zb_schedules.py``: ``max_pending_backward * max(f_mem[:2])``). So a weight
+gradient left pending still counts, with the share of the activations it keeps (the
+inputs of its GEMMs). ``zb-1p`` allows p forwards' worth, 1F1B's first-stage peak, and
+``zb-2p`` 2p. A search that counted only the microbatches waiting for their input
+gradient would defer weight gradients without limit and hold far more than 1F1B.
 
 Here the heuristic is list scheduling in simulated time (:func:`list_schedule`): each
 stage decides what to run at the moment it becomes free, knowing exactly which inputs
@@ -48,6 +53,12 @@ from mpsim.schedules.zero_bubble import zb_h1, zb_h2
 Timer = Callable[[Schedule, dict[tuple[int, str], float], dict[tuple[int, int], float]], list[tuple[float, float]]]
 
 
+# Where the stage's own share is unknown (the registry's unit-time schedules): the fork's
+# example setting, mem_f 2, mem_b -1, mem_w -1 (auto_schedule.py), a weight gradient keeping
+# half of a forward's activations
+WEIGHT_GRAD_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class StageTimes:
     """Seconds per stage of one microbatch: forward, input gradient, weight gradient; one transfer."""
@@ -56,11 +67,35 @@ class StageTimes:
     input_grad_s: tuple[float, ...]
     weight_grad_s: tuple[float, ...]
     transfer_s: float = 0.0
+    # per stage, the memory one forward holds until its input gradient, and the part of it a
+    # pending weight gradient keeps after (any unit; None: 1 and WEIGHT_GRAD_SHARE of it)
+    forward_memory: tuple[float, ...] | None = None
+    weight_grad_memory: tuple[float, ...] | None = None
 
     @classmethod
     def uniform(cls, pp: int, forward_s: float, input_grad_s: float, weight_grad_s: float,
                 transfer_s: float = 0.0) -> "StageTimes":
         return cls((forward_s,) * pp, (input_grad_s,) * pp, (weight_grad_s,) * pp, transfer_s)
+
+    def memory(self, stage: int) -> tuple[float, float]:
+        """(held by a forward, kept by its pending weight gradient) on ``stage``."""
+        held = self.forward_memory[stage] if self.forward_memory is not None else 1.0
+        kept = self.weight_grad_memory[stage] if self.weight_grad_memory is not None else WEIGHT_GRAD_SHARE * held
+        return held, kept
+
+    def memory_cap(self, microbatches: int) -> float:
+        """The most a stage may hold: ``microbatches`` times what one microbatch of the larger of
+        the first two stages holds (the fork's ``max_pending_backward * max(f_mem[:2])``), to a
+        part in 10^9, and never less than one microbatch of any stage (so that every stage can
+        run). What a microbatch holds is its forward's activations, or what its pending weight
+        gradient keeps where that is more (the GEMM inputs and output gradients, which exceed
+        the saved activations under selective recompute)."""
+        def one(stage: int) -> float:
+            return max(self.memory(stage))
+
+        largest = max(one(stage) for stage in range(min(2, self.pp)))
+        every = max(one(stage) for stage in range(self.pp))
+        return max(microbatches * largest, every) * (1.0 + 1e-9)
 
     @property
     def pp(self) -> int:
@@ -75,7 +110,7 @@ class StageTimes:
 class Knobs:
     """One setting of the heuristic."""
 
-    memory_limit: int  # microbatches a stage may hold with their input gradient pending (F run, I not yet)
+    memory_limit: int  # forwards' worth of activations a stage may hold (StageTimes.memory_cap)
     weight_gap: float  # run a pending W in a gap of at least this many T_W (0: in any gap)
     forward_guard: float  # in the warm-up, hold a forward back if the first input gradient arrives within this many T_F
     ahead: int | None  # at most 2(p-1-stage)+1+ahead forwards without their input gradient (None: no cap)
@@ -89,6 +124,7 @@ class Timing:
     longest_span_s: float  # the longest first-start to last-end of a stage: the Zero Bubble paper's cost
     peak_pending: tuple[int, ...]  # most microbatches each stage held with their input gradient pending
     peak_held: tuple[int, ...]  # most microbatches each stage held with their weight gradient pending
+    peak_memory: tuple[float, ...] = ()  # most activation memory each stage held (StageTimes.memory)
 
 
 def _arrival(times: StageTimes, stage: int, kind: str, mb: int, f_end: list, i_end: list) -> float | None:
@@ -137,6 +173,8 @@ class _ListScheduler:
         self.first_start: list[float | None] = [None] * pp
         self.last_end = [0.0] * pp
         self.most_pending, self.most_held = [0] * pp, [0] * pp
+        self.memory, self.most_memory = [0.0] * pp, [0.0] * pp  # activations held now, and at most
+        self.cap = times.memory_cap(knobs.memory_limit)
 
     def run(self) -> tuple[list[list[Action]], Timing]:
         while self.clock:
@@ -147,7 +185,7 @@ class _ListScheduler:
                 self._decide(stage, now)
         pp = self.times.pp
         timing = Timing(max(self.last_end), max(self.last_end[s] - (self.first_start[s] or 0.0) for s in range(pp)),
-                        tuple(self.most_pending), tuple(self.most_held))
+                        tuple(self.most_pending), tuple(self.most_held), tuple(self.most_memory))
         return self.lists, timing
 
     def _decide(self, stage: int, now: float) -> None:
@@ -156,7 +194,7 @@ class _ListScheduler:
         next_f, next_i = self.next_f[stage], self.next_i[stage]
         i_at = _arrival(times, stage, "I", next_i, self.f_end, self.i_end) if next_i < next_f else None
         pending = next_f - next_i  # forwards whose input gradient has not run
-        f_open = next_f < m and pending < knobs.memory_limit and (
+        f_open = next_f < m and self.memory[stage] + times.memory(stage)[0] <= self.cap and (
             knobs.ahead is None or pending < 2 * (times.pp - 1 - stage) + 1 + knobs.ahead)
         f_at = _arrival(times, stage, "F", next_f, self.f_end, self.i_end) if next_f < m else None
         i_ready = i_at is not None and i_at <= now
@@ -206,14 +244,20 @@ class _ListScheduler:
         if kind != "W":
             self.last_kind[stage] = kind
         self.lists[stage].append(Action(stage, kind, mb))
+        held, kept = self.times.memory(stage)
         if kind == "F":
             self.f_end[stage][mb], self.next_f[stage] = end, mb + 1
             pending = self.next_f[stage] - self.next_i[stage]
             self.most_pending[stage] = max(self.most_pending[stage], pending)
             self.most_held[stage] = max(self.most_held[stage], pending + len(self.pending_w[stage]))
+            self.memory[stage] += held
         elif kind == "I":
             self.i_end[stage][mb], self.next_i[stage] = end, mb + 1
             self.pending_w[stage].append(mb)
+            self.memory[stage] -= held - kept
+        else:
+            self.memory[stage] -= kept
+        self.most_memory[stage] = max(self.most_memory[stage], self.memory[stage])
         self._push(end, stage)
 
     def _append_weight_grads(self, stage: int) -> None:
@@ -239,18 +283,23 @@ def execute(lists: list[list[Action]], times: StageTimes, timer: Timer) -> Timin
     action_s = {(stage, kind): times.duration(stage, kind) for stage in range(pp) for kind in "FIW"}
     transfer_s = {pair: times.transfer_s for stage in range(pp - 1) for pair in ((stage, stage + 1), (stage + 1, stage))}
     spans = timer(schedule, action_s, transfer_s)
-    pending, held = [], []
-    for actions in lists:
+    pending, held, memory = [], [], []
+    for stage, actions in enumerate(lists):
         count = {"F": 0, "I": 0, "W": 0}
         most_pending = most_held = 0
+        forward, kept = times.memory(stage)
+        level = most_memory = 0.0
         for action in actions:
             count[action.kind] += 1
             most_pending = max(most_pending, count["F"] - count["I"])
             most_held = max(most_held, count["F"] - count["W"])
+            level += {"F": forward, "I": kept - forward, "W": -kept}[action.kind]
+            most_memory = max(most_memory, level)
         pending.append(most_pending)
         held.append(most_held)
+        memory.append(most_memory)
     return Timing(max(end for _, end in spans), max(end - start for start, end in spans),
-                  tuple(pending), tuple(held))
+                  tuple(pending), tuple(held), tuple(memory))
 
 
 def knob_grid(memory_limit: int) -> list[Knobs]:
@@ -261,7 +310,8 @@ def knob_grid(memory_limit: int) -> list[Knobs]:
 
 def search(times: StageTimes, num_microbatches: int, memory_limit: int, timer: Timer, name: str = "zb-auto",
            objective: str = "end") -> Schedule:
-    """The best schedule found with at most ``memory_limit`` input gradients pending per stage.
+    """The best schedule found whose stages hold at most ``memory_limit`` forwards' worth of
+    activations (``StageTimes.memory_cap``), pending weight gradients included.
 
     ``objective`` ``"end"`` ranks candidates by when the last action ends (the step time),
     ``"span"`` by the longest stage span (the Zero Bubble paper's cost); ties go to the
@@ -275,7 +325,12 @@ def search(times: StageTimes, num_microbatches: int, memory_limit: int, timer: T
     for handmade in (zb_h1, zb_h2):
         lists = [list(rank) for rank in handmade(pp, 1, num_microbatches).actions]
         timed.append((execute(lists, times, timer), lists))
-    fitting = [(timing, lists) for timing, lists in timed if max(timing.peak_pending) <= memory_limit]
+    cap = times.memory_cap(memory_limit)
+    fitting = [(timing, lists) for timing, lists in timed
+               if all(most <= cap for most in timing.peak_memory)]
+    if not fitting:  # nothing keeps to the limit (an input gradient may add memory): the leanest
+        leanest = min(max(timing.peak_memory) for timing, _ in timed)
+        fitting = [(timing, lists) for timing, lists in timed if max(timing.peak_memory) == leanest]
 
     def rank(timing: Timing) -> tuple[float, float, int]:
         first, second = (timing.end_s, timing.longest_span_s) if objective == "end" else \
@@ -288,12 +343,12 @@ def search(times: StageTimes, num_microbatches: int, memory_limit: int, timer: T
 
 
 def zb_1p(times: StageTimes, num_microbatches: int, timer: Timer, objective: str = "end") -> Schedule:
-    """ZB-1p: at most p input gradients pending per stage, 1F1B's first-stage count."""
+    """ZB-1p: at most p forwards' worth of activations per stage, 1F1B's first-stage peak."""
     return search(times, num_microbatches, times.pp, timer, "zb-1p", objective)
 
 
 def zb_2p(times: StageTimes, num_microbatches: int, timer: Timer, objective: str = "end") -> Schedule:
-    """ZB-2p: at most 2p input gradients pending per stage."""
+    """ZB-2p: at most 2p forwards' worth of activations per stage."""
     return search(times, num_microbatches, 2 * times.pp, timer, "zb-2p", objective)
 
 
