@@ -84,17 +84,14 @@ class StageTimes:
         return held, kept
 
     def memory_cap(self, microbatches: int) -> float:
-        """The most a stage may hold: ``microbatches`` times what one microbatch of the larger of
-        the first two stages holds (the fork's ``max_pending_backward * max(f_mem[:2])``), to a
-        part in 10^9, and never less than one microbatch of any stage (so that every stage can
-        run). What a microbatch holds is its forward's activations, or what its pending weight
-        gradient keeps where that is more (the GEMM inputs and output gradients, which exceed
-        the saved activations under selective recompute)."""
-        def one(stage: int) -> float:
-            return max(self.memory(stage))
-
-        largest = max(one(stage) for stage in range(min(2, self.pp)))
-        every = max(one(stage) for stage in range(self.pp))
+        """The most a stage may hold when it starts a forward: ``microbatches`` forwards of the
+        larger of the first two stages (the fork's ``max_pending_backward * max(f_mem[:2])``),
+        to a part in 10^9, and never less than one forward of any stage (so that every stage
+        can run). Like the fork's, the limit gates forwards only: an input gradient whose
+        weight gradient keeps more than the activations it frees (selective recompute,
+        sequence-parallel GEMM inputs) may take a stage past it, as it would under 1F1B."""
+        largest = max(self.memory(stage)[0] for stage in range(min(2, self.pp)))
+        every = max(self.memory(stage)[0] for stage in range(self.pp))
         return max(microbatches * largest, every) * (1.0 + 1e-9)
 
     @property
@@ -124,7 +121,8 @@ class Timing:
     longest_span_s: float  # the longest first-start to last-end of a stage: the Zero Bubble paper's cost
     peak_pending: tuple[int, ...]  # most microbatches each stage held with their input gradient pending
     peak_held: tuple[int, ...]  # most microbatches each stage held with their weight gradient pending
-    peak_memory: tuple[float, ...] = ()  # most activation memory each stage held (StageTimes.memory)
+    # most activation memory each stage held just after a forward, what the limit bounds (StageTimes.memory)
+    peak_memory: tuple[float, ...] = ()
 
 
 def _arrival(times: StageTimes, stage: int, kind: str, mb: int, f_end: list, i_end: list) -> float | None:
@@ -173,7 +171,8 @@ class _ListScheduler:
         self.first_start: list[float | None] = [None] * pp
         self.last_end = [0.0] * pp
         self.most_pending, self.most_held = [0] * pp, [0] * pp
-        self.memory, self.most_memory = [0.0] * pp, [0.0] * pp  # activations held now, and at most
+        # activations held now, and at most just after a forward
+        self.memory, self.most_memory = [0.0] * pp, [0.0] * pp
         self.cap = times.memory_cap(knobs.memory_limit)
 
     def run(self) -> tuple[list[list[Action]], Timing]:
@@ -251,13 +250,13 @@ class _ListScheduler:
             self.most_pending[stage] = max(self.most_pending[stage], pending)
             self.most_held[stage] = max(self.most_held[stage], pending + len(self.pending_w[stage]))
             self.memory[stage] += held
+            self.most_memory[stage] = max(self.most_memory[stage], self.memory[stage])
         elif kind == "I":
             self.i_end[stage][mb], self.next_i[stage] = end, mb + 1
             self.pending_w[stage].append(mb)
             self.memory[stage] -= held - kept
         else:
             self.memory[stage] -= kept
-        self.most_memory[stage] = max(self.most_memory[stage], self.memory[stage])
         self._push(end, stage)
 
     def _append_weight_grads(self, stage: int) -> None:
@@ -294,7 +293,8 @@ def execute(lists: list[list[Action]], times: StageTimes, timer: Timer) -> Timin
             most_pending = max(most_pending, count["F"] - count["I"])
             most_held = max(most_held, count["F"] - count["W"])
             level += {"F": forward, "I": kept - forward, "W": -kept}[action.kind]
-            most_memory = max(most_memory, level)
+            if action.kind == "F":
+                most_memory = max(most_memory, level)
         pending.append(most_pending)
         held.append(most_held)
         memory.append(most_memory)
@@ -326,11 +326,9 @@ def search(times: StageTimes, num_microbatches: int, memory_limit: int, timer: T
         lists = [list(rank) for rank in handmade(pp, 1, num_microbatches).actions]
         timed.append((execute(lists, times, timer), lists))
     cap = times.memory_cap(memory_limit)
+    # the heuristic's own candidates keep to the limit by construction; ZB-H1 and ZB-H2 may not
     fitting = [(timing, lists) for timing, lists in timed
                if all(most <= cap for most in timing.peak_memory)]
-    if not fitting:  # nothing keeps to the limit (an input gradient may add memory): the leanest
-        leanest = min(max(timing.peak_memory) for timing, _ in timed)
-        fitting = [(timing, lists) for timing, lists in timed if max(timing.peak_memory) == leanest]
 
     def rank(timing: Timing) -> tuple[float, float, int]:
         first, second = (timing.end_s, timing.longest_span_s) if objective == "end" else \
