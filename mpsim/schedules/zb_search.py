@@ -16,8 +16,8 @@ The memory limit is the one the paper's implementation enforces. Its scheduler
 (``megatron/core/pipeline_parallel/auto_schedule.py`` in the authors' fork, commit 4769e08)
 adds each stage's activation memory per forward (``mem_f``), takes back part of it with
 the input gradient (``mem_b``) and the rest with the weight gradient (``mem_w``), and
-lets no stage hold more than ``--zero-bubble-max-pending-backward`` times a forward's
-memory (``zb_schedules.py``: ``max_pending_backward * max(f_mem[:2])``). So a weight
+starts no forward that would take a stage past ``--zero-bubble-max-pending-backward``
+times a forward's memory (``zb_schedules.py``: ``max_pending_backward * max(f_mem[:2])``). So a weight
 gradient left pending still counts, with the share of the activations it keeps (the
 inputs of its GEMMs). ``zb-1p`` allows p forwards' worth, 1F1B's first-stage peak, and
 ``zb-2p`` 2p. A search that counted only the microbatches waiting for their input
