@@ -12,7 +12,8 @@ from mpsim.engine import EngineInput, rank_spans, simulate as run_engine
 from mpsim.schedules.actions import Schedule
 from mpsim.schedules.registry import canonical_name
 from mpsim.schedules.validate import validate
-from mpsim.schedules.zb_search import StageTimes, execute, knob_grid, list_schedule, search, zb_1p, zb_2p
+from mpsim.schedules.zb_search import (StageTimes, _split_1f1b, execute, knob_grid, list_schedule, search, zb_1p,
+                                        zb_2p)
 from mpsim.schedules.zero_bubble import zb_h1, zb_h2
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
@@ -56,6 +57,17 @@ def test_searched_schedules_are_valid_within_limit_and_no_worse_than_zb_h(seed):
         reference = execute([list(rank) for rank in handmade(times.pp, 1, m).actions], times, rank_spans)
         if max(reference.peak_memory) <= cap:
             assert timing.end_s <= reference.end_s + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_zb_1p_never_ends_after_1f1b_with_its_backward_split(seed):
+    """1F1B with each backward run as I then W keeps to ZB-1p's limit, so the search is at least as good."""
+    times, m = random_times(200 + seed)
+    split = execute([list(rank) for rank in _split_1f1b(times.pp, 1, m).actions], times, rank_spans)
+    assert max(split.peak_memory) <= times.memory_cap(times.pp)
+    searched = zb_1p(times, m, rank_spans)
+    timing = execute([list(rank) for rank in searched.actions], times, rank_spans)
+    assert timing.end_s <= split.end_s + 1e-9
 
 
 @pytest.mark.parametrize("seed", range(6))

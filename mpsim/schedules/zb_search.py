@@ -28,7 +28,7 @@ stage decides what to run at the moment it becomes free, knowing exactly which i
 have arrived (stages advance earliest-first, so nothing can still arrive in the past).
 :func:`search` tries a grid of the knobs: how large a gap a weight gradient needs, how
 close an input gradient must be to hold a warm-up forward back, and how many forwards
-may run ahead of their input gradients. It adds ZB-H1 and ZB-H2 as candidates. Each
+may run ahead of their input gradients. It adds ZB-H1, ZB-H2 and 1F1B with split backwards as candidates. Each
 candidate is timed with the engine's rules: the heuristic places every action when the
 engine would start it, and ZB-H1 and ZB-H2 are timed by a function the caller passes
 (:data:`Timer`; the main path and the planner pass the engine's longest-path evaluator,
@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mpsim.schedules.actions import Action, Schedule
-from mpsim.schedules.generators import loop_placement
+from mpsim.schedules.generators import loop_placement, one_f_one_b
 from mpsim.schedules.zero_bubble import zb_h1, zb_h2
 
 # Per rank, (start of its first action, end of its last) when action (stage, kind) takes
@@ -302,6 +302,17 @@ def execute(lists: list[list[Action]], times: StageTimes, timer: Timer) -> Timin
                   tuple(pending), tuple(held), tuple(memory))
 
 
+def _split_1f1b(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """1F1B with each backward run as its input gradient and, right after, its weight gradient:
+    within ZB-1p's limit by construction, so the search never ends later than it (the paper's
+    ZB-1p is never slower than 1F1B)."""
+    plain = one_f_one_b(pp, vpp, num_microbatches)
+    ranks = tuple(tuple(part for action in rank for part in (
+        (Action(action.stage, "I", action.microbatch), Action(action.stage, "W", action.microbatch))
+        if action.kind == "B" else (action,))) for rank in plain.actions)
+    return Schedule("1f1b-split", num_microbatches, plain.stage_to_rank, ranks)
+
+
 def knob_grid(memory_limit: int) -> list[Knobs]:
     """The settings :func:`search` tries (on the paper's setups the best always uses the whole limit)."""
     return [Knobs(memory_limit, gap, guard, ahead) for gap in (0.0, 0.5, 1.0) for guard in (0.0, 0.5, 1.0)
@@ -322,7 +333,7 @@ def search(times: StageTimes, num_microbatches: int, memory_limit: int, timer: T
         raise ValueError(f"the memory limit must allow at least one microbatch, got {memory_limit}")
     timed = [(timing, lists) for lists, timing in
              (list_schedule(times, num_microbatches, knobs) for knobs in knob_grid(memory_limit))]
-    for handmade in (zb_h1, zb_h2):
+    for handmade in (zb_h1, zb_h2, _split_1f1b):
         lists = [list(rank) for rank in handmade(pp, 1, num_microbatches).actions]
         timed.append((execute(lists, times, timer), lists))
     cap = times.memory_cap(memory_limit)
