@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost, stage_costs
+from mpsim.cost.actions import ActionCost, CostModel, stage_costs
+from mpsim.cost.pairs import overlapped_cost
 from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
                              param_gather_exposed_s, pipeline_transfer_s, pipeline_transfer_spec,
                              tied_embedding_sync_s)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from mpsim.cli import main
-from mpsim.cost.actions import ActionCost, CostModel, overlapped_cost
+from mpsim.cost.actions import ActionCost, CostModel
+from mpsim.cost.pairs import overlapped_cost
 from mpsim.cost.step import (GRAD_ZERO_BYTES_PER_PARAM, bucket_params, bucket_sizes, final_grad_buckets,
                              optimizer_update_s, param_gather_exposed_s, param_gather_s)
 from mpsim.errors import InputError

@@ -17,9 +17,9 @@ from mpsim.cost import shared_prices
 from mpsim.cost.calibrated import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
 from mpsim.cost.compute import ComputeModel
-from mpsim.cost.segments import BlockPart, Part, Segment, Segments, TemplateOp
 from mpsim.cost.devices import RankDevice, pair_system, rank_devices
 from mpsim.cost.groups import group_placements
+from mpsim.cost.segments import BlockPart, Part, Segment, Segments, TemplateOp
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
@@ -236,13 +236,7 @@ class CostModel:
             else:
                 known = priced.get(id(block.items))
                 if known is None or known[0] is not block.items:
-                    count = [0]
-
-                    def counted(at: float, launches: int = 1) -> float:
-                        count[0] += launches
-                        return at
-
-                    known = priced[id(block.items)] = (block.items, self._block_ops(block.items, 0.0, counted,
+                    known = priced[id(block.items)] = (block.items, self._block_ops(block.items, 0.0, _host_ahead,
                                                                                      compute_scale)[0])
                 price = known[1]
                 host += host_s * price.launches
@@ -325,6 +319,11 @@ class CostModel:
         return _BlockPrice(tuple(steps), tuple(template), launches), starts, clock
 
 
+def _host_ahead(at: float, launches: int = 1) -> float:
+    """The host when it runs ahead of the GPU: every op starts when it is due."""
+    return at
+
+
 @dataclass(frozen=True)
 class _Step:
     """What one item of a block adds to a pass once it starts: its span, totals and the exposed
@@ -366,47 +365,3 @@ def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, 
                 here.price(work.backward_weight, here.weight_pass_slowdown if stage > 0 else 1.0))
         costs[(stage, "F")], costs[(stage, "B")], costs[(stage, "I")], costs[(stage, "W")] = found
     return costs
-
-
-def overlapped_cost(forward: ActionCost, backward: ActionCost, overlap: bool = True) -> ActionCost:
-    """A forward and a backward run as one step of a DualPipe schedule (its F&B).
-
-    With ``overlap`` (DeepSeek's implementation, ``training.overlap_paired_passes``) their
-    compute shares the device and adds up, and each one's exposed communication can hide
-    under the other's compute, so only what exceeds the pair's compute shows. Without it
-    (PyTorch's schedule runtime runs the two halves of an OVERLAP_F_B one after the
-    other) the pair lasts a forward plus a backward, each with its own exposed
-    communication.
-    """
-    compute = forward.compute_s + backward.compute_s
-    shift = forward.duration_s
-    segments = forward.segments + tuple(
-        Segment(seg.stream, seg.category, seg.label, seg.offset_s + shift, seg.duration_s) for seg in backward.segments)
-    # the pair's segments are laid end to end; the span is the overlapped duration
-    dp_wait = forward.dp_exposed_s + backward.dp_exposed_s
-    groups: dict[str, float] = {}
-    for group, seconds in forward.exposed_by_group + backward.exposed_by_group:
-        groups[group] = groups.get(group, 0.0) + seconds
-    host_wait = forward.host_wait_s + backward.host_wait_s
-    if not overlap:
-        return ActionCost(forward.duration_s + backward.duration_s, compute, forward.tp_comm_s + backward.tp_comm_s,
-                          forward.tp_exposed_s + backward.tp_exposed_s, forward.flops + backward.flops, segments,
-                          dp_wait, _end_to_end(forward, backward), tuple(sorted(groups.items())), host_wait)
-    exposed = max(0.0, forward.tp_exposed_s + backward.tp_exposed_s - compute)
-    # what stays exposed is shared out over the groups in proportion to their own exposure
-    total = sum(groups.values())
-    share = exposed / total if total > 0 else 0.0
-    return ActionCost(compute + exposed + dp_wait + host_wait, compute, forward.tp_comm_s + backward.tp_comm_s,
-                      exposed, forward.flops + backward.flops, segments, dp_wait,
-                      forward.async_dp + backward.async_dp,
-                      tuple(sorted((group, seconds * share) for group, seconds in groups.items())), host_wait)
-
-
-def _end_to_end(forward: ActionCost, backward: ActionCost) -> tuple[tuple[float, float, str], ...]:
-    """The two halves' DP-stream reductions, their ready points placed on the pair laid end to end."""
-    total = forward.duration_s + backward.duration_s
-    if total <= 0:
-        return forward.async_dp + backward.async_dp
-    first = forward.duration_s / total
-    return (tuple((ready * first, seconds, label) for ready, seconds, label in forward.async_dp)
-            + tuple((first + ready * (1 - first), seconds, label) for ready, seconds, label in backward.async_dp))

@@ -1,0 +1,56 @@
+"""DualPipe's F&B step: a forward and a backward of two stages priced as one action.
+
+DualPipe and DualPipeV pair a forward of one stage with a backward of another and run
+them as one step (``Overlapped`` in the schedule). Whether the two overlap is the
+framework's: DeepSeek's implementation interleaves their compute and communication,
+PyTorch's schedule runtime runs one half after the other (``training.overlap_paired_passes``).
+"""
+
+from __future__ import annotations
+
+from mpsim.cost.actions import ActionCost
+from mpsim.cost.segments import Segment
+
+
+def overlapped_cost(forward: ActionCost, backward: ActionCost, overlap: bool = True) -> ActionCost:
+    """A forward and a backward run as one step of a DualPipe schedule (its F&B).
+
+    With ``overlap`` (DeepSeek's implementation, ``training.overlap_paired_passes``) their
+    compute shares the device and adds up, and each one's exposed communication can hide
+    under the other's compute, so only what exceeds the pair's compute shows. Without it
+    (PyTorch's schedule runtime runs the two halves of an OVERLAP_F_B one after the
+    other) the pair lasts a forward plus a backward, each with its own exposed
+    communication.
+    """
+    compute = forward.compute_s + backward.compute_s
+    shift = forward.duration_s
+    segments = forward.segments + tuple(
+        Segment(seg.stream, seg.category, seg.label, seg.offset_s + shift, seg.duration_s) for seg in backward.segments)
+    # the pair's segments are laid end to end; the span is the overlapped duration
+    dp_wait = forward.dp_exposed_s + backward.dp_exposed_s
+    groups: dict[str, float] = {}
+    for group, seconds in forward.exposed_by_group + backward.exposed_by_group:
+        groups[group] = groups.get(group, 0.0) + seconds
+    host_wait = forward.host_wait_s + backward.host_wait_s
+    if not overlap:
+        return ActionCost(forward.duration_s + backward.duration_s, compute, forward.tp_comm_s + backward.tp_comm_s,
+                          forward.tp_exposed_s + backward.tp_exposed_s, forward.flops + backward.flops, segments,
+                          dp_wait, _end_to_end(forward, backward), tuple(sorted(groups.items())), host_wait)
+    exposed = max(0.0, forward.tp_exposed_s + backward.tp_exposed_s - compute)
+    # what stays exposed is shared out over the groups in proportion to their own exposure
+    total = sum(groups.values())
+    share = exposed / total if total > 0 else 0.0
+    return ActionCost(compute + exposed + dp_wait + host_wait, compute, forward.tp_comm_s + backward.tp_comm_s,
+                      exposed, forward.flops + backward.flops, segments, dp_wait,
+                      forward.async_dp + backward.async_dp,
+                      tuple(sorted((group, seconds * share) for group, seconds in groups.items())), host_wait)
+
+
+def _end_to_end(forward: ActionCost, backward: ActionCost) -> tuple[tuple[float, float, str], ...]:
+    """The two halves' DP-stream reductions, their ready points placed on the pair laid end to end."""
+    total = forward.duration_s + backward.duration_s
+    if total <= 0:
+        return forward.async_dp + backward.async_dp
+    first = forward.duration_s / total
+    return (tuple((ready * first, seconds, label) for ready, seconds, label in forward.async_dp)
+            + tuple((first + ready * (1 - first), seconds, label) for ready, seconds, label in backward.async_dp))
