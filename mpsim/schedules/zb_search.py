@@ -321,8 +321,8 @@ def knob_grid(memory_limit: int) -> list[Knobs]:
 
 def search(times: StageTimes, num_microbatches: int, memory_limit: int, timer: Timer, name: str = "zb-auto",
            objective: str = "end") -> Schedule:
-    """The best schedule found whose stages hold at most ``memory_limit`` forwards' worth of
-    activations (``StageTimes.memory_cap``), pending weight gradients included.
+    """The best schedule found in which no forward takes its stage past ``memory_limit``
+    forwards' worth of activations, pending weight gradients included (``StageTimes.memory_cap``).
 
     ``objective`` ``"end"`` ranks candidates by when the last action ends (the step time),
     ``"span"`` by the longest stage span (the Zero Bubble paper's cost); ties go to the
