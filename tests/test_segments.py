@@ -51,3 +51,23 @@ def test_segments_are_built_once_and_behave_as_a_tuple():
     assert segments + (ready,) == expected + (ready,) and (ready,) + segments == (ready,) + expected
     assert pickle.loads(pickle.dumps(segments)) == expected
     assert hash(segments) == hash(expected)
+
+
+@pytest.mark.parametrize("overrides", [[], ["parallel.zero_stage=3"]])
+def test_replayed_layers_add_up_as_pricing_op_by_op_does(overrides):
+    """With no launch cost, a pass that starts cold runs each block in place from the absolute clock,
+    op after op: the replay of blocks priced once must give its numbers to the bit (a replay that
+    added a block's span at once, or its totals per block, would differ in the last bits)."""
+    base = ["training.host_launch_interval=0"] + overrides
+    warm = load_scenario(SCENARIOS / "megatron_22b_8xa100.yaml", base).scenario
+    cold = load_scenario(SCENARIOS / "megatron_22b_8xa100.yaml",
+                         base + ["training.host_sync_between_passes=true"]).scenario
+    layout = resolve(warm)
+    stage = max(build_workload(warm, layout).stages, key=lambda work: len(work.forward))
+    for work in (stage.forward, stage.backward, stage.backward_input, stage.backward_weight):
+        replayed, in_place = CostModel(warm, layout).price(work), CostModel(cold, layout).price(work)
+        assert (replayed.duration_s, replayed.compute_s, replayed.tp_comm_s, replayed.tp_exposed_s,
+                replayed.flops, replayed.exposed_by_group) == \
+               (in_place.duration_s, in_place.compute_s, in_place.tp_comm_s, in_place.tp_exposed_s,
+                in_place.flops, in_place.exposed_by_group)
+        assert replayed.segments == in_place.segments

@@ -112,7 +112,8 @@ SHORTS: OrderedDict[tuple, Short] = OrderedDict()
 MEMORY: OrderedDict[tuple, tuple[float, float, str, bool]] = OrderedDict()
 COLLECTIVES: dict = {}  # collectives.choose_algorithm's answers in this process (keyed on exact inputs)
 PRICES: dict = {}  # passes priced in this process, shared by cost models (cost.shared_prices)
-_LIMITS = {id(PREPARED): PREPARED_ENTRIES, id(WORKLOADS): WORKLOAD_ENTRIES, id(SHORTS): SHORT_ENTRIES, id(MEMORY): MEMORY_ENTRIES}
+_LIMITS = {id(PREPARED): PREPARED_ENTRIES, id(WORKLOADS): WORKLOAD_ENTRIES, id(SHORTS): SHORT_ENTRIES,
+           id(MEMORY): MEMORY_ENTRIES}
 
 
 def remember(cache: OrderedDict, key: Any, value: Any) -> Any:

@@ -122,7 +122,7 @@ class Timing:
     peak_pending: tuple[int, ...]  # most microbatches each stage held with their input gradient pending
     peak_held: tuple[int, ...]  # most microbatches each stage held with their weight gradient pending
     # most activation memory each stage held just after a forward, what the limit bounds (StageTimes.memory)
-    peak_memory: tuple[float, ...] = ()
+    peak_memory: tuple[float, ...]
 
 
 def _arrival(times: StageTimes, stage: int, kind: str, mb: int, f_end: list, i_end: list) -> float | None:
