@@ -65,6 +65,22 @@ def test_balance_is_optimal_within_the_memory_limit(problem):
     assert bottleneck_s(problem, counts) == pytest.approx(optimum, rel=1e-9)
 
 
+def test_a_stage_exactly_at_its_budget_fits_for_the_search_as_for_the_check():
+    # summed directly, 1.741... + 0.0 and the prefix difference 4.375... - 1.741... round apart by one
+    # unit in the last place; a stage at its budget then fitted by one count and not by the other
+    # (found by the search above run with 8,000 random problems)
+    problem = PartitionProblem(unit_s=(1.0, 1.0), parts=2, boundary_s=(0.0, 0.0),
+                               unit_state_bytes=(1.7414852951386703, 2.6336266597657447),
+                               unit_activation_bytes=(0.0, 0.0), extra_s=(0.0, 0.0), in_flight=(2, 1),
+                               capacity_bytes=2.6336266597657447)
+    assert exhaustive(problem) == (1.0, (1, 1))
+    assert balance(problem) == (1, 1) and fits(problem, (1, 1))
+    # the best split by time is the one the check allows, not a slower neighbour
+    edge = PartitionProblem(unit_s=(3.0, 1.0, 1.0), parts=2, unit_state_bytes=(0.1, 0.2, 0.3), capacity_bytes=0.5)
+    optimum, best = exhaustive(edge)
+    assert balance(edge) == best and bottleneck_s(edge, best) == optimum
+
+
 def test_memory_limit_moves_layers_off_the_first_stage():
     # equal layers; the first stage keeps 4 microbatches in flight, the last one
     free = PartitionProblem((1.0,) * 8, 4, unit_activation_bytes=(1.0,) * 8, in_flight=(4, 3, 2, 1))

@@ -73,14 +73,21 @@ def stage_time_s(problem: PartitionProblem, stage: int, a: int, b: int, times: P
     return work + problem._get(problem.extra_s, stage) + send
 
 
-def stage_bytes(problem: PartitionProblem, stage: int, a: int, b: int, state: Prefix | None = None,
-                acts: Prefix | None = None) -> float:
-    """Peak bytes of ``stage`` holding units ``[a, b)``."""
-    held = state.range(a, b) if state else sum(problem.unit_state_bytes[a:b]) if problem.unit_state_bytes else 0.0
-    kept = acts.range(a, b) if acts else sum(problem.unit_activation_bytes[a:b]) if problem.unit_activation_bytes \
-        else 0.0
+def stage_bytes(problem: PartitionProblem, stage: int, held: float, kept: float) -> float:
+    """Peak bytes of ``stage`` holding units whose state adds up to ``held`` and activations to ``kept``."""
     flight = problem.in_flight[stage] if problem.in_flight else 1
     return held + flight * kept + problem._get(problem.extra_bytes, stage)
+
+
+def units_bytes(values: tuple[float, ...], a: int, b: int) -> float:
+    """Bytes of units ``[a, b)``, added from the last unit to the first: the order in which
+    :func:`balance` grows a stage, so that the search and :func:`fits` add each stage's
+    bytes alike (a prefix difference can round one unit in the last place away from the
+    sum, and a stage exactly at its budget would fit by one count and not by the other)."""
+    total = 0.0
+    for value in reversed(values[a:b]):
+        total += value
+    return total
 
 
 def counts_to_cuts(counts: tuple[int, ...] | list[int]) -> list[tuple[int, int]]:
@@ -99,7 +106,8 @@ def bottleneck_s(problem: PartitionProblem, counts: tuple[int, ...] | list[int])
 
 def fits(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> bool:
     """Whether every stage of the split is within the memory budget."""
-    return all(stage_bytes(problem, i, a, b) <= problem.capacity_of(i)
+    return all(stage_bytes(problem, i, units_bytes(problem.unit_state_bytes, a, b),
+                           units_bytes(problem.unit_activation_bytes, a, b)) <= problem.capacity_of(i)
                for i, (a, b) in enumerate(counts_to_cuts(counts)))
 
 
@@ -109,8 +117,8 @@ def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ..
     if parts < 1 or n < parts:
         raise ValueError(f"cannot split {n} units into {parts} non-empty stages")
     times = Prefix(problem.unit_s, n)
-    state = Prefix(problem.unit_state_bytes, n)
-    acts = Prefix(problem.unit_activation_bytes, n)
+    state = problem.unit_state_bytes or (0.0,) * n
+    acts = problem.unit_activation_bytes or (0.0,) * n
     inf = math.inf
     # best[b]: best bottleneck covering units [0, b) with the stages so far; start[i][b]: where stage i begins
     best = [inf] * (n + 1)
@@ -125,9 +133,12 @@ def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ..
         for b in range(stage + 1, n - (parts - 1 - stage) + 1):
             if last and b != n:
                 continue
+            held = kept = 0.0  # the stage's bytes, grown unit by unit as units_bytes adds them
             for a in range(b - 1, stage - 1, -1):
+                held += state[a]
+                kept += acts[a]
                 cost = stage_time_s(problem, stage, a, b, times)
-                if cost >= new[b] or stage_bytes(problem, stage, a, b, state, acts) > cap:
+                if cost >= new[b] or stage_bytes(problem, stage, held, kept) > cap:
                     break  # an earlier start only adds work and memory
                 if best[a] == inf:
                     continue
