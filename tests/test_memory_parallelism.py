@@ -252,3 +252,28 @@ def test_memory_snapshot_opens_as_a_pytorch_snapshot(tmp_path, capsys):
 def test_bad_parallel_layouts(overrides, fragment, capsys):
     assert main(["run", str(LLAMA8), *[arg for o in overrides for arg in ("--set", o)]]) == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_a_rank_that_fits_only_without_fragmentation_gets_a_note():
+    from dataclasses import replace
+
+    from mpsim.results import format_summary
+
+    _, summary = run(LLAMA8)
+    fullest = max(summary.memory, key=lambda m: m.peak_memory_bytes)
+    assert "leaves" not in format_summary(summary)  # 70B on 32 H100 leaves a few GiB free per device
+
+    def on_devices(capacity, fragmentation_bytes=0.0):
+        memory = [replace(m, capacity_bytes=capacity, fragmentation_bytes=fragmentation_bytes)
+                  for m in summary.memory]
+        peak = max(m.peak_memory_bytes for m in memory)
+        return format_summary(replace(summary, memory=memory, peak_memory_bytes=peak, capacity_bytes=capacity))
+
+    # 3 % free fits, but less than the least fragmentation a published run showed (6.6 %)
+    text = on_devices(fullest.peak_memory_bytes * 1.03)
+    assert f"note: rank {fullest.rank} leaves" in text and "training.memory_fragmentation" in text
+    assert "leaves" not in on_devices(fullest.peak_memory_bytes * 1.07)
+    # with fragmentation modelled the peak already holds it: no note
+    assert "leaves" not in on_devices(fullest.peak_memory_bytes * 1.03 + 1e9, fragmentation_bytes=1e9)
+    # out of memory is a warning of its own
+    assert "leaves" not in on_devices(fullest.peak_memory_bytes * 0.9)

@@ -25,6 +25,7 @@ from typing import Any
 
 from mpsim.explore.planner import PlanResult, layout_label
 from mpsim.explore.tables import fmt_bytes, fmt_count, fmt_percent, fmt_rate, fmt_seconds, render_table
+from mpsim.results.memory import LEAST_MEASURED_FRAGMENTATION, TIGHT_FIT_ADVICE, tight_fit
 from mpsim.results.throughput import rate_heading, record_rate, throughput_unit
 
 REASON_ORDER = ("out of memory", "bubble", "communication", "compute", "optimizer", "more recompute than needed",
@@ -176,6 +177,12 @@ def format_plan(result: PlanResult, shown: int) -> str:
         losses = explain_losses(result, 0)
     else:
         lines += ["", f"best {min(shown, len(winners))} layouts", top_table(winners[:shown])]
+        tight = [f"#{i}" for i, record in enumerate(winners[:shown], start=1)
+                 if tight_fit(record["metrics"]["peak_memory_bytes"], record["metrics"]["capacity_bytes"],
+                              scenario.training.memory_fragmentation)]
+        if tight:
+            lines.append(f"note: {', '.join(tight)} leave less than {100 * LEAST_MEASURED_FRAGMENTATION:.1f} % of "
+                         f"their peak free; {TIGHT_FIT_ADVICE}")
         losses = explain_losses(result, shown)
     if losses:
         body = [[loss.reason, fmt_count(loss.count), layout_label(loss.example["point"]), loss.detail]

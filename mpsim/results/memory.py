@@ -28,6 +28,31 @@ from mpsim.workload.memory import model_state_bytes, reserved_parts
 from mpsim.workload.stage_work import Workload
 
 
+# How much more than its allocated peak a real process reserves depends on the run (the
+# caching allocator's splits, recompute, PYTORCH_CUDA_ALLOC_CONF), so mpsim models none
+# unless told (training.memory_fragmentation). Published training logs that print both
+# peaks: NeMo 25.07, Qwen3-30B-A3B on 16 H100, 57,466,159,104 B reserved over 53,930,270,720
+# allocated at iteration 8 (+6.6 %; NVIDIA-NeMo issue 14850); Megatron-LM's own sample log of
+# 2026, 6406.00 over 5670.39 MB (+13.0 %; NVIDIA/Megatron-LM pull request 5662); Megatron-LM
+# with recompute, ZeRO and offload on 8 GPUs, +22 to +97 % per pipeline stage, +5 to +87 % with
+# expandable segments (the STAlloc artifact, github.com/infinigence/STAlloc, example/analyze,
+# commit a485ddc). The least of them is what a layout should at least leave free.
+LEAST_MEASURED_FRAGMENTATION = 0.066
+
+
+def tight_fit(peak_bytes: float, capacity_bytes: float, fragmentation: float) -> bool:
+    """Whether a layout fits only because no fragmentation is modelled (``fragmentation``, a
+    fraction or bytes, is 0): it leaves less free than the least a published run reserved
+    beyond its allocated peak, taken of the whole peak."""
+    return (fragmentation == 0 and peak_bytes <= capacity_bytes
+            and capacity_bytes - peak_bytes < LEAST_MEASURED_FRAGMENTATION * peak_bytes)
+
+
+TIGHT_FIT_ADVICE = (f"published training logs reserved {100 * LEAST_MEASURED_FRAGMENTATION:.1f} to 97 % more than "
+                    f"they allocated (docs/parallelism.md); set training.memory_fragmentation to your run's "
+                    f"max_memory_reserved / max_memory_allocated - 1")
+
+
 @dataclass(frozen=True)
 class RankMemory:
     """Memory of one pipeline rank at its peak (every TP/DP peer holds the same)."""

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from mpsim.results.memory import TIGHT_FIT_ADVICE, tight_fit
 from mpsim.results.metrics import Summary
 from mpsim.units import format_bytes, format_seconds
 
@@ -119,6 +120,12 @@ def format_summary(summary: Summary) -> str:
         *_memory_rows(s),
     ]
     oom = [m for m in s.memory if not m.fits]
+    fullest = max(s.memory, key=lambda m: m.peak_memory_bytes / m.capacity_bytes, default=None)
+    if fullest is not None and tight_fit(fullest.peak_memory_bytes, fullest.capacity_bytes,
+                                         fullest.fragmentation_bytes):
+        free = fullest.capacity_bytes - fullest.peak_memory_bytes
+        lines.append(f"  note: rank {fullest.rank} leaves {format_bytes(free)} free "
+                     f"({100 * free / fullest.peak_memory_bytes:.1f} % of its peak); {TIGHT_FIT_ADVICE}")
     if oom:
         worst = max(oom, key=lambda m: m.peak_memory_bytes)
         lines.append(f"  WARNING: out of memory on {len(oom)} of {len(s.memory)} pipeline ranks; rank {worst.rank} "
