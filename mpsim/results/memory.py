@@ -32,8 +32,8 @@ from mpsim.workload.stage_work import Workload
 # caching allocator's splits, recompute, PYTORCH_CUDA_ALLOC_CONF), so mpsim models none
 # unless told (training.memory_fragmentation). Published training logs that print both
 # peaks: NeMo 25.07, Qwen3-30B-A3B on 16 H100, 57,466,159,104 B reserved over 53,930,270,720
-# allocated at iteration 8 (+6.6 %; NVIDIA-NeMo issue 14850); Megatron-LM's own sample log of
-# 2026, 6406.00 over 5670.39 MB (+13.0 %; NVIDIA/Megatron-LM pull request 5662); Megatron-LM
+# allocated at iteration 8 (+6.6 %; NVIDIA-NeMo issue 14850); the sample output of a Megatron-LM
+# pull request of 2026, 6406.00 over 5670.39 MB (+13.0 %; NVIDIA/Megatron-LM 5662); Megatron-LM
 # with recompute, ZeRO and offload on 8 GPUs, +22 to +97 % per pipeline stage, +5 to +87 % with
 # expandable segments (the STAlloc artifact, github.com/infinigence/STAlloc, example/analyze,
 # commit a485ddc). The least of them is what a layout should at least leave free.
