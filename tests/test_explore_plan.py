@@ -111,6 +111,14 @@ def test_report_notes_winners_that_fit_only_without_fragmentation(tiny):
     assert "leave less than" not in format_plan(result, 5)
 
 
+def test_report_says_searched_schedules_are_the_unit_time_order(tiny):
+    assert "searched for unit pass times" not in format_plan(plan(tiny, **SMALL), 5)
+    result = plan(tiny, **{**SMALL, "schedules": ("1f1b", "zb-1p"), "max_microbatch_size": 1})
+    shown = {record["metrics"]["schedule"] for record in ranked(result)[:5]}
+    assert "zb-1p" in shown
+    assert "note: zb-1p is priced here in the order searched for unit pass times" in format_plan(result, 5)
+
+
 def test_a_model_too_large_for_the_cluster_reports_memory(tmp_path):
     scenario = base_scenario("gpt3-175b", "dgx-a100", 8, 8)
     result = plan(scenario, top=3, max_microbatch_size=1, schedules=("1f1b",), workers=1, progress=False)

@@ -27,6 +27,7 @@ from mpsim.explore.planner import PlanResult, layout_label
 from mpsim.explore.tables import fmt_bytes, fmt_count, fmt_percent, fmt_rate, fmt_seconds, render_table
 from mpsim.results.memory import LEAST_MEASURED_FRAGMENTATION, TIGHT_FIT_ADVICE, tight_fit
 from mpsim.results.throughput import rate_heading, record_rate, throughput_unit
+from mpsim.schedules.zb_search import SEARCHED
 
 REASON_ORDER = ("out of memory", "bubble", "communication", "compute", "optimizer", "more recompute than needed",
                 "invalid", "failed", "not reached")
@@ -183,6 +184,12 @@ def format_plan(result: PlanResult, shown: int) -> str:
         if tight:
             lines.append(f"note: {', '.join(tight)} leave less than {100 * LEAST_MEASURED_FRAGMENTATION:.1f} % of "
                          f"their peak free; {TIGHT_FIT_ADVICE}")
+        searched = sorted({record["metrics"]["schedule"] for record in winners[:shown]} & set(SEARCHED))
+        if searched:
+            verb = "is" if len(searched) == 1 else "are"
+            lines.append(f"note: {' and '.join(searched)} {verb} priced here in the order searched for unit pass times; "
+                         f"mpsim run searches again with the layout's own times and memory and may report another "
+                         f"step and peak (docs/schedules.md)")
         losses = explain_losses(result, shown)
     if losses:
         body = [[loss.reason, fmt_count(loss.count), layout_label(loss.example["point"]), loss.detail]
