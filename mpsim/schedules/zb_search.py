@@ -83,6 +83,13 @@ class StageTimes:
         kept = self.weight_grad_memory[stage] if self.weight_grad_memory is not None else WEIGHT_GRAD_SHARE * held
         return held, kept
 
+    def memory_change(self, stage: int, kind: str) -> float:
+        """How the activations ``stage`` holds change with an action of ``kind``: a forward adds
+        what it holds, its input gradient frees all but what the weight gradient keeps, and the
+        weight gradient frees that."""
+        held, kept = self.memory(stage)
+        return held if kind == "F" else kept - held if kind == "I" else -kept
+
     def memory_cap(self, microbatches: int) -> float:
         """The most a stage may hold when it starts a forward: ``microbatches`` forwards of the
         larger of the first two stages (the fork's ``max_pending_backward * max(f_mem[:2])``),
@@ -243,20 +250,16 @@ class _ListScheduler:
         if kind != "W":
             self.last_kind[stage] = kind
         self.lists[stage].append(Action(stage, kind, mb))
-        held, kept = self.times.memory(stage)
+        self.memory[stage] += self.times.memory_change(stage, kind)
         if kind == "F":
             self.f_end[stage][mb], self.next_f[stage] = end, mb + 1
             pending = self.next_f[stage] - self.next_i[stage]
             self.most_pending[stage] = max(self.most_pending[stage], pending)
             self.most_held[stage] = max(self.most_held[stage], pending + len(self.pending_w[stage]))
-            self.memory[stage] += held
             self.most_memory[stage] = max(self.most_memory[stage], self.memory[stage])
         elif kind == "I":
             self.i_end[stage][mb], self.next_i[stage] = end, mb + 1
             self.pending_w[stage].append(mb)
-            self.memory[stage] -= held - kept
-        else:
-            self.memory[stage] -= kept
         self._push(end, stage)
 
     def _append_weight_grads(self, stage: int) -> None:
@@ -286,13 +289,12 @@ def execute(lists: list[list[Action]], times: StageTimes, timer: Timer) -> Timin
     for stage, actions in enumerate(lists):
         count = {"F": 0, "I": 0, "W": 0}
         most_pending = most_held = 0
-        forward, kept = times.memory(stage)
         level = most_memory = 0.0
         for action in actions:
             count[action.kind] += 1
             most_pending = max(most_pending, count["F"] - count["I"])
             most_held = max(most_held, count["F"] - count["W"])
-            level += {"F": forward, "I": kept - forward, "W": -kept}[action.kind]
+            level += times.memory_change(stage, action.kind)
             if action.kind == "F":
                 most_memory = max(most_memory, level)
         pending.append(most_pending)
