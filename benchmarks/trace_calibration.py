@@ -9,7 +9,11 @@ A100-SXM4-80GB). A third of the distinct GEMM shapes and collective sizes are he
 
 Per trace it prints, for the held-out GEMMs and collectives, the median and max absolute
 error of the predicted kernel time before fitting (the datasheet model alone) and after
-(the fitted profile, falling back to the datasheet where it has no fit), and last::
+(the fitted profile, falling back to the datasheet where it has no fit). A GEMM is
+priced as it ran: where the trace shows a collective beside it, slowed by the SMs the
+collective holds (``collective_channels`` of the system), as ``mpsim run`` prices compute
+beside a collective; the GEMMs that ran alone and those beside other streams' kernels
+are also reported apart. Last::
 
     gemm_median_abs_error_pct=<a> collective_median_abs_error_pct=<b> kernels=<n>
 
@@ -61,13 +65,19 @@ def main() -> int:
         for label, held in (("gemm", result.gemm), ("collectives", result.collectives)):
             print(f"  {label:<12} {len(held.after_pct):4d} held-out kernels, {len(held.shapes):3d} shapes | "
                   f"before: {_stats(held.before_pct)} | after: {_stats(held.after_pct)}")
+            if label == "gemm" and held.after_pct_where(False):
+                print(f"  {'':<12} after, {len(held.after_pct_where(True))} that ran alone: "
+                      f"{_stats(held.after_pct_where(True))} | {len(held.after_pct_where(False))} beside other "
+                      f"streams' kernels: {_stats(held.after_pct_where(False))}")
             pooled[label].extend(held.after_pct)
         for fit in result.profile.compute.gemm_fits:
             efficiency = "-" if fit.efficiency is None else f"{100 * fit.efficiency:.1f} %"
             bandwidth = "-" if fit.bandwidth is None else f"{fit.bandwidth / 1e9:.0f} GB/s"
             output = "-" if fit.output_bandwidth is None else f"{fit.output_bandwidth / 1e9:.0f} GB/s"
-            print(f"  fit gemm {fit.dtype}: {fit.launch_s * 1e6:.2f} us + flops at {efficiency} of peak + operands at "
-                  f"{bandwidth} + output at {output} ({fit.kernels} kernels, {fit.shapes} shapes)")
+            misaligned = "-" if fit.misaligned_efficiency is None else f"{100 * fit.misaligned_efficiency:.1f} %"
+            print(f"  fit gemm {fit.dtype}: {fit.launch_s * 1e6:.2f} us + flops at {efficiency} of peak "
+                  f"({misaligned} misaligned) + operands at {bandwidth} + output at {output} ({fit.kernels} kernels, "
+                  f"{fit.shapes} shapes)")
     gemm, collectives = pooled["gemm"], pooled["collectives"]
     gemm_median = float(np.median(gemm)) if gemm else float("nan")
     collective_median = float(np.median(collectives)) if collectives else float("nan")

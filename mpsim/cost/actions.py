@@ -85,7 +85,7 @@ class CostModel:
         self._pair_models: dict[tuple[int, int], CostModel] = {}
         self.placements = group_placements(layout)
         # share of the SMs a running collective takes from compute that overlaps it
-        self.comm_sm_fraction = min(1.0, self.system.collective_channels / self.system.accelerator.compute_units)
+        self.comm_sm_fraction = self.system.collective_sm_share()
         self._passes: dict[int, tuple[Pass, float, ActionCost]] = {}
         # seconds that depend on the scenario and layout alone, priced once per model (cost/step.py)
         self.per_step: dict[str, float] = {}

@@ -142,6 +142,23 @@ class SplitBackward(_Strict):
     samples: int = Field(1, ge=1, description="measurement passes")
 
 
+# GPU GEMM kernels load operands in 16-byte vectors (cp.async / LDG.128 on NVIDIA); a matrix
+# whose rows are not a whole number of vectors cannot be read that way, and the libraries fall
+# back to kernels that load one element at a time (CUTLASS "align1"; NVIDIA's Matrix
+# Multiplication Background guide asks for dimensions that are multiples of 16 bytes)
+GEMM_VECTOR_BYTES = 16
+
+
+def gemm_misaligned(m: int, n: int, k: int, element_bytes: int) -> bool:
+    """Whether a GEMM has a dimension that is not a whole number of 16-byte vectors.
+
+    Which dimensions are the operands' rows depends on their layout, which a shape does
+    not give; all three are checked, as each is a row of one operand or of the output
+    in some layout."""
+    elements = max(1, GEMM_VECTOR_BYTES // element_bytes)
+    return any(dim % elements for dim in (m, n, k))
+
+
 class GemmShapeFit(_Strict):
     """GEMM kernel time against shape in one math mode, fitted on a trace's kernels:
     ``t = launch_s + flops / (peak_flops * efficiency) + operand_bytes / bandwidth
@@ -153,6 +170,12 @@ class GemmShapeFit(_Strict):
     while its output (and, when cuBLAS splits K, its partial outputs) goes to memory. A
     term is switched off (its field null) when the kernels gave it no weight: the others
     then carry the time.
+
+    A GEMM with a dimension that is not a whole number of 16-byte vectors
+    (:func:`gemm_misaligned`) runs in kernels that load their operands an element at a
+    time (CUTLASS's ``align1`` variants, named so in the traces) and its FLOPs cost more:
+    ``misaligned_efficiency`` is the fraction of the peak they run at, fitted on the
+    trace's misaligned GEMMs (null when it had none, or they ran as fast as the others).
     """
 
     dtype: str = Field(description="the math mode: tf32, fp32, bf16, fp16 or fp8")
@@ -167,14 +190,20 @@ class GemmShapeFit(_Strict):
     median_error_pct: float = Field(0.0, ge=0, description="median absolute error on the fitted kernels")
     max_flops: float | None = Field(None, gt=0, description="the largest GEMM fitted: larger ones are priced from the "
                                                             "datasheet, not extrapolated; null: any")
+    misaligned_efficiency: float | None = Field(None, gt=0, description="fraction of peak_flops the FLOPs of a GEMM "
+                                                                        "with a dimension not a multiple of 16 bytes "
+                                                                        "run at; null: as the others")
 
     def covers(self, flops: float) -> bool:
         return self.max_flops is None or flops <= self.max_flops
 
     def seconds(self, batch: int, m: int, n: int, k: int) -> float:
         seconds = self.launch_s
-        if self.efficiency is not None:
-            seconds += 2.0 * batch * m * n * k / (self.peak_flops * self.efficiency)
+        flops = 2.0 * batch * m * n * k
+        if self.misaligned_efficiency is not None and gemm_misaligned(m, n, k, self.element_bytes):
+            seconds += flops / (self.peak_flops * self.misaligned_efficiency)
+        elif self.efficiency is not None:
+            seconds += flops / (self.peak_flops * self.efficiency)
         if self.bandwidth is not None:
             seconds += batch * (m * k + k * n) * self.element_bytes / self.bandwidth
         if self.output_bandwidth is not None:
@@ -315,6 +344,12 @@ class HeldOutError(_Strict):
     before_max_pct: float | None = Field(None, ge=0)
     after_median_pct: float | None = Field(None, ge=0, description="with the fitted profile")
     after_max_pct: float | None = Field(None, ge=0)
+    # GEMMs: the kernels that ran alone, and those another stream's kernels ran beside (priced with the
+    # slowdown of compute beside a collective; the fit never saw either)
+    alone_kernels: int = Field(0, ge=0, description="of them, kernels no other stream's kernel ran beside")
+    alone_after_median_pct: float | None = Field(None, ge=0, description="with the fitted profile, on those")
+    beside_kernels: int = Field(0, ge=0, description="of them, kernels other streams' kernels ran beside")
+    beside_after_median_pct: float | None = Field(None, ge=0, description="with the fitted profile, on those")
 
 
 class TraceFitInfo(_Strict):

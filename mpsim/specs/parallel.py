@@ -163,7 +163,7 @@ class TrainingOptions(Spec):
     # at once: set 0 for a run captured in them.
     host_launch_interval: Seconds = Field(
         29e-6, ge=0, description="host time per kernel launch (framework, dispatcher, CUDA runtime); the GPU cannot "
-                                 "start a kernel before the host has launched it (docs/cost-model.md)")
+                                 "start a kernel before the host has launched it (docs/parallelism.md)")
     # Megatron's batched pipeline p2p calls torch.cuda.synchronize() after batch_isend_irecv
     # (megatron/core/pipeline_parallel/p2p_communication.py, batch_p2p_sync, on by default; the
     # overlapped p2p of the interleaved schedule does not): the next pass starts on an empty queue

@@ -182,6 +182,13 @@ class SystemSpec(Spec):
     collective_channels: int = Field(
         0, ge=0, description="SMs a running collective occupies (NCCL channels); compute overlapped with it slows down")
 
+    def collective_sm_share(self, compute_units: int | None = None) -> float:
+        """Share of the device's SMs a running collective holds (``collective_channels`` of
+        ``compute_units``, the accelerator's own count unless given): compute beside it runs
+        at the rest."""
+        units = compute_units or self.accelerator.compute_units
+        return min(1.0, self.collective_channels / units) if units else 0.0
+
     @model_validator(mode="after")
     def _fabric_fits_node(self) -> "SystemSpec":
         if self.collective_channels > self.accelerator.compute_units:

@@ -6,7 +6,7 @@ than the CPU launches them, it idles between them; when the kernels are long, th
 runs ahead and its time is hidden. The pace of the launching thread is what decides
 which: its interval between consecutive launches, over every kernel it launched inside
 the profiled steps, is the figure ``training.host_launch_interval`` prices
-(docs/cost-model.md, "Host launch time").
+(docs/parallelism.md, "The host that launches the kernels").
 
 The forward runs on the training loop's thread and the backward on autograd's own
 thread, so intervals are taken per launching thread and pooled. What a pass costs the

@@ -33,20 +33,36 @@ class HeldOut:
     before_pct: list[float] = field(default_factory=list)
     after_pct: list[float] = field(default_factory=list)
     shapes: set = field(default_factory=set)
+    alone: list[bool] = field(default_factory=list)  # per kernel: no other stream's kernel ran beside it
 
-    def add(self, key, measured_s: float, before_s: float, after_s: float) -> None:
+    def add(self, key, measured_s: float, before_s: float, after_s: float, alone: bool = True) -> None:
         self.before_pct.append(100.0 * abs(before_s / measured_s - 1.0))
         self.after_pct.append(100.0 * abs(after_s / measured_s - 1.0))
         self.shapes.add(key)
+        self.alone.append(alone)
+
+    def after_pct_where(self, alone: bool) -> list[float]:
+        return [error for error, was_alone in zip(self.after_pct, self.alone) if was_alone == alone]
 
     def summary(self) -> HeldOutError:
         def stat(values, how):
             return round(float(how(values)), 3) if values else None
+        alone, beside = self.after_pct_where(True), self.after_pct_where(False)
         return HeldOutError(kernels=len(self.after_pct), shapes=len(self.shapes),
                             before_median_pct=stat(self.before_pct, np.median),
                             before_max_pct=stat(self.before_pct, np.max),
                             after_median_pct=stat(self.after_pct, np.median),
-                            after_max_pct=stat(self.after_pct, np.max))
+                            after_max_pct=stat(self.after_pct, np.max),
+                            alone_kernels=len(alone), alone_after_median_pct=stat(alone, np.median),
+                            beside_kernels=len(beside), beside_after_median_pct=stat(beside, np.median))
+
+
+def beside_collective_s(alone_s: float, collective_share: float, sm_share: float) -> float:
+    """A compute kernel's time when a collective holding ``sm_share`` of the SMs ran beside it for
+    ``collective_share`` of that time: it runs at ``1 - sm_share`` of its speed while the
+    collective runs, as ``overlapped_s`` in ``mpsim/cost/actions.py`` prices compute beside a
+    collective, so ``alone_s = t (1 - collective_share) + t collective_share (1 - sm_share)``."""
+    return alone_s / max(1e-9, 1.0 - sm_share * collective_share)
 
 
 @dataclass
@@ -58,8 +74,11 @@ class TraceFitResult:
     collectives: HeldOut
 
 
-def held_out_gemms(samples: TraceSamples, accelerator: AcceleratorSpec, skipped: dict[str, int]) -> HeldOut:
-    """Fit GEMMs on the fitted half, price the held-out half before and after."""
+def held_out_gemms(samples: TraceSamples, accelerator: AcceleratorSpec, skipped: dict[str, int],
+                   sm_share: float = 0.0) -> HeldOut:
+    """Fit GEMMs on the fitted half, price the held-out half before and after: each kernel as
+    mpsim would price it where it ran, beside a collective holding ``sm_share`` of the SMs for
+    the share of its time the trace shows one beside it."""
     datasheet = DatasheetGemm(accelerator)
     known = [s for s in samples.gemms if datasheet.knows(s.dtype)]
     if len(known) < len(samples.gemms):
@@ -73,7 +92,8 @@ def held_out_gemms(samples: TraceSamples, accelerator: AcceleratorSpec, skipped:
         flops = 2.0 * sample.batch * sample.m * sample.n * sample.k
         covered = fit is not None and fit.covers(flops)
         after = fit.seconds(sample.batch, sample.m, sample.n, sample.k) if covered else before
-        result.add(sample.key, sample.seconds, before, after)
+        result.add(sample.key, sample.seconds, beside_collective_s(before, sample.beside_collective, sm_share),
+                   beside_collective_s(after, sample.beside_collective, sm_share), sample.alone)
     return result
 
 
@@ -97,7 +117,7 @@ def build_profile(samples: TraceSamples, traces: list[str], device_name: str, de
                   created: str = "") -> TraceFitResult:
     """The profile fitted on every usable kernel of ``samples``, and its held-out errors."""
     skipped: dict[str, int] = dict(samples.skipped)
-    gemm_error = held_out_gemms(samples, accelerator, skipped)
+    gemm_error = held_out_gemms(samples, accelerator, skipped, system.collective_sm_share(device_sms))
     collective_error = held_out_collectives(samples, system, skipped)
     gemm_fits, gemm_skipped = fit_gemms(samples.gemms, accelerator)
     collective_fits, collective_skipped = fit_collectives(samples.collectives)
@@ -134,6 +154,8 @@ def format_trace_fit(profile: CalibrationProfile) -> list[str]:
         efficiency = "-" if fit.efficiency is None else f"{100 * fit.efficiency:.1f} % of peak"
         bandwidth = "-" if fit.bandwidth is None else f"{fit.bandwidth / 1e9:.0f} GB/s"
         output = "-" if fit.output_bandwidth is None else f"{fit.output_bandwidth / 1e9:.0f} GB/s"
+        if fit.misaligned_efficiency is not None:
+            efficiency += f" ({100 * fit.misaligned_efficiency:.1f} % misaligned)"
         lines.append(f"  gemm {fit.dtype:<6} t = {fit.launch_s * 1e6:.2f} us + flops at {efficiency} + operands at "
                      f"{bandwidth} + output at {output}  ({fit.kernels} kernels, {fit.shapes} shapes, median error "
                      f"{fit.median_error_pct:.1f} %)")
@@ -160,6 +182,11 @@ def format_trace_fit(profile: CalibrationProfile) -> list[str]:
         lines.append(f"  {name:<12} {error.kernels} kernels, {error.shapes} shapes: median error "
                      f"{_pct(error.before_median_pct)} -> {_pct(error.after_median_pct)}, max "
                      f"{_pct(error.before_max_pct)} -> {_pct(error.after_max_pct)} (datasheet -> fitted)")
+        if error.beside_kernels:
+            lines.append(f"  {'':<12} fitted, median error of the {error.alone_kernels} that ran alone "
+                         f"{_pct(error.alone_after_median_pct)}, of the {error.beside_kernels} beside other streams' "
+                         f"kernels {_pct(error.beside_after_median_pct)} (priced with the slowdown beside a "
+                         f"collective)")
     for reason, count in info.skipped.items():
         lines.append(f"  skipped      {count} {reason}")
     return lines

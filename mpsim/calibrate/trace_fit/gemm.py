@@ -20,6 +20,18 @@ kernel must move at least once at fitted rates: the operands, read through the L
 that many tiles share, and the output, written to memory (with its partial sums when
 cuBLAS splits K). On the 8-rank trace, one bandwidth for both held out at 17 % median
 error, two at 13 % (``docs/calibration.md``).
+
+A GEMM with a dimension that is not a whole number of 16-byte vectors runs in the
+library's element-at-a-time kernels (``align1`` in CUTLASS's kernel names, ``align4``
+for the others on fp32 tensors), and its FLOPs cost more: a fifth term, their extra
+cost, gives them an efficiency of their own below the others' (``misaligned_efficiency``): on the 8-rank trace 1024 x 512 x 1705 takes
+121 us in ``align1`` kernels where the aligned form predicts 35.
+
+Every kernel is fitted, those that ran beside another stream's kernels too: fitting on
+the kernels that ran alone (``mpsim/traces/concurrency.py``) was tried on the 8-rank
+trace and predicted the held-out kernels that ran alone worse (14.7 % median against
+9.4 %), the beside ones being of shapes the alone ones lack.
+
 It is fitted by :func:`~mpsim.calibrate.trace_fit.robust.fit_nonnegative` on relative
 error, one kernel one vote. A term that would need a negative cost, or FLOPs faster than
 the peak, is dropped, not clamped; a dtype seen in fewer than four shapes gets as many
@@ -39,7 +51,7 @@ from mpsim.calibrate.trace_fit.robust import fit_nonnegative
 from mpsim.calibrate.trace_fit.samples import GemmSample
 from mpsim.cost.compute import ComputeModel
 from mpsim.specs.accelerator import BYTES_PER_ELEMENT, AcceleratorSpec
-from mpsim.specs.calibration import GemmShapeFit
+from mpsim.specs.calibration import GemmShapeFit, gemm_misaligned
 from mpsim.workload.ops import Op
 
 
@@ -76,6 +88,15 @@ class DatasheetGemm:
         return model.time(op) - model.overhead_s
 
 
+def _flops(sample: GemmSample) -> float:
+    return 2.0 * sample.batch * sample.m * sample.n * sample.k
+
+
+def misaligned(sample: GemmSample) -> bool:
+    """A GEMM the library runs in element-at-a-time kernels (a dimension not a whole number of vectors)."""
+    return gemm_misaligned(sample.m, sample.n, sample.k, BYTES_PER_ELEMENT[sample.dtype])
+
+
 def fit_gemms(samples: list[GemmSample], accelerator: AcceleratorSpec) -> tuple[list[GemmShapeFit], dict[str, int]]:
     """One fit per math mode the accelerator has a peak for; and the kernels left unfitted, by reason."""
     by_dtype: dict[str, list[GemmSample]] = defaultdict(list)
@@ -85,25 +106,27 @@ def fit_gemms(samples: list[GemmSample], accelerator: AcceleratorSpec) -> tuple[
     bandwidth = accelerator.memory.bandwidth
     for dtype in sorted(by_dtype):
         group = by_dtype[dtype]
-        shapes = len({s.key for s in group})
         if dtype not in accelerator.peak_flops or dtype not in BYTES_PER_ELEMENT:
             skipped[f"{dtype} GEMMs (no {dtype} peak in {accelerator.name})"] = len(group)
             continue
+        shapes = len({s.key for s in group})
         peak = accelerator.peak(dtype)
         # columns scaled to seconds at peak / at the datasheet bandwidth: the coefficients are then O(1)
-        features = np.array([[1e-6, 2.0 * s.batch * s.m * s.n * s.k / peak, operand_bytes(s) / bandwidth,
-                              output_bytes(s) / bandwidth] for s in group])
+        features = np.array([[1e-6, _flops(s) / peak, operand_bytes(s) / bandwidth, output_bytes(s) / bandwidth,
+                              _flops(s) / peak if misaligned(s) else 0.0] for s in group])
         seconds = np.array([s.seconds for s in group])
-        # the FLOPs term costs at least its time at peak: its coefficient is 1 / efficiency > 1
-        launch, per_flop, per_byte, per_output_byte = fit_nonnegative(
-            features, seconds, floors=[0.0, 1.0, 0.0, 0.0], max_terms=shapes)
+        # the FLOPs term costs at least its time at peak: its coefficient is 1 / efficiency > 1; a
+        # misaligned GEMM's FLOPs cost that and a non-negative extra (never less than an aligned one's)
+        launch, per_flop, per_byte, per_output_byte, misaligned_extra = fit_nonnegative(
+            features, seconds, floors=[0.0, 1.0, 0.0, 0.0, 0.0], max_terms=shapes, needs={4: 1})
         fit = GemmShapeFit(dtype=dtype, element_bytes=BYTES_PER_ELEMENT[dtype], peak_flops=peak,
                            launch_s=float(launch) * 1e-6,
                            efficiency=float(1.0 / per_flop) if per_flop > 0 else None,
                            bandwidth=float(bandwidth / per_byte) if per_byte > 0 else None,
                            output_bandwidth=float(bandwidth / per_output_byte) if per_output_byte > 0 else None,
+                           misaligned_efficiency=float(1.0 / (per_flop + misaligned_extra)) if misaligned_extra > 0 else None,
                            kernels=len(group), shapes=shapes,
-                           max_flops=max(2.0 * s.batch * s.m * s.n * s.k for s in group))
+                           max_flops=max(_flops(s) for s in group))
         errors = [abs(fit.seconds(s.batch, s.m, s.n, s.k) / s.seconds - 1.0) for s in group]
         fits.append(fit.model_copy(update={"median_error_pct": round(100.0 * float(np.median(errors)), 3)}))
     return fits, skipped

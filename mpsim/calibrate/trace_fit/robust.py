@@ -39,13 +39,14 @@ def _l1_relative(design: np.ndarray) -> np.ndarray:
 
 
 def fit_nonnegative(features: np.ndarray, seconds: np.ndarray, floors: list[float] | None = None,
-                    max_terms: int | None = None) -> np.ndarray:
+                    max_terms: int | None = None, needs: dict[int, int] | None = None) -> np.ndarray:
     """Coefficients ``c >= 0`` with ``features @ c`` close to ``seconds`` in relative terms.
 
     ``features`` has one row per kernel and one column per cost term. Returns one
     coefficient per column; a column that could only enter with a coefficient at or
     below its floor (``floors``, default 0) gets zero. At most ``max_terms`` columns
-    are used.
+    are used. ``needs`` maps a column to one it may only enter beside (an extra cost on
+    top of another term is no cost without it).
     """
     features, seconds = np.asarray(features, dtype=float), np.asarray(seconds, dtype=float)
     if features.ndim != 2 or features.shape[0] != seconds.shape[0] or features.shape[0] == 0:
@@ -57,6 +58,8 @@ def fit_nonnegative(features: np.ndarray, seconds: np.ndarray, floors: list[floa
     best: tuple[float, tuple[int, ...], np.ndarray] | None = None
     for size in range(1, most + 1):
         for subset in itertools.combinations(range(columns), size):
+            if needs and any(column in subset and needed not in subset for column, needed in needs.items()):
+                continue
             part = design[:, subset]
             if np.linalg.matrix_rank(part) < size:
                 continue

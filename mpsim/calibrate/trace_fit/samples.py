@@ -11,6 +11,10 @@ A GEMM's time is its product kernel plus the split-K reduction cuBLAS runs after
 the same call (both are the matrix product the op asked for; the reduction exists only
 because the library split K over several tiles), but not the layout copies an
 ``aten::mm`` may launch before it.
+
+Each GEMM sample also carries the shares of its time during which other streams ran
+kernels beside it (``mpsim/traces/concurrency.py``), so that a check of predictions
+can price it as it ran: slowed where a collective held some of the SMs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from mpsim.traces.concurrency import Beside, beside_shares
 from mpsim.traces.host import launch_intervals_by_pass
 from mpsim.traces.model import Kernel, Trace
 from mpsim.traces.shapes import DTYPE_BYTES, DTYPES
@@ -37,10 +42,16 @@ class GemmSample:
     k: int
     dtype: str
     seconds: float
+    beside_any: float = 0.0  # share of its time another stream's kernel ran beside it
+    beside_collective: float = 0.0  # share of its time a collective ran beside it
 
     @property
     def key(self) -> tuple:
         return (self.dtype, self.batch, self.m, self.n, self.k)
+
+    @property
+    def alone(self) -> bool:
+        return self.beside_any == 0.0
 
 
 @dataclass(frozen=True)
@@ -91,8 +102,12 @@ class TraceSamples:
     skipped: Counter = field(default_factory=Counter)
 
 
-def gemm_samples(trace: Trace, samples: TraceSamples) -> None:
-    """The trace's matrix products with shapes, each with its split-K reduction's time added."""
+_ALONE = Beside(0.0, 0.0)
+
+
+def gemm_samples(trace: Trace, samples: TraceSamples, shares: dict[int, Beside] | None = None) -> None:
+    """The trace's matrix products with shapes, each with its split-K reduction's time added
+    and the shares of its time beside other streams' kernels (``shares``, by kernel id)."""
     split_k: dict[int, float] = {}  # id of the launching op -> seconds of its split-K kernels
     for kernel in trace.kernels:
         if kernel.category == "gemm" and kernel.gemm is None and kernel.op is not None \
@@ -113,7 +128,9 @@ def gemm_samples(trace: Trace, samples: TraceSamples) -> None:
             samples.skipped["kernels with zero duration"] += 1
             continue
         extra = split_k.pop(id(kernel.op), 0.0) if kernel.op is not None else 0.0
-        samples.gemms.append(GemmSample(gemm.batch, gemm.m, gemm.n, gemm.k, gemm.dtype, kernel.duration_s + extra))
+        beside = shares.get(id(kernel), _ALONE) if shares is not None else _ALONE
+        samples.gemms.append(GemmSample(gemm.batch, gemm.m, gemm.n, gemm.k, gemm.dtype, kernel.duration_s + extra,
+                                        beside.any_kernel, beside.collective))
 
 
 def collective_samples(trace: Trace, samples: TraceSamples) -> None:
@@ -209,7 +226,8 @@ def trace_samples(traces: list[Trace]) -> TraceSamples:
     """Every usable sample of ``traces``."""
     samples = TraceSamples()
     for trace in traces:
-        gemm_samples(trace, samples)
+        shares = beside_shares(trace.kernels)
+        gemm_samples(trace, samples, shares)
         collective_samples(trace, samples)
         memory_samples(trace, samples)
         launch_gaps(trace, samples)
