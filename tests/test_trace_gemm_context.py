@@ -144,3 +144,34 @@ def test_an_extra_cost_enters_the_fit_only_beside_the_cost_it_adds_to():
     assert free[1] == 0.0 and free[2] == pytest.approx(3.0, rel=1e-3)  # the extra alone fits best
     tied = fit_nonnegative(features, seconds, needs={2: 1})
     assert tied[2] == 0.0 or tied[1] > 0.0
+
+
+def test_the_summary_says_how_much_longer_gemms_took_entirely_beside_a_collective():
+    from mpsim.traces.model import Gemm, Trace
+    from mpsim.traces.report import format_summary
+    from mpsim.traces.summary import summarize
+
+    def gemm_kernel(start_s, duration_s, m):
+        return Kernel("cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4", "gemm", start_s, duration_s, 7, None,
+                      gemm=Gemm(1, m, 512, 1024, "tf32", "aten::mm"))
+
+    kernels = [
+        gemm_kernel(0e-6, 10e-6, 1024), gemm_kernel(20e-6, 10e-6, 1024), gemm_kernel(40e-6, 12e-6, 1024),  # alone
+        gemm_kernel(60e-6, 20e-6, 2048),  # alone, never beside: no ratio
+        _kernel("ncclKernel_AllToAll_RING_SIMPLE_Sum_float", "collective", 100e-6, 100e-6, 20),
+        gemm_kernel(110e-6, 15e-6, 1024), gemm_kernel(130e-6, 15e-6, 1024),  # entirely beside: 1.5x of 10
+        gemm_kernel(190e-6, 40e-6, 1024),  # partly beside (10 of 40 us): neither
+    ]
+    trace = Trace(source="synthetic", device_name="NVIDIA A100-SXM4-80GB", device_sms=108,
+                  device_memory_bytes=80 * 2 ** 30, compute_capability=(8, 0), rank=0, world_size=8,
+                  kernels=tuple(sorted(kernels, key=lambda k: k.start_s)))
+    beside = summarize(trace).beside_collective
+    assert (beside.shapes, beside.alone_kernels, beside.beside_kernels) == (1, 3, 2)
+    assert beside.median_ratio == pytest.approx(1.5) and beside.min_ratio == beside.max_ratio
+    assert "took 1.50x their time alone" in format_summary(summarize(trace))
+    # without the collective no shape ran beside one, and the line is left out
+    quiet = Trace(source="synthetic", device_name=trace.device_name, device_sms=108, device_memory_bytes=1,
+                  compute_capability=(8, 0), rank=0, world_size=8,
+                  kernels=tuple(k for k in trace.kernels if k.category == "gemm"))
+    assert summarize(quiet).beside_collective is None
+    assert "beside a collective" not in format_summary(summarize(quiet))

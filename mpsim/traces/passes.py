@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from mpsim.schedules.actions import Action, Overlapped
 from mpsim.traces.model import CpuOp, Kernel, Trace
-from mpsim.traces.summary import length, merged
+from mpsim.traces.intervals import length, merged
 
 _RUNTIME = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
 _OVERLAPPED = re.compile(r"^PP:\((\d+)F(\d+);(\d+)([BI])(\d+)\)OVERLAP_F_B$")

@@ -12,7 +12,9 @@ last kernel's end.
 * per category (and per collective kind): the union of that category's kernels, so the
   categories may add up to more than ``busy_s`` where streams overlap.
 * overlap: time where a collective kernel and a non-collective kernel run at once, as a
-  share of the collectives' union.
+  share of the collectives' union; and what it costs compute: for GEMM shapes that ran
+  both alone and entirely beside a collective (``concurrency.py``), how much longer they
+  took beside it.
 * GEMM shapes and collectives: the kernels that start in the window, grouped. Achieved
   FLOP/s is ``2 B M N K`` over the mean duration; collective bandwidths follow nccl-tests:
   ``algbw = message_bytes / time`` and ``busbw = algbw x bus_factor(kind, n)``.
@@ -20,10 +22,13 @@ last kernel's end.
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
 from mpsim.errors import InputError
+from mpsim.traces.concurrency import Beside, beside_shares
+from mpsim.traces.intervals import intersection, length, merged
 from mpsim.traces.model import CATEGORIES, Kernel, Trace
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast", "reduce",
@@ -42,39 +47,6 @@ def bus_factor(kind: str, group_size: int | None) -> float | None:
     if kind in ("all-gather", "reduce-scatter", "all-to-all"):
         return (group_size - 1) / group_size
     return None
-
-
-def merged(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
-    """The union of ``intervals`` clipped to ``[lo, hi]``, as disjoint sorted intervals."""
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        start, end = max(start, lo), min(end, hi)
-        if end <= start:
-            continue
-        if out and start <= out[-1][1]:
-            if end > out[-1][1]:
-                out[-1] = (out[-1][0], end)
-        else:
-            out.append((start, end))
-    return out
-
-
-def length(intervals: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-def intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Seconds two disjoint sorted interval lists have in common."""
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if end > start:
-            total += end - start
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 @dataclass(frozen=True)
@@ -129,6 +101,23 @@ class CollectiveRow:
 
 
 @dataclass(frozen=True)
+class BesideCollective:
+    """How much slower GEMMs ran entirely beside a collective than alone, shape by shape.
+
+    For each GEMM shape that ran both alone (no other stream's kernel beside it) and
+    entirely beside a collective of another stream, the ratio of its median times there;
+    the figures are over those shapes. mpsim prices compute beside a collective at
+    ``1 / (1 - collective_channels / SMs)`` of its time alone (``CostModel.overlapped_s``)."""
+
+    shapes: int
+    median_ratio: float
+    min_ratio: float
+    max_ratio: float
+    alone_kernels: int
+    beside_kernels: int
+
+
+@dataclass(frozen=True)
 class TraceSummary:
     """One rank's summary over the chosen steps: times are means per step."""
 
@@ -151,6 +140,7 @@ class TraceSummary:
     gemm_kernels: int  # GEMM kernels in the windows; those with a shape are in ``gemms``
     collective_kernels: int
     windows: tuple[WindowTime, ...]
+    beside_collective: BesideCollective | None = None  # None: no shape ran both alone and beside a collective
 
 
 def window_time(kernels: list[Kernel], step: int | None, lo: float, hi: float) -> WindowTime:
@@ -205,6 +195,26 @@ def _collective_rows(kernels: list[Kernel]) -> tuple[CollectiveRow, ...]:
                 row.message_bytes if row.message_bytes is not None else -1.0)
 
     return tuple(sorted(rows, key=order))
+
+
+def _beside_collective(kernels: list[Kernel], shares: dict[int, Beside]) -> BesideCollective | None:
+    alone: dict[tuple, list[float]] = defaultdict(list)
+    beside: dict[tuple, list[float]] = defaultdict(list)
+    for kernel in kernels:
+        if kernel.gemm is None or kernel.duration_s <= 0:
+            continue
+        g, share = kernel.gemm, shares[id(kernel)]
+        key = (g.op, g.batch, g.m, g.n, g.k, g.dtype)
+        if share.alone:
+            alone[key].append(kernel.duration_s)
+        elif share.within_collective:
+            beside[key].append(kernel.duration_s)
+    both = sorted(key for key in beside if key in alone)
+    if not both:
+        return None
+    ratios = [statistics.median(beside[key]) / statistics.median(alone[key]) for key in both]
+    return BesideCollective(len(both), statistics.median(ratios), min(ratios), max(ratios),
+                            sum(len(alone[key]) for key in both), sum(len(beside[key]) for key in both))
 
 
 def _windows(trace: Trace, step: int | None) -> list[tuple[int | None, float, float, float | None]]:
@@ -267,4 +277,5 @@ def summarize(trace: Trace, step: int | None = None) -> TraceSummary:
         overlap_share=overlap_s / collective_s if collective_s > 0 else None,
         gemms=_gemm_rows(chosen), collectives=_collective_rows(chosen),
         gemm_kernels=sum(k.category == "gemm" for k in chosen),
-        collective_kernels=sum(k.category == "collective" for k in chosen), windows=tuple(times))
+        collective_kernels=sum(k.category == "collective" for k in chosen), windows=tuple(times),
+        beside_collective=_beside_collective(chosen, beside_shares(trace.kernels)))
