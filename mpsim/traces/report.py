@@ -48,9 +48,10 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
                      f"({100.0 * summary.overlap_share:.1f} % of collective time)")
     beside = summary.beside_collective
     if beside is not None:
+        spread = f"{beside.min_ratio:.2f}x-{beside.max_ratio:.2f}x"
         lines.append(f"  GEMMs entirely beside a collective took {beside.median_ratio:.2f}x their time alone (median "
-                     f"over {beside.shapes} shapes that ran both ways, {beside.min_ratio:.2f}x-{beside.max_ratio:.2f}x; "
-                     f"{beside.beside_kernels} kernels beside, {beside.alone_kernels} alone)")
+                     f"over {beside.shapes} shapes that ran both ways, {spread}; {beside.beside_kernels} kernels "
+                     f"beside, {beside.alone_kernels} alone)")
     shaped = sum(row.count for row in summary.gemms)
     where = "in the step" if len(summary.steps) == 1 else f"in {len(summary.steps)} steps" \
         if summary.steps != (None,) else "in the trace"

@@ -24,8 +24,9 @@ error, two at 13 % (``docs/calibration.md``).
 A GEMM with a dimension that is not a whole number of 16-byte vectors runs in the
 library's element-at-a-time kernels (``align1`` in CUTLASS's kernel names, ``align4``
 for the others on fp32 tensors), and its FLOPs cost more: a fifth term, their extra
-cost, gives them an efficiency of their own below the others' (``misaligned_efficiency``): on the 8-rank trace 1024 x 512 x 1705 takes
-121 us in ``align1`` kernels where the aligned form predicts 35.
+cost, gives them an efficiency of their own below the others'
+(``misaligned_efficiency``). On the 8-rank trace 1024 x 512 x 1705 takes 121 us in
+``align1`` kernels where the aligned form predicts 35.
 
 Every kernel is fitted, those that ran beside another stream's kernels too: fitting on
 the kernels that ran alone (``mpsim/traces/concurrency.py``) was tried on the 8-rank
@@ -124,7 +125,8 @@ def fit_gemms(samples: list[GemmSample], accelerator: AcceleratorSpec) -> tuple[
                            efficiency=float(1.0 / per_flop) if per_flop > 0 else None,
                            bandwidth=float(bandwidth / per_byte) if per_byte > 0 else None,
                            output_bandwidth=float(bandwidth / per_output_byte) if per_output_byte > 0 else None,
-                           misaligned_efficiency=float(1.0 / (per_flop + misaligned_extra)) if misaligned_extra > 0 else None,
+                           misaligned_efficiency=(float(1.0 / (per_flop + misaligned_extra))
+                                                  if misaligned_extra > 0 else None),
                            kernels=len(group), shapes=shapes,
                            max_flops=max(_flops(s) for s in group))
         errors = [abs(fit.seconds(s.batch, s.m, s.n, s.k) / s.seconds - 1.0) for s in group]
