@@ -10,7 +10,8 @@ rows are in-sample and marked so. Every published row is a short benchmark (a co
 top clock) and is priced so, without ``efficiency.sustained_compute``. This project's H200
 readings (``benchmarks/hopper_kernels.py``: the dgxc layers' GEMMs after a minute of load,
 and a few as ten-call bursts, in bf16 and, as Transformer Engine runs them, in fp8) are priced as they ran: bursts cool, loaded GEMMs at the
-sustained rate; the loaded twins of the burst shapes set that rate and are in-sample. Each
+sustained rate; the loaded twins of the burst shapes set that rate (in bf16
+``sustained_compute``, in fp8 ``sustained_compute_fp8``) and are in-sample. Each
 shape is priced by ``mpsim/cost/compute.py`` as a
 layer's GEMM is, on the accelerator file the GPU names; the script prints measured,
 predicted and the error per row, a line per source, and last
@@ -49,7 +50,7 @@ def predicted_tflops(model: ComputeModel, batch: int, m: int, n: int, k: int, dt
 
 def burst_model(accelerator, dtype: str) -> ComputeModel:
     """The GEMM pricing of a short benchmark: the GPU cool, at its top clock (no sustained-load factor)."""
-    efficiency = accelerator.efficiency.model_copy(update={"sustained_compute": 1.0})
+    efficiency = accelerator.efficiency.model_copy(update={"sustained_compute": 1.0, "sustained_compute_fp8": None})
     return ComputeModel(accelerator.model_copy(update={"efficiency": efficiency}), dtype)
 
 
@@ -67,12 +68,15 @@ def measured_rows() -> list[dict]:
             rows.append({"source": f"HOPPER-LOAD ({path.name}, {gemm['phase']})", "gpu": "H200 SXM", "dtype": "bf16",
                          "batch": 1, "m": gemm["m"], "n": gemm["n"], "k": gemm["k"], "tflops": gemm["tflops"],
                          "load": gemm["phase"], "sets_sustained": twin})
-        for gemm in record.get("fp8", []):  # Transformer Engine's fp8 GEMMs: out-of-sample
+        fp8_bursts = {gemm["label"] for gemm in record.get("fp8", []) if gemm["phase"] == "fp8-burst"}
+        for gemm in record.get("fp8", []):  # Transformer Engine's fp8 GEMMs
             if "tflops" in gemm:
                 load = gemm["phase"].removeprefix("fp8-")
+                # the loaded twin of an fp8 burst set efficiency.sustained_compute_fp8 (their ratio)
+                twin = load == "loaded" and gemm["label"] in fp8_bursts
                 rows.append({"source": f"HOPPER-LOAD ({path.name}, {gemm['phase']})", "gpu": "H200 SXM",
                              "dtype": "fp8", "batch": 1, "m": gemm["m"], "n": gemm["n"], "k": gemm["k"],
-                             "tflops": gemm["tflops"], "load": load})
+                             "tflops": gemm["tflops"], "load": load, "sets_sustained": twin})
     return rows
 
 
@@ -95,7 +99,7 @@ def main() -> None:
         error = 100 * (predicted - measured) / measured
         source = row["source"].split(" ")[0] + (f" {dtype} {load}" if row["source"].startswith("HOPPER") else "")
         # in-sample: the MAMF rows set efficiency.gemm; the loaded/burst ratio of the H200 burst
-        # shapes sets efficiency.sustained_compute (their loaded rows)
+        # shapes sets efficiency.sustained_compute and, in fp8, sustained_compute_fp8 (their loaded rows)
         in_sample = "MAMF" in row["source"] or row.get("sets_sustained", False)
         label = source + (" (in-sample)" if in_sample else "")
         by_source.setdefault(label, []).append(error)

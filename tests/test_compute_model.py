@@ -113,9 +113,9 @@ def test_an_fp8_gemm_pays_for_its_input_cast():
     bandwidth = h100.memory.bandwidth * h100.efficiency.memory
     extra = model.time(cast) - model.time(plain)
     assert extra == pytest.approx(4.0 * m * n / bandwidth + h100.efficiency.kernel_overhead, rel=1e-9)
-    # the fp8 MAMF, held at the power limit as every compute-bound kernel is
+    # the fp8 MAMF, held at the power limit as every compute-bound kernel is, at fp8's own clock there
     assert math.isclose(model._gemm_flops("fp8"),
-                        h100.peak("fp8") * h100.efficiency.gemm_fp8 * h100.efficiency.sustained_compute)
+                        h100.peak("fp8") * h100.efficiency.gemm_fp8 * h100.efficiency.sustained_compute_fp8)
 
 
 def _with_efficiency(accelerator, **changes):
@@ -143,6 +143,21 @@ def test_a_gpu_held_at_its_power_limit_runs_compute_bound_kernels_slower():
         (burst.time(attention) - burst.overhead_s) / fraction, rel=1e-12)
     norm = next(op for op in compute_ops_of_llama() if op.kind == "memory")
     assert loaded.time(norm) == burst.time(norm)  # streaming kernels keep their bandwidth
+
+
+def test_fp8_gemms_draw_more_power_and_hold_a_lower_clock_than_bf16_ones():
+    h100 = load_accelerator("h100-sxm-80gb")
+    # measured (HOPPER-LOAD): fp8 GEMMs after a minute of their own load kept less of their burst rate
+    assert h100.efficiency.sustained_compute_fp8 < h100.efficiency.sustained_compute
+    big = gemm("fc", 8192, 8192, 8192)
+    own = ComputeModel(h100, "fp8")
+    bf16_clock = ComputeModel(_with_efficiency(h100, sustained_compute_fp8=None), "fp8")
+    assert own.time(big) > bf16_clock.time(big)
+    # without a measurement of its own, fp8 takes the bf16 GEMMs' factor; bf16 never reads fp8's
+    assert bf16_clock._gemm_flops("fp8") == pytest.approx(
+        h100.peak("fp8") * h100.efficiency.gemm_fp8 * h100.efficiency.sustained_compute, rel=1e-12)
+    assert ComputeModel(_with_efficiency(h100, sustained_compute_fp8=0.5), "bf16").time(big) == \
+        ComputeModel(h100, "bf16").time(big)
 
 
 def test_hiding_the_tile_store_speeds_short_k_gemms_most():

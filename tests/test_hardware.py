@@ -246,6 +246,16 @@ def test_hardware_show_accelerator_and_torus(capsys):
     assert "8 x 8 x 8 (wraps, wraps, wraps)" in capsys.readouterr().out
 
 
+def test_hardware_show_says_what_a_gpu_keeps_of_its_rate_at_the_power_limit(capsys):
+    assert main(["hardware", "show", "h100-sxm-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert "GEMM 80.3% (fp8 70.9%)" in out
+    assert "under load    at the power limit, of the short-benchmark rate: GEMMs 86.7%, fp8 GEMMs 84.3%, " \
+           "attention 89.9%" in out
+    assert main(["hardware", "show", "a100-sxm-80gb"]) == 0  # no measurement under load: no line
+    assert "under load" not in capsys.readouterr().out
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=cwd)
 

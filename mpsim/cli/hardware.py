@@ -28,14 +28,23 @@ def _accelerator_lines(acc) -> list[str]:
 
     eff = acc.efficiency
     peaks = ", ".join(f"{dtype} {_tflops(value)}" for dtype, value in acc.peak_flops.items())
-    return [
+    fp8 = f" (fp8 {eff.gemm_fp8:.1%})" if eff.gemm_fp8 is not None else ""
+    lines = [
         f"accelerator   {acc.name} ({acc.vendor}) - {acc.description.strip()}",
         f"peak (dense)  {peaks}",
         f"memory        {format_bytes(acc.memory.capacity)} at {_gb(acc.memory.bandwidth)}",
         f"compute units {acc.compute_units} (GEMM output tile {eff.gemm_tile[0]} x {eff.gemm_tile[1]})",
-        f"efficiency    GEMM {eff.gemm:.1%}, HBM {eff.memory:.0%}, attention forward {eff.attention_forward:.0%} / "
-        f"backward {eff.attention_backward:.0%}, kernel overhead {format_seconds(eff.kernel_overhead)}",
+        f"efficiency    GEMM {eff.gemm:.1%}{fp8}, HBM {eff.memory:.0%}, attention forward "
+        f"{eff.attention_forward:.0%} / backward {eff.attention_backward:.0%}, kernel overhead "
+        f"{format_seconds(eff.kernel_overhead)}",
     ]
+    factors = (("GEMMs", eff.sustained_compute), ("fp8 GEMMs", eff.sustained_compute_fp8),
+               ("attention", eff.sustained_attention))
+    held = [(name, value) for name, value in factors if value is not None]
+    if any(value < 1.0 for _, value in held):
+        lines.append("under load    at the power limit, of the short-benchmark rate: "
+                     + ", ".join(f"{name} {value:.1%}" for name, value in held))
+    return lines
 
 
 def _system_lines(system) -> list[str]:

@@ -20,9 +20,10 @@ overhead. The compute side is not one efficiency number:
   peak per pass.
 * Both are measured by short benchmarks, which find the GPU cool and at its top clock; a
   training step keeps it at its power limit, where it holds a lower clock. GEMMs run at
-  ``efficiency.sustained_compute`` of the benchmarks' rate and fused attention at
-  ``sustained_attention`` (measured: the same kernels as short bursts and after a minute
-  of their own load).
+  ``efficiency.sustained_compute`` of the benchmarks' rate, fp8 GEMMs at
+  ``sustained_compute_fp8`` and fused attention at ``sustained_attention`` (measured: the
+  same kernels as short bursts and after a minute of their own load; each kind draws its
+  own power, so each holds its own clock).
 * Memory-bound ops (norms, activations, softmax, optimizer) stream at the achieved
   fraction of HBM bandwidth.
 """
@@ -89,7 +90,9 @@ class ComputeModel:
         """Best measured matmul rate in ``dtype``, held under continuous load."""
         eff = self.accelerator.efficiency
         fraction = eff.gemm_fp8 if dtype == "fp8" and eff.gemm_fp8 is not None else eff.gemm
-        return self.accelerator.peak(dtype) * fraction * eff.sustained_compute
+        sustained = eff.sustained_compute_fp8 if dtype == "fp8" and eff.sustained_compute_fp8 is not None \
+            else eff.sustained_compute
+        return self.accelerator.peak(dtype) * fraction * sustained
 
     def _attention_s(self, op: Op, dtype: str) -> float:
         """Compute seconds of a fused attention op: the published sweep's rate at the length

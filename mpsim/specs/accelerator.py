@@ -118,6 +118,9 @@ class EfficiencySpec(Spec):
     sustained_attention: float | None = Field(None, gt=0, le=1, description="the same for fused attention "
                                                                             "against the attention sweep; "
                                                                             "absent: sustained_compute")
+    sustained_compute_fp8: float | None = Field(None, gt=0, le=1, description="the same for fp8 GEMMs against "
+                                                                              "gemm_fp8's rate; absent: "
+                                                                              "sustained_compute")
     memory: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth for streaming ops")
     attention_forward: float = Field(gt=0, le=1, description="fused attention forward, fraction of peak")
     attention_backward: float = Field(gt=0, le=1, description="fused attention backward, fraction of peak")
