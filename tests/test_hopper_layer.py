@@ -1,0 +1,40 @@
+"""benchmarks/hopper_layer.py: one Llama 3.1 8B layer priced against the same layer timed on an H200."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from tests.conftest import ROOT
+
+# mean absolute error (percent) of the four readings when this check was added (docs/accuracy.md);
+# a regression guard: the test fails when it grows more than one point past it
+DOCUMENTED_MEAN_ABS_ERROR_PCT = 2.7
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("hopper_layer", ROOT / "benchmarks" / "hopper_layer.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_layer_reading_is_priced_and_the_error_stays_at_its_documented_value(capsys):
+    module = _module()
+    assert module.main() == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    # two sequence lengths, forward and forward + backward each
+    assert lines[-1].startswith("rows=4 ")
+    mean_abs = float(lines[-1].split("mean_abs_error_pct=")[1].split()[0])
+    assert mean_abs <= DOCUMENTED_MEAN_ABS_ERROR_PCT + 1.0
+
+
+def test_a_longer_sequence_costs_more_than_twice_the_layer():
+    # the attention's quadratic share: 8k tokens take more than twice 4k, measured and predicted
+    module = _module()
+    by_label = {row["label"]: row for row in module.rows()}
+    for kind in ("forward", "forward+backward"):
+        short, long = by_label[f"llama8b.layer.s4096 {kind}"], by_label[f"llama8b.layer.s8192 {kind}"]
+        assert long["measured_s"] > 2 * short["measured_s"]
+        assert long["predicted_s"] > 2 * short["predicted_s"]
