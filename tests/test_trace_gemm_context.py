@@ -175,3 +175,26 @@ def test_the_summary_says_how_much_longer_gemms_took_entirely_beside_a_collectiv
                   kernels=tuple(k for k in trace.kernels if k.category == "gemm"))
     assert summarize(quiet).beside_collective is None
     assert "beside a collective" not in format_summary(summarize(quiet))
+
+
+def test_the_summary_marks_misaligned_gemm_shapes_and_says_what_they_cost():
+    from mpsim.traces.model import Gemm, Trace
+    from mpsim.traces.report import format_summary
+    from mpsim.traces.summary import summarize
+
+    def gemm_kernel(start_s, duration_s, k):
+        return Kernel("cutlass_80_tensorop_s1688gemm_128x128_32x3_tn_align1", "gemm", start_s, duration_s, 7, None,
+                      gemm=Gemm(1, 1024, 512, k, "tf32", "aten::mm"))
+
+    kernels = (gemm_kernel(0.0, 121e-6, 1705), gemm_kernel(200e-6, 60e-6, 1704), gemm_kernel(300e-6, 60e-6, 1704))
+    trace = Trace(source="synthetic", device_name="NVIDIA A100-SXM4-80GB", device_sms=108,
+                  device_memory_bytes=80 * 2 ** 30, compute_capability=(8, 0), rank=0, world_size=8, kernels=kernels)
+    summary = summarize(trace)
+    assert {row.k: row.misaligned for row in summary.gemms} == {1705: True, 1704: False}
+    text = format_summary(summary)
+    marked = [line for line in text.splitlines() if line.rstrip().endswith(" *")]
+    assert len(marked) == 1 and " 1705 " in marked[0]
+    assert "1 of 2 shapes, 121.0 us of 241.0 us of the GEMM kernels' time" in text
+    aligned = Trace(source="synthetic", device_name=trace.device_name, device_sms=108, device_memory_bytes=1,
+                    compute_capability=(8, 0), rank=0, world_size=8, kernels=kernels[1:])
+    assert "16-byte vectors" not in format_summary(summarize(aligned))

@@ -61,8 +61,11 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
         lines.append(f"    {'op':<12} {'B':>4} {'M':>7} {'N':>7} {'K':>7} {'dtype':<5} {'count':>6} {'mean':>10} "
                      f"{'TFLOP/s':>8}")
     for row in summary.gemms[:top]:
+        mark = " *" if row.misaligned else ""
         lines.append(f"    {row.op:<12} {row.batch:>4} {row.m:>7} {row.n:>7} {row.k:>7} {row.dtype:<5} {row.count:>6} "
-                     f"{format_seconds(row.mean_s):>10} {_rate(row.achieved_flop_rate, 1e12, ''):>8}")
+                     f"{format_seconds(row.mean_s):>10} {_rate(row.achieved_flop_rate, 1e12, ''):>8}{mark}")
+    if any(row.misaligned for row in summary.gemms[:top]):
+        lines.append(_misaligned_note(summary))
     lines.append(f"  collectives ({summary.collective_kernels} kernels {where}; largest total first):")
     if summary.collectives:
         lines.append(f"    {'kind':<14} {'alg/proto':<12} {'ranks':>5} {'message':>11} {'count':>6} {'mean':>10} "
@@ -75,6 +78,17 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
                      f"{format_seconds(row.mean_s):>10} {_rate(row.algbw_bytes_per_s, 1e9, 'GB/s'):>11} "
                      f"{_rate(row.busbw_bytes_per_s, 1e9, 'GB/s'):>11}")
     return "\n".join(lines)
+
+
+def _misaligned_note(summary: TraceSummary) -> str:
+    """What the * marks, and what the misaligned shapes cost, over every shape of the summary."""
+    def kernel_time(rows) -> float:
+        return sum(row.total_s for row in rows)
+    off = [row for row in summary.gemms if row.misaligned]
+    return (f"    * a dimension is not a whole number of 16-byte vectors (8 bf16 or 4 fp32 elements): the library runs "
+            f"such shapes in\n      element-at-a-time kernels, which padding the dimension avoids; {len(off)} of "
+            f"{len(summary.gemms)} shapes, {format_seconds(kernel_time(off))} of "
+            f"{format_seconds(kernel_time(summary.gemms))} of the GEMM kernels' time")
 
 
 def summary_dict(summary: TraceSummary) -> dict:

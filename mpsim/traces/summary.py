@@ -27,9 +27,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from mpsim.errors import InputError
+from mpsim.specs.calibration import gemm_misaligned
 from mpsim.traces.concurrency import Beside, beside_shares
 from mpsim.traces.intervals import intersection, length, merged
 from mpsim.traces.model import CATEGORIES, Kernel, Trace
+from mpsim.traces.shapes import DTYPE_BYTES
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast", "reduce",
                     "other")
@@ -82,6 +84,8 @@ class GemmRow:
     total_s: float
     mean_s: float
     achieved_flop_rate: float | None  # FLOP/s: 2 B M N K / mean_s (None when every one took 0 us)
+    # a dimension off the 16-byte vector: the library runs element-at-a-time (align1) kernels
+    misaligned: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,8 @@ def _gemm_rows(kernels: list[Kernel]) -> tuple[GemmRow, ...]:
         total = sum(durations)
         mean = total / len(durations)
         rate = 2.0 * batch * m * n * k / mean if mean > 0 else None  # traces round to 1 us: 0 happens
-        rows.append(GemmRow(op, batch, m, n, k, dtype, len(durations), total, mean, rate))
+        misaligned = dtype in DTYPE_BYTES and gemm_misaligned(m, n, k, DTYPE_BYTES[dtype])
+        rows.append(GemmRow(op, batch, m, n, k, dtype, len(durations), total, mean, rate, misaligned))
     return tuple(sorted(rows, key=lambda r: (-r.total_s, r.op, r.batch, r.m, r.n, r.k, r.dtype)))
 
 
