@@ -25,8 +25,8 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from mpsim.traces.model import Kernel
 from mpsim.traces.intervals import merged
+from mpsim.traces.model import Kernel
 
 
 @dataclass(frozen=True)
