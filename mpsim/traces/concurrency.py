@@ -4,7 +4,7 @@ A GPU runs the kernels of different CUDA streams at once: an NCCL collective on 
 own stream beside the GEMMs of the compute stream, a copy beside both. Kernels that run
 together share the SMs, the L2 cache and the memory bandwidth, so a kernel's duration
 in a trace is its time *alone* only when nothing ran beside it. A GEMM of one shape in a
-recommendation model's trace takes 8-9 us alone and 9-51 us while an all-to-all runs
+recommendation model's trace takes 8-9 us alone and 9-51 us while a collective runs
 (1024 x 512 x 96 on the 8-rank A100 trace in ../shared/traces).
 
 mpsim prices the two apart: a kernel's time alone (the compute model, or a profile
