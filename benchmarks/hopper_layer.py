@@ -27,11 +27,8 @@ import json
 import sys
 from pathlib import Path
 
-from mpsim.cost.actions import CostModel
-from mpsim.resolve import resolve
-from mpsim.specs import load_scenario
-from mpsim.workload.embedding import padded_vocab
-from mpsim.workload.stages import build_stage, layer_context, stage_options
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate_published import middle_stage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 READINGS = ROOT / "benchmarks" / "data" / "hopper_kernels_h200.json"
@@ -40,12 +37,7 @@ SCENARIO = ROOT / "scenarios" / "published" / "hopper_layer_h200.yaml"
 
 def layer_seconds(seq: int) -> tuple[float, float]:
     """mpsim's forward and forward + backward seconds of one layer at ``seq`` tokens."""
-    scenario = load_scenario(SCENARIO, [f"model.seq_length={seq}"]).scenario
-    layout = resolve(scenario)
-    ctx = layer_context(scenario, layout)
-    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
-    work = build_stage(ctx, 1, 1, False, False, options)  # one layer: no embedding, no head
-    model = CostModel(scenario, layout)
+    work, model = middle_stage(SCENARIO, [f"model.seq_length={seq}"], 1)
     forward = model.price(work.forward).duration_s
     return forward, forward + model.price(work.backward).duration_s
 

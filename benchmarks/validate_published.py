@@ -275,14 +275,19 @@ def _config_value(config: str, name: str) -> int:
     return int(match.group(1))
 
 
-def price_one_layer(overrides: list[str]) -> Prediction:
-    """Forward and backward of one transformer layer on one rank, in ms, priced as auto balancing does."""
-    scenario = load_scenario(KORTHIKANTI_BASE, overrides).scenario
+def middle_stage(base: Path, overrides: list[str], layers: int):
+    """The work of a pipeline stage of ``layers`` transformer layers (no embedding, no head) on
+    one rank, and the cost model that prices it, as auto balancing builds them."""
+    scenario = load_scenario(base, overrides).scenario
     layout = resolve(scenario)
     ctx = layer_context(scenario, layout)
     options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
-    work = build_stage(ctx, 1, 1, False, False, options)  # one layer, no embedding, no head
-    model = CostModel(scenario, layout)
+    return build_stage(ctx, layers, layers, False, False, options), CostModel(scenario, layout)
+
+
+def price_one_layer(overrides: list[str]) -> Prediction:
+    """Forward and backward of one transformer layer on one rank, in ms, priced as auto balancing does."""
+    work, model = middle_stage(KORTHIKANTI_BASE, overrides, 1)
     forward, backward = model.price(work.forward), model.price(work.backward)
     exposed = {group: forward.exposed(group) + backward.exposed(group) for group in ("tp", "cp")}
     total = forward.duration_s + backward.duration_s
@@ -576,12 +581,7 @@ ZB_T9_ASSUMPTIONS = ("milliseconds (the unit is not printed; consistent with Tab
 
 def price_stage_passes(overrides: list[str], layers: int) -> Prediction:
     """F, B (input gradient) and W (weight gradient) of one middle stage, in ms."""
-    scenario = load_scenario(ZB_BASE, overrides).scenario
-    layout = resolve(scenario)
-    ctx = layer_context(scenario, layout)
-    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
-    work = build_stage(ctx, layers, layers, False, False, options)
-    model = CostModel(scenario, layout)
+    work, model = middle_stage(ZB_BASE, overrides, layers)
     ms = 1e3
     forward, backward, weight = (model.price(p).duration_s * ms
                                  for p in (work.forward, work.backward_input, work.backward_weight))

@@ -33,16 +33,17 @@ class HeldOut:
     before_pct: list[float] = field(default_factory=list)
     after_pct: list[float] = field(default_factory=list)
     shapes: set = field(default_factory=set)
-    alone: list[bool] = field(default_factory=list)  # per kernel: no other stream's kernel ran beside it
+    # per kernel: no other stream's kernel ran beside it (None: not looked at, as for collectives)
+    alone: list[bool | None] = field(default_factory=list)
 
-    def add(self, key, measured_s: float, before_s: float, after_s: float, alone: bool = True) -> None:
+    def add(self, key, measured_s: float, before_s: float, after_s: float, alone: bool | None = None) -> None:
         self.before_pct.append(100.0 * abs(before_s / measured_s - 1.0))
         self.after_pct.append(100.0 * abs(after_s / measured_s - 1.0))
         self.shapes.add(key)
         self.alone.append(alone)
 
     def after_pct_where(self, alone: bool) -> list[float]:
-        return [error for error, was_alone in zip(self.after_pct, self.alone) if was_alone == alone]
+        return [error for error, was_alone in zip(self.after_pct, self.alone) if was_alone is alone]
 
     def summary(self) -> HeldOutError:
         def stat(values, how):

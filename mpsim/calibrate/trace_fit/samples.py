@@ -102,10 +102,7 @@ class TraceSamples:
     skipped: Counter = field(default_factory=Counter)
 
 
-_ALONE = Beside(0.0, 0.0)
-
-
-def gemm_samples(trace: Trace, samples: TraceSamples, shares: dict[int, Beside] | None = None) -> None:
+def gemm_samples(trace: Trace, samples: TraceSamples, shares: dict[int, Beside]) -> None:
     """The trace's matrix products with shapes, each with its split-K reduction's time added
     and the shares of its time beside other streams' kernels (``shares``, by kernel id)."""
     split_k: dict[int, float] = {}  # id of the launching op -> seconds of its split-K kernels
@@ -128,7 +125,7 @@ def gemm_samples(trace: Trace, samples: TraceSamples, shares: dict[int, Beside] 
             samples.skipped["kernels with zero duration"] += 1
             continue
         extra = split_k.pop(id(kernel.op), 0.0) if kernel.op is not None else 0.0
-        beside = shares.get(id(kernel), _ALONE) if shares is not None else _ALONE
+        beside = shares[id(kernel)]
         samples.gemms.append(GemmSample(gemm.batch, gemm.m, gemm.n, gemm.k, gemm.dtype, kernel.duration_s + extra,
                                         beside.any_kernel, beside.collective))
 
@@ -226,8 +223,7 @@ def trace_samples(traces: list[Trace]) -> TraceSamples:
     """Every usable sample of ``traces``."""
     samples = TraceSamples()
     for trace in traces:
-        shares = beside_shares(trace.kernels)
-        gemm_samples(trace, samples, shares)
+        gemm_samples(trace, samples, beside_shares(trace.kernels))
         collective_samples(trace, samples)
         memory_samples(trace, samples)
         launch_gaps(trace, samples)
