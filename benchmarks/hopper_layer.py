@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate_published import middle_stage  # noqa: E402
+from published_common import middle_stage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 READINGS = ROOT / "benchmarks" / "data" / "hopper_kernels_h200.json"

@@ -3,7 +3,7 @@
 The rows come from the CSV files of ``../shared/validation`` (the shared folder beside the
 repository), read at run time: nothing measured is copied into this file. Each row is
 written as an mpsim scenario the way its framework ran it (a base scenario file plus
-``--set`` overrides, through the public loader), simulated, and summarized. Five tables:
+``--set`` overrides, through the public loader), simulated, and summarized. Ten tables:
 
 * ``korthikanti_table5``: Korthikanti et al. 2022, Table 5 (configurations from their
   Table 3): iteration time of GPT 22B-1T on Selene (DGX A100), full recompute and
@@ -28,6 +28,14 @@ written as an mpsim scenario the way its framework ran it (a base scenario file 
   microbatch, the times its Table 5 bubble rates are computed from. The row's error is
   that of T_F + T_B + T_W; each pass, measured and predicted, is printed beside it. The
   passes are priced with the cost model alone, like Table 4 of Korthikanti. 12 rows.
+* ``zero_bubble_table6``, ``_table7``, ``_table10``, ``_table11``, ``_table12``: the same
+  paper's other throughput tables, on the same four models: ZB-V against ZB-2p, ZB-1p and
+  1F1B on 16 to 32 GPUs (36 rows), a microbatch doubled (18), ZB-2p with and without the
+  optimizer's post-validation (8), 1F1B and ZB-1p at ZB-2p's memory (30 of 36; six print
+  an ambiguous microbatch count and are left out), fewer microbatches than stages (18).
+
+The Zero Bubble tables are built in ``published_zero_bubble.py``; what every table shares
+(rows, predictions, pricing a step or a stage) is in ``published_common.py``.
 
 Each table compares like with like: step time where the source printed step time,
 throughput where it printed throughput; error = (predicted - measured) / measured in
@@ -50,7 +58,8 @@ mean_signed_error_pct=..``; the last line is ``tables=<n> rows=<n> mean_abs_erro
 max_abs_error_pct=<y> mean_signed_error_pct=<z>`` over all rows. ``--quick`` runs the
 smallest configurations of each source (the 22B rows of Table 5, all of Table 4, the
 fewest GPUs of each dgxc model and precision, the 1.5B Zero Bubble setup at 24
-microbatches, each Zero Bubble model's Table 9 passes once), for CI; ``tests/test_validate_published.py`` guards their errors.
+microbatches, each Zero Bubble model's Table 9 passes once, the smallest setup's rows of
+the other Zero Bubble tables), for CI; ``tests/test_validate_published.py`` guards their errors.
 
 Usage: python benchmarks/validate_published.py [--table NAME ...] [--quick] [--json FILE]
        [--data DIR]
@@ -59,30 +68,21 @@ Usage: python benchmarks/validate_published.py [--table NAME ...] [--quick] [--j
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
-import yaml
-
-from mpsim.cost.actions import CostModel
-from mpsim.resolve import resolve
-from mpsim.results import summarize
-from mpsim.simulate import bubble_reference, simulate
-from mpsim.specs import load_scenario
-from mpsim.workload.embedding import padded_vocab
-from mpsim.workload.stages import build_stage, layer_context, stage_options
-
-ROOT = Path(__file__).resolve().parent.parent
-# copies of the published tables (each row names its source in its first column), so the
-# harness and its test run on a bare clone
-DATA = Path(__file__).resolve().parent / "data"
-SCENARIOS = ROOT / "scenarios"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import published_zero_bubble  # noqa: E402,F401 (its tables' shapes, for the tests)
+from published_common import (DATA, SCENARIOS, Case, Prediction, Result, Table, middle_stage,  # noqa: E402
+                              number, read_csv, simulate_step, step_breakdown)
+from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_ASSUMPTIONS,  # noqa: E402
+                                   ZB_T11_LEFT_OUT, zero_bubble_split, zero_bubble_table4, zero_bubble_table6,
+                                   zero_bubble_table7, zero_bubble_table9, zero_bubble_table10, zero_bubble_table11,
+                                   zero_bubble_table12)
 
 
 # --- gaps: what the frameworks did that mpsim cannot express yet --------------------------------------------------
@@ -100,84 +100,21 @@ GAPS: dict[str, str] = {
 }
 
 # gaps of a whole table or of a kind of its rows, not marked row by row: table -> (which rows, gap)
+# the cluster of every Zero Bubble throughput table
+ZB_CLUSTER_GAP = ("all rows", ("the cluster is 'up to 4 nodes x 8 A100 SXM 80GB, RoCE RDMA' with no NIC bandwidth "
+                               "printed; nearest: the shipped dgx-a100 system (8x HDR 200 Gb/s InfiniBand per node)"))
 TABLE_GAPS: dict[str, list[tuple[str, str]]] = {
-    "zero_bubble_table4": [
-        ("all rows", "the cluster is 'up to 4 nodes x 8 A100 SXM 80GB, RoCE RDMA' with no NIC bandwidth printed; "
-                     "nearest: the shipped dgx-a100 system (8x HDR 200 Gb/s InfiniBand per node)"),
-    ],
+    "zero_bubble_table4": [ZB_CLUSTER_GAP],
+    "zero_bubble_table6": [ZB_CLUSTER_GAP],
+    "zero_bubble_table7": [ZB_CLUSTER_GAP],
+    "zero_bubble_table10": [ZB_CLUSTER_GAP],
+    "zero_bubble_table11": [ZB_CLUSTER_GAP, ZB_T11_LEFT_OUT],
+    "zero_bubble_table12": [ZB_CLUSTER_GAP],
 }
-
-
-# --- rows, predictions, results -----------------------------------------------------------------------------------
-
-@dataclass
-class Prediction:
-    value: float  # the quantity the source printed, in the table's unit
-    breakdown: dict[str, float]  # compute, bubble, tp, cp, pp, dp, optimizer (seconds, or the table's unit)
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Case:
-    """One published row: what was measured, how to predict it, and its gaps."""
-
-    table: str
-    label: str
-    measured: float
-    predict: Callable[[], Prediction]
-    notes: tuple[str, ...] = ()
-    quick: bool = False
-
-
-@dataclass
-class Result:
-    table: str
-    label: str
-    measured: float
-    predicted: float | None
-    error_pct: float | None
-    breakdown: dict[str, float]
-    extra: dict[str, float]
-    notes: tuple[str, ...]
-    failure: str | None = None
-
-
-@dataclass(frozen=True)
-class Table:
-    title: str
-    quantity: str  # what measured / predicted are
-    unit: str  # of measured / predicted
-    breakdown_unit: str
-    build: Callable[[Path], list[Case]]
-    extra_columns: tuple[tuple[str, str], ...] = ()  # (header, key of Prediction.extra)
-    assumptions: tuple[str, ...] = ()  # fields the source left out, printed under the table
-
 
 BREAKDOWN = ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer")
 # what a table's breakdown splits, where it is not a step
 PREDICTED_UNIT = {"korthikanti_table4": "layer", "zero_bubble_table9": "stage's passes"}
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
-def step_breakdown(summary) -> dict[str, float]:
-    """Where the step went, in seconds (means over pipeline ranks, from the Summary)."""
-    ranks = summary.ranks
-    inside = sum(r.compute_s - r.tp_comm_exposed_s - r.cp_comm_exposed_s - r.ep_comm_exposed_s
-                 - r.zero_gather_exposed_s for r in ranks) / len(ranks)
-    return {"compute": inside, "bubble": summary.bubble_s - summary.bubble_comm_s,
-            "tp": summary.exposed_tp_comm_s, "cp": summary.exposed_cp_comm_s, "pp": summary.exposed_pp_comm_s,
-            "dp": summary.exposed_dp_comm_s, "optimizer": summary.optimizer_s}
-
-
-def simulate_step(base: Path, overrides: list[str]):
-    """Load, simulate and summarize one scenario (with the reference run that splits the bubble)."""
-    scenario = load_scenario(base, overrides).scenario
-    result = simulate(scenario)
-    return summarize(result, bubble_reference(result))
 
 
 # --- Korthikanti et al. 2022: Megatron-LM of 2022 on Selene (DGX A100) --------------------------------------------
@@ -274,15 +211,6 @@ def _config_value(config: str, name: str) -> int:
         raise ValueError(f"no {name}= in the configuration {config!r}")
     return int(match.group(1))
 
-
-def middle_stage(base: Path, overrides: list[str], layers: int):
-    """The work of a pipeline stage of ``layers`` transformer layers (no embedding, no head) on
-    one rank, and the cost model that prices it, as auto balancing builds them."""
-    scenario = load_scenario(base, overrides).scenario
-    layout = resolve(scenario)
-    ctx = layer_context(scenario, layout)
-    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
-    return build_stage(ctx, layers, layers, False, False, options), CostModel(scenario, layout)
 
 
 def price_one_layer(overrides: list[str]) -> Prediction:
@@ -404,34 +332,29 @@ DGXC_PRECISION = {"BF16": (["training.dtype=bf16"], ()),
                   "FP8": (["training.dtype=fp8", "training.fp8_params=true"], ())}
 
 
-def _number(text: str) -> int:
-    """An integer the CSV prints as '4.0' or '4'."""
-    return int(float(text))
-
-
 def dgxc_table(data: Path) -> list[Case]:
     rows = read_csv(data / "nvidia_dgxc_benchmarks_v24.11_dense.csv")
     smallest: dict[tuple[str, str], int] = {}
     for row in rows:
         key = (row["model"], row["precision"])
-        smallest[key] = min(smallest.get(key, 1 << 30), _number(row["num_gpus"]))
+        smallest[key] = min(smallest.get(key, 1 << 30), number(row["num_gpus"]))
     cases = []
     for row in rows:
         recipe = DGXC_RECIPES[row["model"]]
         precision, precision_gaps = DGXC_PRECISION[row["precision"]]
-        gpus, tp, pp, cp = (_number(row[k]) for k in ("num_gpus", "tp", "pp", "cp"))
-        vpp = _number(row["virtual_stages"]) if row["virtual_stages"].strip() else 1
+        gpus, tp, pp, cp = (number(row[k]) for k in ("num_gpus", "tp", "pp", "cp"))
+        vpp = number(row["virtual_stages"]) if row["virtual_stages"].strip() else 1
         if gpus % 8:
             raise ValueError(f"{row['model']}: {gpus} GPUs is not a whole number of DGX H100 nodes")
         overrides = [
             f"model={recipe.model}",
-            f"model.seq_length={_number(row['seq_len'])}", f"model.num_layers={_number(row['layers'])}",
+            f"model.seq_length={number(row['seq_len'])}", f"model.num_layers={number(row['layers'])}",
             f"cluster.nodes={gpus // 8}",
             f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.cp={cp}", f"parallel.vpp={vpp}",
-            f"parallel.dp={_number(row['dp_as_stated'])}",  # checked against GPUs / (TP x PP x CP)
+            f"parallel.dp={number(row['dp_as_stated'])}",  # checked against GPUs / (TP x PP x CP)
             f"parallel.schedule={'interleaved-1f1b' if vpp > 1 else '1f1b'}",  # Megatron's schedules
-            f"parallel.microbatch_size={_number(row['microbatch'])}",
-            f"parallel.global_batch_size={_number(row['global_batch'])}",
+            f"parallel.microbatch_size={number(row['microbatch'])}",
+            f"parallel.global_batch_size={number(row['global_batch'])}",
             *DGXC_FRAMEWORK, *recipe.overrides, *precision,
         ]
         notes = (*recipe.gaps, *precision_gaps)
@@ -444,185 +367,6 @@ def dgxc_table(data: Path) -> list[Case]:
         cases.append(Case("dgxc_v24.11", label, float(row["step_time_s"]), predict, notes,
                           quick=gpus == smallest[(row["model"], row["precision"])]))
     return cases
-
-
-# --- Qi et al. 2024, Zero Bubble Pipeline Parallelism: Table 4 on A100 --------------------------------------------
-# The authors' fork of Megatron-LM (github.com/sail-sg/zero-bubble-pipeline-parallelism at the
-# paper's commit 4769e08): its examples/pretrain_zero_bubble.sh and the defaults of its
-# megatron/arguments.py. Model shapes (layers, heads, hidden, FFN, sequence), TP, PP, DP,
-# microbatch and microbatch count come from the CSV (the paper's Table 3).
-ZB_BASE = SCENARIOS / "published" / "zero_bubble_a100.yaml"
-ZB_MODEL = {
-    "ffn_type": "gelu",  # Megatron GPT's MLP (GeLU)
-    "norm": "layernorm",  # Megatron GPT's LayerNorm
-    "position_embedding": "learned",  # --position-embedding-type default learned_absolute
-    "tied_embeddings": True,  # --untie-embeddings-and-output-weights not passed
-    "linear_bias": True,  # --disable-bias-linear not passed
-    "dropout": 0.1,  # --attention-dropout and --hidden-dropout default 0.1
-    # Not printed. The script's GPTSentencePieceTokenizer uses a tokenizer.model from the
-    # authors' sample dataset; the Table 3 model sizes (rounded to 0.1B) put vocabulary +
-    # positions between about 26K and 34K tokens: 32,000, the LLaMA SentencePiece vocabulary
-    "vocab_size": 32000,
-}
-ZB_ASSUMPTIONS = ("vocabulary 32,000 (not printed; consistent with the Table 3 model sizes)",
-                  "fp16 (the fork's example script passes --fp16), unfused attention (no --use-flash-attn)")
-ZB_FRAMEWORK = [
-    "training.transformer_impl=local",  # the fork's legacy megatron/model (--transformer-impl local)
-    "training.dtype=fp16",  # examples/pretrain_zero_bubble.sh: --fp16 unless FP32 is set
-    "training.attention=unfused",  # the script passes no --use-flash-attn: Megatron's unfused core attention
-    "parallel.recompute=none",  # no --recompute-* flags
-    "parallel.sequence_parallel=false",  # TP 1 in every setup
-    "training.distributed_optimizer=false",  # no --use-distributed-optimizer (and DP 1)
-    "training.overlap_grad_reduce=false",  # --overlap-grad-reduce defaults to off (and DP 1)
-    # --fp16 without --accumulate-allreduce-grads-in-fp32 (only --bf16 forces it): the
-    # gradients are accumulated in fp16; the optimizer keeps fp32 master weights
-    "training.fp32_grad_accumulation=false",
-    "training.tp_comm_overlap_backward=true",  # Megatron's default (no TP here)
-    "training.pp_scatter_gather=true",  # Megatron's default (no TP here)
-]
-# paper's name -> (mpsim schedule, chunks per rank: None = one layer per chunk as the paper's
-# 1F1B-I runs (--num-layers-per-virtual-pipeline-stage 1), blocking pipeline sends)
-ZB_SCHEDULES = {
-    # Megatron's non-interleaved 1F1B waits for its batched isend/irecv (p2p_communication),
-    # then calls torch.cuda.synchronize() (batch_p2p_sync; the fork's arguments.py turns
-    # overlap_p2p_comm off for non-interleaved schedules, so batch_p2p_comm is on)
-    "1F1B": ("1f1b", 1, True),
-    # the fork's Megatron overlaps the interleaved schedule's p2p (--no-overlap-p2p-communication
-    # not passed: overlap_p2p_comm defaults to true)
-    "1F1B-I": ("interleaved-1f1b", None, False),
-    # the fork's zb_schedules.py waits for a receive only before the pass that uses it, and for
-    # its sends at the end of the iteration; --zero-bubble-max-pending-backward p (ZB-1p) or 2p
-    # (ZB-2p) is what mpsim's zb-1p / zb-2p limit (mpsim/schedules/zb_search.py)
-    "ZB-1p": ("zb-1p", 1, False),
-    "ZB-2p": ("zb-2p", 1, False),
-}
-
-
-def zero_bubble_split(layers: int, pp: int, vpp: int) -> list[int]:
-    """Layers per model chunk as the fork's --allow-padding-num-layers builds them.
-
-    The layer count is padded up to a multiple of pp, split evenly over the chunks, and
-    the padding taken off the last chunk, then the first, and so on
-    (``ParallelTransformer.get_offset`` in megatron/model/transformer.py): with 2 padding
-    layers the first and the last chunk hold one layer fewer (Table 3's note).
-    """
-    remainder = layers % pp
-    padded = layers - remainder + pp if remainder else layers
-    if padded % (pp * vpp):
-        raise ValueError(f"{padded} padded layers do not split over {pp} x {vpp} chunks")
-    sizes = [padded // (pp * vpp)] * (pp * vpp)
-    for index in range(-1, padded - layers - 1):
-        sizes[index] -= 1
-    return sizes
-
-
-def zero_bubble_table4(data: Path) -> list[Case]:
-    rows = read_csv(data / "zero_bubble_main_tables3_4_5_9.csv")
-    # --quick: the smallest setup (fewest GPUs, microbatches and layers), all four schedules
-    first = min((_number(r["num_gpus"]), _number(r["num_microbatches"]), _number(r["layers"])) for r in rows)
-    cases = []
-    for row in rows:
-        name, chunks, blocking = ZB_SCHEDULES[row["schedule"]]
-        layers, pp, gpus = _number(row["layers"]), _number(row["pp"]), _number(row["num_gpus"])
-        microbatch, count = _number(row["microbatch"]), _number(row["num_microbatches"])
-        tp, dp = _number(row["tp"]), _number(row["dp"])
-        if tp * pp * dp != gpus or gpus % 8:
-            raise ValueError(f"{row['model']}: tp x pp x dp = {tp * pp * dp} for {gpus} GPUs")
-        remainder = layers % pp
-        vpp = chunks or (layers - remainder + pp if remainder else layers) // pp
-        model = dict(name=f"zero-bubble-{row['model']}", num_layers=layers, hidden_size=_number(row["hidden"]),
-                     ffn_hidden_size=_number(row["ffn_hidden"]), num_attention_heads=_number(row["heads"]),
-                     seq_length=_number(row["seq_len"]), **ZB_MODEL)
-        overrides = [
-            "model=" + yaml.safe_dump(model, default_flow_style=True, width=1 << 20).strip(),
-            f"cluster.nodes={gpus // 8}",
-            f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.vpp={vpp}",
-            f"parallel.schedule={name}",
-            f"parallel.microbatch_size={microbatch}", f"parallel.global_batch_size={microbatch * count * dp}",
-            f"parallel.layers_per_stage={zero_bubble_split(layers, pp, vpp)}",
-            f"training.pp_send_blocking={str(blocking).lower()}",
-            # the blocking batched p2p is the one followed by torch.cuda.synchronize()
-            f"training.host_sync_between_passes={str(blocking).lower()}",
-            *ZB_FRAMEWORK,
-        ]
-
-        def predict(overrides=overrides, samples=microbatch * count * dp, gpus=gpus,
-                    memory_gb=float(row["memory_gb"])) -> Prediction:
-            summary = simulate_step(ZB_BASE, overrides)
-            # the table's memory column beside mpsim's peak (GB as the paper prints them, 1e9 bytes:
-            # an assumption, the unit is not defined there); not part of the throughput statistics
-            return Prediction(samples / summary.step_time_s / gpus, step_breakdown(summary),
-                              {"step_s": summary.step_time_s, "mem_meas": memory_gb,
-                               "mem_pred": summary.peak_memory_bytes / 1e9})
-
-        label = f"{row['model']} p={pp} m={count} {row['schedule']}"
-        notes = ("zb-ilp", "post-validation") if name in ("zb-1p", "zb-2p") else ()
-        cases.append(Case("zero_bubble_table4", label, float(row["samples_per_s_per_gpu"]), predict, notes,
-                          quick=(gpus, count, layers) == first))
-    return cases
-
-
-# Table 9 of the same paper: the fork's profiled time of one pipeline stage's forward (T_F),
-# input-gradient backward (T_B) and weight-gradient backward (T_W) per microbatch, the inputs
-# of its Table 5 bubble rates. The fork times each pass with Megatron's Timer, which calls
-# torch.cuda.synchronize() and time.time() at its start and stop (megatron/timers.py), in
-# iterations 100-110, on every rank, and takes the median over the ranks
-# (megatron/core/pipeline_parallel/zb_schedules.py, ScheduleTimers and update_schedule): a
-# pass starts on an idle GPU and ends when its last kernel has, so host time the GPU waits
-# for is inside it. The median rank is a middle stage (the padded split gives the first and
-# last stage one layer fewer). The unit is not printed; milliseconds match Table 4 (1.5B,
-# 1F1B, m=24: 24 x (T_F + T_B + T_W) = 1.10 s of a 1.53 s measured step).
-ZB_T9_ASSUMPTIONS = ("milliseconds (the unit is not printed; consistent with Table 4's throughput)",
-                     "a middle stage: the most layers, no embedding, no LM head (the fork reports the median "
-                     "over the stages)",
-                     "each pass timed between two torch.cuda.synchronize() calls: host time the GPU waits for "
-                     "is inside the measurement; mpsim prices the GPU's kernels")
-
-
-def price_stage_passes(overrides: list[str], layers: int) -> Prediction:
-    """F, B (input gradient) and W (weight gradient) of one middle stage, in ms."""
-    work, model = middle_stage(ZB_BASE, overrides, layers)
-    ms = 1e3
-    forward, backward, weight = (model.price(p).duration_s * ms
-                                 for p in (work.forward, work.backward_input, work.backward_weight))
-    total = forward + backward + weight
-    return Prediction(total, {"compute": total}, {"f_pred": forward, "b_pred": backward, "w_pred": weight})
-
-
-def zero_bubble_table9(data: Path) -> list[Case]:
-    rows = [r for r in read_csv(data / "zero_bubble_main_tables3_4_5_9.csv") if r["schedule"] == "1F1B"]
-    # --quick: each model once (its fewest microbatches; the passes do not depend on the count)
-    fewest = {}
-    for row in rows:
-        fewest[row["model"]] = min(fewest.get(row["model"], 1 << 30), _number(row["num_microbatches"]))
-    cases = []
-    for row in rows:
-        layers, pp = _number(row["layers"]), _number(row["pp"])
-        microbatch, count = _number(row["microbatch"]), _number(row["num_microbatches"])
-        model = dict(name=f"zero-bubble-{row['model']}", num_layers=layers, hidden_size=_number(row["hidden"]),
-                     ffn_hidden_size=_number(row["ffn_hidden"]), num_attention_heads=_number(row["heads"]),
-                     seq_length=_number(row["seq_len"]), **ZB_MODEL)
-        split = zero_bubble_split(layers, pp, 1)
-        overrides = [
-            "model=" + yaml.safe_dump(model, default_flow_style=True, width=1 << 20).strip(),
-            f"cluster.nodes={pp // 8}", f"parallel.tp={_number(row['tp'])}", f"parallel.pp={pp}", "parallel.dp=1",
-            "parallel.schedule=1f1b", f"parallel.microbatch_size={microbatch}",
-            f"parallel.global_batch_size={microbatch * count}", f"parallel.layers_per_stage={split}",
-            # the pass timers call torch.cuda.synchronize() before and after each pass
-            "training.host_sync_between_passes=true",
-            *ZB_FRAMEWORK,
-        ]
-        measured = {key: float(row[column]) for key, column in (("f_meas", "TF"), ("b_meas", "TB"), ("w_meas", "TW"))}
-
-        def predict(overrides=overrides, layers=max(split), measured=measured) -> Prediction:
-            prediction = price_stage_passes(overrides, layers)
-            prediction.extra.update(measured)
-            return prediction
-
-        cases.append(Case("zero_bubble_table9", f"{row['model']} p={pp} m={count} ({max(split)} layers)",
-                          sum(measured.values()), predict, quick=count == fewest[row["model"]]))
-    return cases
-
 
 TABLES: dict[str, Table] = {
     "korthikanti_table5": Table("Korthikanti et al. 2022, Table 5: iteration time, Megatron-LM (2022) on DGX A100",
@@ -643,6 +387,28 @@ TABLES: dict[str, Table] = {
                                 (("F meas", "f_meas"), ("F pred", "f_pred"), ("B meas", "b_meas"),
                                  ("B pred", "b_pred"), ("W meas", "w_meas"), ("W pred", "w_pred")),
                                 ZB_ASSUMPTIONS[1:] + ZB_T9_ASSUMPTIONS),
+    "zero_bubble_table6": Table("Qi et al. 2024 (Zero Bubble), Table 6: ZB-V against ZB-2p (half the microbatch, "
+                                "twice the count), ZB-1p and 1F1B, the authors' fork on A100", "samples/s per GPU",
+                                "samples/s/GPU", "s", zero_bubble_table6,
+                                (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
+                                ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
+    "zero_bubble_table7": Table("Qi et al. 2024 (Zero Bubble), Table 7: ZB-V, ZB-1p and 1F1B at a microbatch and at "
+                                "twice it, the authors' fork on A100", "samples/s per GPU", "samples/s/GPU", "s",
+                                zero_bubble_table7, (("step s", "step_s"),), ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
+    "zero_bubble_table10": Table("Qi et al. 2024 (Zero Bubble), Table 10: ZB-2p with the optimizer's post-validation "
+                                 "and with its synchronised step, the authors' fork on A100", "samples/s per GPU",
+                                 "samples/s/GPU", "s", zero_bubble_table10, (("step s", "step_s"),),
+                                 ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
+    "zero_bubble_table11": Table("Qi et al. 2024 (Zero Bubble), Table 11: 1F1B and ZB-1p at twice ZB-2p's "
+                                 "microbatch (the same memory), the authors' fork on A100", "samples/s per GPU",
+                                 "samples/s/GPU", "s", zero_bubble_table11,
+                                 (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
+                                 ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
+    "zero_bubble_table12": Table("Qi et al. 2024 (Zero Bubble), Table 12: fewer microbatches than stages, 1F1B and "
+                                 "ZB-2p, the authors' fork on A100", "samples/s per GPU", "samples/s/GPU", "s",
+                                 zero_bubble_table12,
+                                 (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
+                                 ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
 }
 
 

@@ -18,11 +18,19 @@ QUICK_MEAN_ABS_ERROR_PCT = {
     "dgxc_v24.11": 6.06,
     "zero_bubble_table4": 15.35,
     "zero_bubble_table9": 5.32,
+    "zero_bubble_table6": 14.11,
+    "zero_bubble_table7": 13.93,
+    "zero_bubble_table10": 13.03,
+    "zero_bubble_table11": 13.85,
+    "zero_bubble_table12": 16.61,
 }
 # the same guard for the peak memory of tables whose source prints it (a Zero Bubble Table 4 row
 # predicted at 56 % too much before the search counted pending weight gradients: the guard catches that)
 QUICK_PEAK_MEMORY_MEAN_ABS_ERROR_PCT = {
     "zero_bubble_table4": 3.58,
+    "zero_bubble_table6": 3.70,
+    "zero_bubble_table11": 4.44,
+    "zero_bubble_table12": 2.97,
 }
 TOLERANCE_PCT = 1.0
 
@@ -83,3 +91,28 @@ def test_summary_lines(harness, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("tables=1 rows=5 mean_abs_error_pct=")
     assert any(line.startswith("korthikanti_table4: rows=5 ") for line in lines)
+
+
+def test_zero_bubble_tables_by_size_use_table3_models(harness):
+    # Tables 6, 7 and 10-12 print the model by its size only: Table 3's shape of that size
+    shapes = harness.published_zero_bubble.setups(harness.DATA)
+    assert shapes["6.2B"]["layers"] == 30 and shapes["14.6B"]["hidden"] == 5120
+    rows = {case.label: case for case in harness.zero_bubble_table6(harness.DATA)}
+    assert len(rows) == 36
+    # ZB-V on 16 stages: two one-layer chunks per rank, the padding off the first and last chunk
+    assert harness.zero_bubble_split(30, 16, 2) == [0] + [1] * 30 + [0]
+    assert rows["6.2B p=16 b=6 m=48 ZB-V"].notes == ("post-validation",)
+    assert rows["6.2B p=16 b=3 m=96 ZB-2p*"].notes == ("zb-ilp", "post-validation")
+
+
+def test_zero_bubble_table10_tells_the_synchronised_step_apart(harness):
+    notes = {case.label: case.notes for case in harness.zero_bubble_table10(harness.DATA)}
+    assert notes["1.5B p=8 b=6 m=24 ZB-2p all-reduce sync"] == ("zb-ilp",)
+    assert notes["1.5B p=8 b=6 m=24 ZB-2p post-validation"] == ("zb-ilp", "post-validation")
+
+
+def test_zero_bubble_table11_leaves_the_ambiguous_rows_out(harness):
+    # 36 published rows, 6 with a microbatch count printed as "32 (printed; 64 likely)"
+    labels = [case.label for case in harness.zero_bubble_table11(harness.DATA)]
+    assert len(labels) == 30 and not any("m=32" in label for label in labels if label.startswith(("14.6B", "28.3B")))
+    assert any("left out" in text for _, text in harness.TABLE_GAPS["zero_bubble_table11"])

@@ -1,0 +1,113 @@
+"""What every table of ``benchmarks/validate_published.py`` shares: rows, predictions, pricing.
+
+A published row becomes a :class:`Case` (what was measured and a function that predicts
+it); running it gives a :class:`Result`. The tables' builders live beside this module
+(``validate_published.py`` for Korthikanti et al. and NVIDIA's DGX Cloud recipes,
+``published_zero_bubble.py`` for the Zero Bubble paper) and price their rows with the two
+helpers here: a whole step through the public loader and simulator
+(:func:`simulate_step`), or one stage's passes through the cost model alone
+(:func:`middle_stage`).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mpsim.cost.actions import CostModel
+from mpsim.resolve import resolve
+from mpsim.results import summarize
+from mpsim.simulate import bubble_reference, simulate
+from mpsim.specs import load_scenario
+from mpsim.workload.embedding import padded_vocab
+from mpsim.workload.stages import build_stage, layer_context, stage_options
+
+ROOT = Path(__file__).resolve().parent.parent
+# copies of the published tables (each row names its source in its first column), so the
+# harness and its test run on a bare clone
+DATA = Path(__file__).resolve().parent / "data"
+SCENARIOS = ROOT / "scenarios"
+
+
+def number(text: str) -> int:
+    """An integer the CSV prints as '4.0' or '4'."""
+    return int(float(text))
+
+
+
+@dataclass
+class Prediction:
+    value: float  # the quantity the source printed, in the table's unit
+    breakdown: dict[str, float]  # compute, bubble, tp, cp, pp, dp, optimizer (seconds, or the table's unit)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Case:
+    """One published row: what was measured, how to predict it, and its gaps."""
+
+    table: str
+    label: str
+    measured: float
+    predict: Callable[[], Prediction]
+    notes: tuple[str, ...] = ()
+    quick: bool = False
+
+
+@dataclass
+class Result:
+    table: str
+    label: str
+    measured: float
+    predicted: float | None
+    error_pct: float | None
+    breakdown: dict[str, float]
+    extra: dict[str, float]
+    notes: tuple[str, ...]
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    quantity: str  # what measured / predicted are
+    unit: str  # of measured / predicted
+    breakdown_unit: str
+    build: Callable[[Path], list[Case]]
+    extra_columns: tuple[tuple[str, str], ...] = ()  # (header, key of Prediction.extra)
+    assumptions: tuple[str, ...] = ()  # fields the source left out, printed under the table
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def step_breakdown(summary) -> dict[str, float]:
+    """Where the step went, in seconds (means over pipeline ranks, from the Summary)."""
+    ranks = summary.ranks
+    inside = sum(r.compute_s - r.tp_comm_exposed_s - r.cp_comm_exposed_s - r.ep_comm_exposed_s
+                 - r.zero_gather_exposed_s for r in ranks) / len(ranks)
+    return {"compute": inside, "bubble": summary.bubble_s - summary.bubble_comm_s,
+            "tp": summary.exposed_tp_comm_s, "cp": summary.exposed_cp_comm_s, "pp": summary.exposed_pp_comm_s,
+            "dp": summary.exposed_dp_comm_s, "optimizer": summary.optimizer_s}
+
+
+def simulate_step(base: Path, overrides: list[str]):
+    """Load, simulate and summarize one scenario (with the reference run that splits the bubble)."""
+    scenario = load_scenario(base, overrides).scenario
+    result = simulate(scenario)
+    return summarize(result, bubble_reference(result))
+
+
+
+def middle_stage(base: Path, overrides: list[str], layers: int):
+    """The work of a pipeline stage of ``layers`` transformer layers (no embedding, no head) on
+    one rank, and the cost model that prices it, as auto balancing builds them."""
+    scenario = load_scenario(base, overrides).scenario
+    layout = resolve(scenario)
+    ctx = layer_context(scenario, layout)
+    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
+    return build_stage(ctx, layers, layers, False, False, options), CostModel(scenario, layout)
