@@ -20,9 +20,9 @@ from mpsim.specs import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the rows are built as benchmarks/validate_published.py builds its Table 5 rows (Megatron-LM
-# 2022's settings are listed there), so the two print the same numbers
-from validate_published import KORTHIKANTI_MODES as MODES  # noqa: E402
-from validate_published import korthikanti_overrides as row_overrides  # noqa: E402
+# 2022's settings are listed in benchmarks/published_korthikanti.py), so the two print the same numbers
+from published_korthikanti import KORTHIKANTI_MODES as MODES  # noqa: E402
+from published_korthikanti import korthikanti_overrides as row_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "korthikanti2022_tables3_5.csv"

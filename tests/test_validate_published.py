@@ -80,10 +80,10 @@ def test_quick_peak_memory_error_does_not_grow(harness, quick_results, table):
 
 def test_zero_bubble_layer_split_follows_the_fork(harness):
     # --allow-padding-num-layers: first and last chunk one layer fewer (Qi et al. 2024, Table 3)
-    assert harness.zero_bubble_split(22, 8, 1) == [2, 3, 3, 3, 3, 3, 3, 2]
-    assert harness.zero_bubble_split(62, 32, 1) == [1] + [2] * 30 + [1]
+    assert harness.published_zero_bubble.zero_bubble_split(22, 8, 1) == [2, 3, 3, 3, 3, 3, 3, 2]
+    assert harness.published_zero_bubble.zero_bubble_split(62, 32, 1) == [1] + [2] * 30 + [1]
     # one layer per chunk for 1F1B-I: the first and last chunk hold none
-    assert harness.zero_bubble_split(22, 8, 3) == [0] + [1] * 22 + [0]
+    assert harness.published_zero_bubble.zero_bubble_split(22, 8, 3) == [0] + [1] * 22 + [0]
 
 
 def test_summary_lines(harness, capsys):
@@ -100,7 +100,7 @@ def test_zero_bubble_tables_by_size_use_table3_models(harness):
     rows = {case.label: case for case in harness.zero_bubble_table6(harness.DATA)}
     assert len(rows) == 36
     # ZB-V on 16 stages: two one-layer chunks per rank, the padding off the first and last chunk
-    assert harness.zero_bubble_split(30, 16, 2) == [0] + [1] * 30 + [0]
+    assert harness.published_zero_bubble.zero_bubble_split(30, 16, 2) == [0] + [1] * 30 + [0]
     assert rows["6.2B p=16 b=6 m=48 ZB-V"].notes == ("post-validation",)
     assert rows["6.2B p=16 b=3 m=96 ZB-2p*"].notes == ("zb-ilp", "post-validation")
 
