@@ -119,11 +119,10 @@ def setups(data: Path) -> dict[str, dict[str, int]]:
     return shapes
 
 
-def zero_bubble_case(table: str, model: str, shape: dict[str, int], pp: int, dp: int, microbatch: int, count: int,
-                     schedule: str, measured: float, memory_gb: float | None, notes: tuple[str, ...],
-                     quick: bool, shown: str | None = None) -> Case:
-    """One throughput row: ``schedule`` (a key of ``ZB_SCHEDULES``; labelled ``shown``, the
-    paper's name, where that differs) on ``model`` over ``pp`` x ``dp`` GPUs."""
+def zero_bubble_overrides(model: str, shape: dict[str, int], pp: int, dp: int, microbatch: int, count: int,
+                          schedule: str) -> list[str]:
+    """The ``--set`` overrides of ``ZB_BASE`` that run ``schedule`` (a key of ``ZB_SCHEDULES``) on
+    ``model`` over ``pp`` x ``dp`` GPUs as the fork ran it."""
     name, chunks, blocking = ZB_SCHEDULES[schedule]
     layers, tp = shape["layers"], shape["tp"]
     gpus = tp * pp * dp
@@ -134,7 +133,7 @@ def zero_bubble_case(table: str, model: str, shape: dict[str, int], pp: int, dp:
     spec = dict(name=f"zero-bubble-{model}", num_layers=layers, hidden_size=shape["hidden"],
                 ffn_hidden_size=shape["ffn_hidden"], num_attention_heads=shape["heads"],
                 seq_length=shape["seq_len"], **ZB_MODEL)
-    overrides = [
+    return [
         "model=" + yaml.safe_dump(spec, default_flow_style=True, width=1 << 20).strip(),
         f"cluster.nodes={gpus // 8}",
         f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.vpp={vpp}",
@@ -146,6 +145,15 @@ def zero_bubble_case(table: str, model: str, shape: dict[str, int], pp: int, dp:
         f"training.host_sync_between_passes={str(blocking).lower()}",
         *ZB_FRAMEWORK,
     ]
+
+
+def zero_bubble_case(table: str, model: str, shape: dict[str, int], pp: int, dp: int, microbatch: int, count: int,
+                     schedule: str, measured: float, memory_gb: float | None, notes: tuple[str, ...],
+                     quick: bool, shown: str | None = None) -> Case:
+    """One throughput row: ``schedule`` (a key of ``ZB_SCHEDULES``; labelled ``shown``, the
+    paper's name, where that differs) on ``model`` over ``pp`` x ``dp`` GPUs."""
+    overrides = zero_bubble_overrides(model, shape, pp, dp, microbatch, count, schedule)
+    gpus = shape["tp"] * pp * dp
 
     def predict() -> Prediction:
         summary = simulate_step(ZB_BASE, overrides)
