@@ -117,6 +117,15 @@ BREAKDOWN = ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer")
 PREDICTED_UNIT = {"korthikanti_table4": "layer", "zero_bubble_table9": "stage's passes"}
 
 
+def zb_throughput_table(number: int, what: str, build, memory: bool, by_size: bool = False) -> Table:
+    """A Zero Bubble table of samples/s per GPU: the step beside each row, and the peak memory where
+    the paper printed it; ``by_size``: the table names its models by their size only."""
+    columns = (("step s", "step_s"),) + ((("GB meas", "mem_meas"), ("GB pred", "mem_pred")) if memory else ())
+    return Table(f"Qi et al. 2024 (Zero Bubble), Table {number}: {what}, the authors' Megatron-LM fork on A100",
+                 "samples/s per GPU", "samples/s/GPU", "s", build, columns,
+                 ZB_ASSUMPTIONS + (ZB_MORE_ASSUMPTIONS if by_size else ()))
+
+
 TABLES: dict[str, Table] = {
     "korthikanti_table5": Table("Korthikanti et al. 2022, Table 5: iteration time, Megatron-LM (2022) on DGX A100",
                                 "step time", "s", "s", korthikanti_table5),
@@ -126,38 +135,23 @@ TABLES: dict[str, Table] = {
                                  ("bwd pred", "bwd_pred"))),
     "dgxc_v24.11": Table("NVIDIA DGX Cloud benchmarking recipes v24.11.1: step time, NeMo 24.09/24.11 on DGX H100",
                          "step time", "s", "s", dgxc_table),
-    "zero_bubble_table4": Table("Qi et al. 2024 (Zero Bubble), Table 4: throughput, the authors' Megatron-LM fork "
-                                "on A100", "samples/s per GPU", "samples/s/GPU", "s", zero_bubble_table4,
-                                (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
-                                ZB_ASSUMPTIONS),
+    "zero_bubble_table4": zb_throughput_table(4, "throughput", zero_bubble_table4, memory=True),
     "zero_bubble_table9": Table("Qi et al. 2024 (Zero Bubble), Table 9: profiled F, B and W passes of one "
                                 "pipeline stage per microbatch, the authors' fork on A100", "T_F + T_B + T_W",
                                 "ms", "ms", zero_bubble_table9,
                                 (("F meas", "f_meas"), ("F pred", "f_pred"), ("B meas", "b_meas"),
                                  ("B pred", "b_pred"), ("W meas", "w_meas"), ("W pred", "w_pred")),
                                 ZB_ASSUMPTIONS[1:] + ZB_T9_ASSUMPTIONS),
-    "zero_bubble_table6": Table("Qi et al. 2024 (Zero Bubble), Table 6: ZB-V against ZB-2p (half the microbatch, "
-                                "twice the count), ZB-1p and 1F1B, the authors' fork on A100", "samples/s per GPU",
-                                "samples/s/GPU", "s", zero_bubble_table6,
-                                (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
-                                ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
-    "zero_bubble_table7": Table("Qi et al. 2024 (Zero Bubble), Table 7: ZB-V, ZB-1p and 1F1B at a microbatch and at "
-                                "twice it, the authors' fork on A100", "samples/s per GPU", "samples/s/GPU", "s",
-                                zero_bubble_table7, (("step s", "step_s"),), ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
-    "zero_bubble_table10": Table("Qi et al. 2024 (Zero Bubble), Table 10: ZB-2p with the optimizer's post-validation "
-                                 "and with its synchronised step, the authors' fork on A100", "samples/s per GPU",
-                                 "samples/s/GPU", "s", zero_bubble_table10, (("step s", "step_s"),),
-                                 ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
-    "zero_bubble_table11": Table("Qi et al. 2024 (Zero Bubble), Table 11: 1F1B and ZB-1p at twice ZB-2p's "
-                                 "microbatch (the same memory), the authors' fork on A100", "samples/s per GPU",
-                                 "samples/s/GPU", "s", zero_bubble_table11,
-                                 (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
-                                 ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
-    "zero_bubble_table12": Table("Qi et al. 2024 (Zero Bubble), Table 12: fewer microbatches than stages, 1F1B and "
-                                 "ZB-2p, the authors' fork on A100", "samples/s per GPU", "samples/s/GPU", "s",
-                                 zero_bubble_table12,
-                                 (("step s", "step_s"), ("GB meas", "mem_meas"), ("GB pred", "mem_pred")),
-                                 ZB_ASSUMPTIONS + ZB_MORE_ASSUMPTIONS),
+    "zero_bubble_table6": zb_throughput_table(6, "ZB-V against ZB-2p (half the microbatch, twice the count), ZB-1p "
+                                                 "and 1F1B", zero_bubble_table6, memory=True, by_size=True),
+    "zero_bubble_table7": zb_throughput_table(7, "ZB-V, ZB-1p and 1F1B at a microbatch and at twice it",
+                                              zero_bubble_table7, memory=False, by_size=True),
+    "zero_bubble_table10": zb_throughput_table(10, "ZB-2p with the optimizer's post-validation and with its "
+                                                   "synchronised step", zero_bubble_table10, memory=False, by_size=True),
+    "zero_bubble_table11": zb_throughput_table(11, "1F1B and ZB-1p at twice ZB-2p's microbatch (the same memory)",
+                                               zero_bubble_table11, memory=True, by_size=True),
+    "zero_bubble_table12": zb_throughput_table(12, "fewer microbatches than stages, 1F1B and ZB-2p",
+                                               zero_bubble_table12, memory=True, by_size=True),
 }
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -22,6 +25,22 @@ num_attention_heads: 16
 vocab_size: 51200
 seq_length: 2048
 """
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (once), its sibling modules importable as it imports them.
+
+    Registered under its own name before it runs: dataclasses defined in it look their
+    module up by that name.
+    """
+    if name not in sys.modules:
+        benchmarks = str(ROOT / "benchmarks")
+        if benchmarks not in sys.path:
+            sys.path.insert(0, benchmarks)
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def uniform_input(schedule: Schedule, forward_s: float = 1.0, backward_s: float = 2.0, weight_s: float | None = None,

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
-from tests.conftest import ROOT
+from tests.conftest import load_benchmark
 
 
 def test_every_measured_shape_is_priced(capsys):
-    spec = importlib.util.spec_from_file_location("gemm_sweep", ROOT / "benchmarks" / "gemm_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
+    module = load_benchmark("gemm_sweep")
     module.main()
     lines = capsys.readouterr().out.strip().splitlines()
     # 28 published rows and the project's H200 readings: bf16 3 x 37 loaded and 6 bursts, of

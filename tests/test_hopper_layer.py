@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
-from tests.conftest import ROOT
+from tests.conftest import load_benchmark
 
 # mean absolute error (percent) of the four readings when this check was added (docs/accuracy.md);
 # a regression guard: the test fails when it grows more than one point past it
@@ -13,11 +10,7 @@ DOCUMENTED_MEAN_ABS_ERROR_PCT = 2.7
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("hopper_layer", ROOT / "benchmarks" / "hopper_layer.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("hopper_layer")
 
 
 def test_every_layer_reading_is_priced_and_the_error_stays_at_its_documented_value(capsys):

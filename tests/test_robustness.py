@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import io
 import os
 import signal
@@ -24,12 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpsim.cli.main import main
-from tests.conftest import ROOT, SCENARIOS
+from tests.conftest import SCENARIOS, load_benchmark
 
-_spec = importlib.util.spec_from_file_location("robustness_corpus", ROOT / "benchmarks" / "robustness_corpus.py")
-corpus = importlib.util.module_from_spec(_spec)
-sys.modules["robustness_corpus"] = corpus
-_spec.loader.exec_module(corpus)  # type: ignore[union-attr]
+corpus = load_benchmark("robustness_corpus")
 
 CASE_LIMIT_S = 60
 

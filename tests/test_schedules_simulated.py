@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 
@@ -13,16 +12,13 @@ from mpsim.engine import simulate as run_engine
 from mpsim.results import summarize
 from mpsim.simulate import bubble_reference, simulate
 from mpsim.specs import load_scenario
-from tests.conftest import ROOT, SCENARIOS
+from tests.conftest import SCENARIOS, load_benchmark
 
 LLAMA = SCENARIOS / "llama3_70b_32xh100.yaml"
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("zb_tables", ROOT / "benchmarks" / "zero_bubble_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("zero_bubble_tables")
 
 
 def test_zero_bubble_paper_bubble_rates_within_1_5_points():

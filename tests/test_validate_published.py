@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import load_benchmark
 
 # Mean absolute error (percent) of each table's --quick rows when the guard was set;
 # documented in docs/accuracy.md (harness section). A regression guard, not an accuracy
@@ -35,17 +32,9 @@ QUICK_PEAK_MEMORY_MEAN_ABS_ERROR_PCT = {
 TOLERANCE_PCT = 1.0
 
 
-def _harness():
-    spec = importlib.util.spec_from_file_location("validate_published", ROOT / "benchmarks" / "validate_published.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up by name
-    spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[spec.name]
-
-
 @pytest.fixture(scope="module")
 def harness():
-    return _harness()
+    return load_benchmark("validate_published")
 
 
 @pytest.fixture(scope="module")

@@ -3,33 +3,21 @@ schedule keeps every dependency, 1F1B gains nothing, ZB-2p gains, the period is 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 
 import pytest
 
-from tests.conftest import ROOT
-
-
-def _script():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("zero_bubble_post_validation",
-                                                  ROOT / "benchmarks" / "zero_bubble_post_validation.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[spec.name]
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def script():
-    return _script()
+    return load_benchmark("zero_bubble_post_validation")
 
 
 @pytest.fixture(scope="module")
 def setup_1p5b(script):
-    import published_zero_bubble as zb
+    zb = load_benchmark("published_zero_bubble")
     shapes = zb.setups(script.DATA)
     return lambda schedule: zb.zero_bubble_overrides("1.5B", shapes["1.5B"], 8, 1, 6, 24, schedule)
 
