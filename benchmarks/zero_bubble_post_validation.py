@@ -13,8 +13,12 @@ microbatches of step ``j`` numbered on from step ``j - 1``'s, so every dependenc
 schedule's own) and runs them as one timeline, ``k = 2, 3, ...`` until two consecutive
 steps end the same time apart (1e-9 relative): that period is the step time of a run
 whose steps overlap. The gain is the isolated step's pipeline time over that period.
-The optimizer step between two steps is left out of both (6-25 ms on these stages,
-about 1 % of a step), and so is the rest of the step's end (DP is 1 in every setup).
+What ends a step on each rank is left out of both: the optimizer step (6-25 ms on these
+stages, about 1 % of a step) and the all-reduce of the tied embedding's gradients
+between the first and the last stage (DP is 1 in every setup, so there is no other
+reduction). In the repeated run those would hold ranks 0 and ``p - 1`` at each step
+boundary, so the gain printed is what the schedule allows, an upper bound on what the
+fork can reach with them.
 
 For each setup of Table 10 it prints the isolated step, the period, the gain mpsim's
 schedule gives and the gain the paper measured, and 1F1B's on the same setup as a
