@@ -27,6 +27,7 @@ def _summary(args: argparse.Namespace) -> int:
     import json
 
     from mpsim.traces import load_traces
+    from mpsim.traces.peers import peer_waits
     from mpsim.traces.report import format_summary, summary_dict
     from mpsim.traces.summary import summarize
 
@@ -34,7 +35,12 @@ def _summary(args: argparse.Namespace) -> int:
         from mpsim.paths import check_writable
 
         check_writable(args.json, "--json")
-    summaries = [summarize(trace, args.step) for trace in load_traces(args.traces)]
+    traces = load_traces(args.traces)
+    # collectives found on every rank of a job are also timed without their wait for peers
+    transfers = peer_waits(traces).transfer_s
+    summaries = [summarize(trace, args.step, {kernel: seconds for (which, kernel), seconds in transfers.items()
+                                              if which == number})
+                 for number, trace in enumerate(traces)]
     if args.json == "-":
         print(json.dumps([summary_dict(s) for s in summaries], indent=2))
         return 0

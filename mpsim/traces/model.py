@@ -107,3 +107,7 @@ class Trace:
     kernels: tuple[Kernel, ...]  # in start order
     steps: tuple[Step, ...] = ()
     annotations: tuple[CpuOp, ...] = field(default=())  # user annotations (record_function), in start order
+    # the trace's time zero on the host's clock, in microseconds (Kineto's ``ts`` of the earliest
+    # event, plus ``baseTimeNanoseconds`` where the file has one): times of two ranks recorded on
+    # one host's clock compare after shifting by the difference (``peers.py``)
+    origin_us: float | None = None

@@ -252,7 +252,21 @@ def load_trace(path: str, cpu_only: bool = False) -> Trace:
                  device_memory_bytes=_int_or_none(device.get("totalGlobalMem")),
                  compute_capability=(major, minor) if major is not None and minor is not None else None,
                  rank=_int_or_none(info.get("rank")), world_size=_int_or_none(info.get("world_size")),
-                 kernels=tuple(kernels), steps=steps, annotations=tuple(annotations))
+                 kernels=tuple(kernels), steps=steps, annotations=tuple(annotations),
+                 origin_us=_clock_origin_us(top, origin))
+
+
+def _clock_origin_us(top: dict, origin_us: float) -> float | None:
+    """The trace's time zero on the recording host's clock (recent Kineto writes ``ts`` relative
+    to ``baseTimeNanoseconds``; older files write the clock itself)."""
+    if not math.isfinite(origin_us):
+        return None
+    base = top.get("baseTimeNanoseconds")
+    if base is None:
+        return origin_us
+    if (type(base) is int or type(base) is float) and math.isfinite(base):
+        return base / 1000.0 + origin_us
+    return None
 
 
 def trace_files(paths: list[str]) -> list[str]:

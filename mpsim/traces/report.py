@@ -67,16 +67,25 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
     if any(row.misaligned for row in summary.gemms[:top]):
         lines.append(_misaligned_note(summary))
     lines.append(f"  collectives ({summary.collective_kernels} kernels {where}; largest total first):")
+    # the transfer alone (from the last rank's start) where every rank's trace was given
+    peers = any(row.transfer_mean_s is not None for row in summary.collectives[:top])
     if summary.collectives:
         lines.append(f"    {'kind':<14} {'alg/proto':<12} {'ranks':>5} {'message':>11} {'count':>6} {'mean':>10} "
-                     f"{'algbw':>11} {'busbw':>11}")
+                     f"{'algbw':>11} {'busbw':>11}" + (f" {'transfer':>10} {'its busbw':>11}" if peers else ""))
     for row in summary.collectives[:top]:
         algo = "/".join(part for part in (row.algorithm, row.protocol) if part) or "-"
         size = format_bytes(row.message_bytes) if row.message_bytes is not None else "-"
         ranks = str(row.group_size) if row.group_size is not None else "-"
+        transfer = ""
+        if peers:
+            seconds = format_seconds(row.transfer_mean_s) if row.transfer_mean_s is not None else "-"
+            transfer = f" {seconds:>10} {_rate(row.transfer_busbw_bytes_per_s, 1e9, 'GB/s'):>11}"
         lines.append(f"    {row.kind:<14} {algo:<12} {ranks:>5} {size:>11} {row.count:>6} "
                      f"{format_seconds(row.mean_s):>10} {_rate(row.algbw_bytes_per_s, 1e9, 'GB/s'):>11} "
-                     f"{_rate(row.busbw_bytes_per_s, 1e9, 'GB/s'):>11}")
+                     f"{_rate(row.busbw_bytes_per_s, 1e9, 'GB/s'):>11}{transfer}")
+    if peers:
+        lines.append("    transfer: from the last rank's start to the kernel's end (the wait for peers taken out; "
+                     "every rank's trace given)")
     return "\n".join(lines)
 
 

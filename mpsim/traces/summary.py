@@ -102,6 +102,10 @@ class CollectiveRow:
     mean_s: float
     algbw_bytes_per_s: float | None  # message_bytes / mean_s
     busbw_bytes_per_s: float | None  # algbw x bus_factor(kind, group_size)
+    # the same from the last rank's start, where the traces of every rank of the job show every
+    # kernel of the row (``peers.py``); None otherwise
+    transfer_mean_s: float | None = None
+    transfer_busbw_bytes_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -180,20 +184,31 @@ def _gemm_rows(kernels: list[Kernel]) -> tuple[GemmRow, ...]:
     return tuple(sorted(rows, key=lambda r: (-r.total_s, r.op, r.batch, r.m, r.n, r.k, r.dtype)))
 
 
-def _collective_rows(kernels: list[Kernel]) -> tuple[CollectiveRow, ...]:
-    groups: dict[tuple, list[float]] = defaultdict(list)
+def _busbw(size: float | None, seconds: float | None, factor: float | None) -> float | None:
+    """nccl-tests' bus bandwidth of ``size`` bytes in ``seconds`` (None where one is unknown)."""
+    if size is None or seconds is None or seconds <= 0 or factor is None:
+        return None
+    return size / seconds * factor
+
+
+def _collective_rows(kernels: list[Kernel], transfer_s: dict[int, float]) -> tuple[CollectiveRow, ...]:
+    """Rows of collective kernels; ``transfer_s`` (by ``id`` of the kernel) their times without the
+    wait for peers, where known."""
+    groups: dict[tuple, list[Kernel]] = defaultdict(list)
     for k in kernels:
         if k.collective is not None:
             c = k.collective
-            groups[(c.kind, c.algorithm, c.protocol, c.group_size, c.message_bytes)].append(k.duration_s)
+            groups[(c.kind, c.algorithm, c.protocol, c.group_size, c.message_bytes)].append(k)
     rows = []
-    for (kind, algorithm, protocol, group, size), durations in groups.items():
-        total = sum(durations)
-        mean = total / len(durations)
-        algbw = size / mean if size is not None and mean > 0 else None
+    for (kind, algorithm, protocol, group, size), members in groups.items():
+        total = sum(k.duration_s for k in members)
+        mean = total / len(members)
         factor = bus_factor(kind, group)
-        rows.append(CollectiveRow(kind, algorithm, protocol, group, size, len(durations), total, mean, algbw,
-                                  algbw * factor if algbw is not None and factor is not None else None))
+        algbw = size / mean if size is not None and mean > 0 else None
+        transfers = [transfer_s[id(k)] for k in members if id(k) in transfer_s]
+        transfer = sum(transfers) / len(transfers) if len(transfers) == len(members) else None
+        rows.append(CollectiveRow(kind, algorithm, protocol, group, size, len(members), total, mean, algbw,
+                                  _busbw(size, mean, factor), transfer, _busbw(size, transfer, factor)))
 
     def order(row: CollectiveRow):
         return (-row.total_s, row.kind, row.algorithm or "", row.protocol or "", row.group_size or 0,
@@ -248,9 +263,10 @@ def _windows(trace: Trace, step: int | None) -> list[tuple[int | None, float, fl
     return windows
 
 
-def summarize(trace: Trace, step: int | None = None) -> TraceSummary:
+def summarize(trace: Trace, step: int | None = None, transfer_s: dict[int, float] | None = None) -> TraceSummary:
     """The summary of one rank's trace over one step (``step``) or averaged over all its
-    steps (the whole trace when it recorded none)."""
+    steps (the whole trace when it recorded none); ``transfer_s`` (by the kernel's index in
+    ``trace.kernels``) times collectives from their last rank's start (``peers.py``)."""
     if not trace.kernels:
         raise InputError("no GPU kernels to summarize", trace.source)
     windows = _windows(trace, step)
@@ -280,7 +296,8 @@ def summarize(trace: Trace, step: int | None = None) -> TraceSummary:
         collective_kind_s={kind: mean(t.collective_kind_s.get(kind, 0.0) for t in times) for kind in kinds},
         collective_s=collective_s, overlap_s=overlap_s,
         overlap_share=overlap_s / collective_s if collective_s > 0 else None,
-        gemms=_gemm_rows(chosen), collectives=_collective_rows(chosen),
+        gemms=_gemm_rows(chosen),
+        collectives=_collective_rows(chosen, {id(trace.kernels[i]): seconds for i, seconds in (transfer_s or {}).items()}),
         gemm_kernels=sum(k.category == "gemm" for k in chosen),
         collective_kernels=sum(k.category == "collective" for k in chosen), windows=tuple(times),
         beside_collective=_beside_collective(chosen, beside_shares(trace.kernels)))

@@ -134,7 +134,8 @@ def build_profile(samples: TraceSamples, traces: list[str], device_name: str, de
     links = LinksProfile(backend="nccl", collectives=collective_fits) if collective_fits else None
     info = TraceFitInfo(traces=traces, system=system_name, accelerator=accelerator.name, held_out=HOLD_OUT_RULE,
                         gemm=gemm_error.summary(), collectives=collective_error.summary(),
-                        skipped=dict(sorted(skipped.items())))
+                        skipped=dict(sorted(skipped.items())), peer_waits_taken_out=samples.peer_waits_taken_out,
+                        peer_waits_kept=dict(sorted(samples.peer_waits_kept.items())))
     profile = CalibrationProfile(
         source="trace", description=f"fitted from {len(traces)} profiler trace(s) of {device_name}", created=created,
         device=DeviceInfo(kind="cuda", name=device_name, compute_units=device_sms), compute=compute, links=links,
@@ -178,6 +179,10 @@ def format_trace_fit(profile: CalibrationProfile) -> list[str]:
                      f"{fit.latency_s * 1e6:.1f} us + bytes at "
                      f"{'-' if fit.bandwidth is None else format(fit.bandwidth / 1e9, '.2f') + ' GB/s'} "
                      f"({fit.kernels} kernels, {len(fit.points)} sizes)")
+    if info.peer_waits_taken_out or info.peer_waits_kept:
+        kept = "; ".join(f"{count} still hold theirs ({reason})" for reason, count in info.peer_waits_kept.items())
+        lines.append(f"  peer waits  taken out of {info.peer_waits_taken_out} collective kernels (timed from their "
+                     f"last rank's start){'; ' + kept if kept else ''}")
     lines.append(f"held out     {info.held_out}")
     for name, error in (("gemm", info.gemm), ("collectives", info.collectives)):
         lines.append(f"  {name:<12} {error.kernels} kernels, {error.shapes} shapes: median error "

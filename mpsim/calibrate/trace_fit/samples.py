@@ -15,6 +15,10 @@ because the library split K over several tiles), but not the layout copies an
 Each GEMM sample also carries the shares of its time during which other streams ran
 kernels beside it (``mpsim/traces/concurrency.py``), so that a check of predictions
 can price it as it ran: slowed where a collective held some of the SMs.
+
+A collective's time is its transfer where the traces of every rank of its job show it:
+from the last rank's start to the kernel's end (``mpsim/traces/peers.py``); elsewhere it
+is the kernel's duration, which holds the wait for the slowest peer.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from mpsim.traces.concurrency import Beside, beside_shares
 from mpsim.traces.host import launch_intervals_by_pass
 from mpsim.traces.model import Kernel, Trace
+from mpsim.traces.peers import peer_waits
 from mpsim.traces.shapes import DTYPE_BYTES, DTYPES
 
 _SPLIT_K = re.compile(r"splitk", re.IGNORECASE)
@@ -100,6 +105,10 @@ class TraceSamples:
     forward_within_passes: bool = True
     backward_within_passes: bool = True
     skipped: Counter = field(default_factory=Counter)
+    # collective samples timed from their last rank's start (traces/peers.py), and the kernels
+    # still timed as they ran, their wait for peers included, by reason
+    peer_waits_taken_out: int = 0
+    peer_waits_kept: dict[str, int] = field(default_factory=dict)
 
 
 def gemm_samples(trace: Trace, samples: TraceSamples, shares: dict[int, Beside]) -> None:
@@ -130,9 +139,11 @@ def gemm_samples(trace: Trace, samples: TraceSamples, shares: dict[int, Beside])
                                         beside.any_kernel, beside.collective))
 
 
-def collective_samples(trace: Trace, samples: TraceSamples) -> None:
-    """The trace's NCCL kernels whose message size the trace gives."""
-    for kernel in trace.kernels:
+def collective_samples(trace: Trace, samples: TraceSamples, transfer_s: dict[int, float] | None = None) -> None:
+    """The trace's NCCL kernels whose message size the trace gives, each timed by its transfer
+    (``transfer_s``, by kernel index: the wait for peers taken out) where known, else as it ran."""
+    transfer_s = transfer_s or {}
+    for index, kernel in enumerate(trace.kernels):
         collective = kernel.collective
         if kernel.category != "collective" or collective is None:
             continue
@@ -142,9 +153,11 @@ def collective_samples(trace: Trace, samples: TraceSamples) -> None:
         if kernel.duration_s <= 0:
             samples.skipped["kernels with zero duration"] += 1
             continue
+        seconds = transfer_s.get(index, kernel.duration_s)
+        samples.peer_waits_taken_out += index in transfer_s
         samples.collectives.append(CollectiveSample(collective.kind, collective.algorithm, collective.protocol,
                                                     collective.group_size, float(collective.message_bytes),
-                                                    kernel.duration_s, trace.world_size))
+                                                    seconds, trace.world_size))
 
 
 def tensor_bytes(dims, types) -> float | None:
@@ -222,9 +235,12 @@ def launch_gaps(trace: Trace, samples: TraceSamples) -> None:
 def trace_samples(traces: list[Trace]) -> TraceSamples:
     """Every usable sample of ``traces``."""
     samples = TraceSamples()
-    for trace in traces:
+    peers = peer_waits(traces)
+    samples.peer_waits_kept = dict(peers.kept)
+    for number, trace in enumerate(traces):
         gemm_samples(trace, samples, beside_shares(trace.kernels))
-        collective_samples(trace, samples)
+        collective_samples(trace, samples, {kernel: seconds for (which, kernel), seconds in peers.transfer_s.items()
+                                            if which == number})
         memory_samples(trace, samples)
         launch_gaps(trace, samples)
         # inside the trace's annotated passes where it has them, for each kind of pass; else all
