@@ -27,33 +27,52 @@ def transfer_s(size: float) -> float:
 
 
 def job(world: int = 2, group: int | None = None, origins_us: tuple[float, ...] | None = None,
-        skew_s: float = 0.0) -> list[Trace]:
-    """Every rank's trace of one job: per step, an all-reduce of each size over ``group`` ranks
-    (default: all). Rank ``r`` arrives ``r * 7 + (size index % 3) * 40`` us into each
-    collective's window, in reverse order every other collective, so the last to arrive changes;
-    ``origins_us`` puts each trace's zero on the host clock; ``skew_s`` adds to rank 1's clock."""
+        skew_s: float = 0.0, record_ranks: bool = False, record_seq: bool = False,
+        steps: bool = True) -> list[Trace]:
+    """Every rank's trace of one job: per step, an all-reduce of each size in every group of
+    ``group`` consecutive ranks (default: one group of all). Rank ``r`` arrives
+    ``r * 7 + (size index % 3) * 40`` us into each collective's window, in reverse order every
+    other collective, so the last to arrive changes; a group's transfer starts at its last
+    arrival. ``origins_us`` puts each trace's zero on the host clock; ``skew_s`` adds to rank
+    1's clock; ``record_ranks`` / ``record_seq`` write the group's ranks / the sequence number
+    as recent PyTorch does; without ``steps`` no kernel falls in a ProfilerStep."""
     group = group or world
     origins_us = origins_us or tuple(1e9 + 1000.0 * rank for rank in range(world))
     kernels: list[list[Kernel]] = [[] for _ in range(world)]
-    window = 0.0  # host-clock seconds since 1e9 us
+    window, seq = 0.0, 0  # host-clock seconds since 1e9 us; the groups' sequence number
     for step in (1, 2):
         for number, size in enumerate(SIZES):
             arrivals = [(rank * 7 + (number % 3) * 40) * 1e-6 for rank in range(world)]
             if number % 2:
                 arrivals.reverse()
-            end = window + max(arrivals) + transfer_s(size)
+            ends = []
             for rank in range(world):
+                members = tuple(range(rank - rank % group, rank - rank % group + group))
+                end = window + max(arrivals[m] for m in members) + transfer_s(size)
+                ends.append(end)
                 start_on_clock = window + arrivals[rank]
                 shift = (origins_us[rank] - 1e9) * 1e-6 - (skew_s if rank == 1 else 0.0)
                 start = start_on_clock - shift
                 op = CpuOp("c10d::allreduce_", start - 5e-6, 3e-6, 1)
+                collective = Collective("all-reduce", size, group, "RING", "LL", "fp32",
+                                        group_ranks=members if record_ranks else None,
+                                        group_name=str(members[0] // group) if record_seq else None,
+                                        seq=seq if record_seq else None)
                 kernels[rank].append(Kernel("ncclKernel_AllReduce_RING_LL_Sum_float", "collective", start,
-                                            end - start_on_clock, 9, len(kernels[rank]), op=op, step=step,
-                                            collective=Collective("all-reduce", size, group, "RING", "LL", "fp32")))
-            window = end + 100e-6
+                                            end - start_on_clock, 9, len(kernels[rank]), op=op,
+                                            step=step if steps else None, collective=collective))
+            window = max(ends) + 100e-6
+            seq += 1
     return [Trace(source=f"rank{rank}", device_name="NVIDIA A100-SXM4-80GB", device_sms=108,
                   device_memory_bytes=80 * 2 ** 30, compute_capability=(8, 0), rank=rank, world_size=world,
                   kernels=tuple(kernels[rank]), origin_us=origins_us[rank]) for rank in range(world)]
+
+
+def assert_transfers(traces: list[Trace], found) -> None:
+    for (which, index), seconds in found.transfer_s.items():
+        kernel = traces[which].kernels[index]
+        assert seconds == pytest.approx(transfer_s(kernel.collective.message_bytes), rel=1e-9, abs=1e-12)
+        assert seconds <= kernel.duration_s + 1e-12  # the wait only ever came on top
 
 
 def test_every_rank_gives_the_transfer_back():
@@ -61,10 +80,29 @@ def test_every_rank_gives_the_transfer_back():
     found = peer_waits(traces)
     assert found.jobs == 1 and not found.kept
     assert len(found.transfer_s) == 3 * 2 * len(SIZES)
-    for (which, index), seconds in found.transfer_s.items():
-        kernel = traces[which].kernels[index]
-        assert seconds == pytest.approx(transfer_s(kernel.collective.message_bytes), rel=1e-9, abs=1e-12)
-        assert seconds <= kernel.duration_s + 1e-12  # the wait only ever came on top
+    assert_transfers(traces, found)
+
+
+@pytest.mark.parametrize("record_seq", [False, True])
+def test_recorded_group_ranks_match_the_collectives_of_smaller_groups(record_seq):
+    # two 2-rank groups in a 4-rank job, their collectives at the same time and of the same size
+    traces = job(world=4, group=2, record_ranks=True, record_seq=record_seq)
+    found = peer_waits(traces)
+    assert not found.kept and len(found.transfer_s) == 4 * 2 * len(SIZES)
+    assert_transfers(traces, found)
+    # the ranks of one group suffice for its collectives; the other group's keep their waits
+    found = peer_waits(traces[:2])
+    assert len(found.transfer_s) == 2 * 2 * len(SIZES) and not found.kept
+    found = peer_waits([traces[0], traces[2]])
+    assert not found.transfer_s and found.kept == {NO_PEERS: 2 * 2 * len(SIZES)}
+
+
+def test_a_sequence_number_orders_collectives_outside_profiler_steps():
+    assert not peer_waits(job(world=2, record_ranks=True, steps=False)).transfer_s
+    traces = job(world=2, record_ranks=True, record_seq=True, steps=False)
+    found = peer_waits(traces)
+    assert len(found.transfer_s) == 2 * 2 * len(SIZES)
+    assert_transfers(traces, found)
 
 
 def test_the_fit_recovers_the_line_from_the_transfers_and_not_from_one_rank():
@@ -133,7 +171,12 @@ def kineto_job(tmp_path, traces: list[Trace]) -> list[str]:
                                         "Collective name": "allreduce",
                                         "In msg nelems": int(kernel.collective.message_bytes / 4),
                                         "Out msg nelems": int(kernel.collective.message_bytes / 4),
-                                        "Group size": kernel.collective.group_size, "dtype": "Float"}})
+                                        "Group size": kernel.collective.group_size, "dtype": "Float",
+                                        **({"Process Group Ranks": str(list(kernel.collective.group_ranks))}
+                                           if kernel.collective.group_ranks else {}),
+                                        **({"Process Group Name": kernel.collective.group_name,
+                                            "Seq": kernel.collective.seq}
+                                           if kernel.collective.seq is not None else {})}})
                 correlation += 1
         path = tmp_path / f"rank{trace.rank}.json"
         path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": trace.device_name, "numSms": 108}],
@@ -164,3 +207,17 @@ def test_trace_summary_of_every_rank_shows_the_transfer(tmp_path, capsys):
     assert "transfer" not in out and "busbw" in out
     assert main(["trace", "summary", *paths]) == 0
     assert "from the last rank's start" in capsys.readouterr().out
+
+
+def test_the_reader_takes_the_group_ranks_and_sequence_recent_pytorch_records(tmp_path):
+    paths = kineto_job(tmp_path, job(world=4, group=2, record_ranks=True, record_seq=True))
+    kernel = load_trace(paths[2]).kernels[0]
+    assert kernel.collective.group_ranks == (2, 3) and kernel.collective.group_name == "1"
+    assert kernel.collective.seq == 0
+
+
+@pytest.mark.parametrize("text, ranks", [("[0, 1, 2, 3]", (0, 1, 2, 3)), ([4, 5], (4, 5)), ("[]", None),
+                                         ("[0, 1, 2, ..., 63]", None), ("0,1", None), (None, None)])
+def test_group_ranks_as_recorded_or_nothing(text, ranks):
+    from mpsim.traces.comms import _group_ranks
+    assert _group_ranks(text) == ranks

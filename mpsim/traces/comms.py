@@ -16,6 +16,10 @@ Sizes, first source that has them (innermost first), only from sources of the sa
 ``message_bytes`` follows nccl-tests: all-reduce and broadcast the buffer, all-gather the
 output (every rank's part), reduce-scatter the input, all-to-all the rank's send buffer,
 send-recv what one rank sends. What the trace does not say stays None.
+
+Recent PyTorch also names the group's ranks (``Process Group Ranks``), the group and the
+collective's sequence number in it (``Seq``): what finds one collective on every rank
+that took part (``peers.py``).
 """
 
 from __future__ import annotations
@@ -110,6 +114,34 @@ def _from_dims(kind: str, name: str, args: dict) -> tuple[float | None, int | No
     return None, None, None
 
 
+def _group_ranks(value) -> tuple[int, ...] | None:
+    """``Process Group Ranks``: a list, or its text ``"[0, 1, 2, 3]"``; None when absent or
+    truncated (``record_param_comms`` writes ``...`` past 30 ranks)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")) or "..." in text:
+            return None
+        parts = [part.strip() for part in text[1:-1].split(",") if part.strip()]
+        if not all(part.isdigit() for part in parts):
+            return None
+        value = [int(part) for part in parts]
+    if isinstance(value, list) and value and all(type(rank) is int and rank >= 0 for rank in value):
+        return tuple(value)
+    return None
+
+
+def _group_fields(sources: list[dict]) -> tuple[tuple[int, ...] | None, str | None, int | None]:
+    """(group ranks, group name, sequence number), innermost source first."""
+    ranks = name = seq = None
+    for args in sources:
+        ranks = ranks or _group_ranks(args.get("Process Group Ranks"))
+        found = args.get("Process Group Name")
+        name = name if name is not None else (str(found) if isinstance(found, (str, int)) else None)
+        number = args.get("Seq")
+        seq = seq if seq is not None else (number if type(number) is int and number >= 0 else None)
+    return ranks, name, seq
+
+
 def collective_of(kernel_name: str, kernel_args: dict, enclosing: list[tuple[str, dict]]) -> Collective:
     """The ``Collective`` of an NCCL kernel; ``enclosing`` is its enclosing ops' and
     annotations' ``(name, args)``, outermost first."""
@@ -135,6 +167,10 @@ def collective_of(kernel_name: str, kernel_args: dict, enclosing: list[tuple[str
         dtype = dtype or found[2]
     algorithm = _ALGORITHM.search(kernel_name)
     protocol = _PROTOCOL.search(kernel_name)
+    ranks, group_name, seq = _group_fields([kernel_args] + [args for _, args in reversed(enclosing)])
+    if ranks is not None and group_size is not None and len(ranks) != group_size:
+        ranks = None  # the two disagree: trust neither for matching ranks
     return Collective(kind=kind, message_bytes=message_bytes, group_size=group_size,
                       algorithm=algorithm.group(1) if algorithm else None,
-                      protocol=protocol.group(1) if protocol else None, dtype=dtype)
+                      protocol=protocol.group(1) if protocol else None, dtype=dtype,
+                      group_ranks=ranks, group_name=group_name, seq=seq)

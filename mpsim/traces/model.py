@@ -59,6 +59,11 @@ class Collective:
     algorithm: str | None  # RING, TREE, ... from the kernel name
     protocol: str | None  # LL, LL128, SIMPLE from the kernel name
     dtype: str | None = None
+    # who took part, as recent PyTorch records it (``Process Group Ranks``; None when absent or
+    # truncated), the group's name and the collective's sequence number in it (``Seq``)
+    group_ranks: tuple[int, ...] | None = None
+    group_name: str | None = None
+    seq: int | None = None
 
 
 @dataclass(frozen=True)

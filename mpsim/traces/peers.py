@@ -4,17 +4,22 @@ An NCCL kernel starts when its rank reaches the collective, but no data moves un
 rank of the group has arrived: on one rank the kernel's duration is the wait for the
 slowest peer plus the transfer. One rank's trace cannot tell the two apart (the same
 message takes 31 us or 295 us depending on who came late). The traces of every rank of a
-job can: the transfer of one collective runs from the moment its last rank started it to
-the moment each rank's kernel ends.
+group can: the transfer of one collective runs from the moment its last rank started it
+to the moment each rank's kernel ends.
 
-Finding the same collective on every rank needs no ids. NCCL requires every rank of a
-communicator to issue its collectives in the same order, so within one ``ProfilerStep`` the
-``k``-th collective of a given kind and message on one rank is the ``k``-th on every
-other. This module matches only what it can match without knowing who is in a group:
-collectives over the whole job (group size = world size), when the traces of every rank
-``0 .. world_size - 1`` of that job are given, each exactly once. A collective of a smaller
-group (TP, PP, one DP replica of several) is left as it is: which ranks took part is not
-in these traces.
+Finding one collective on each of its ranks:
+
+* who took part: the ranks recent PyTorch records (``Process Group Ranks``); without
+  them, only a collective over the whole job (group size = world size) has known ranks,
+  and a smaller group's (TP, PP, one of several DP groups) is left as it ran;
+* which one it is: the group's name and the collective's sequence number in it
+  (``Seq``) where recorded; else the order, since NCCL requires every rank of a
+  communicator to issue its collectives in the same order: the ``k``-th collective of a
+  given kind and message of those ranks within one ``ProfilerStep`` is the same one on
+  each of them.
+
+The traces must be of one job: one world size, each rank at most once (another copy of a
+rank makes the job ambiguous, and nothing of it is matched).
 
 Timestamps are compared on the clock each trace was recorded on: Kineto writes microseconds
 of the host's clock, offset by ``baseTimeNanoseconds`` in recent versions
@@ -30,7 +35,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from mpsim.traces.model import Trace
+from mpsim.traces.model import Kernel, Trace
 
 
 @dataclass
@@ -40,35 +45,36 @@ class PeerWaits:
     # (index of the trace in the list given, index of the kernel in its trace) -> seconds
     # from the last rank's start to this kernel's end
     transfer_s: dict[tuple[int, int], float] = field(default_factory=dict)
-    jobs: int = 0  # jobs whose every rank's trace was given
+    jobs: int = 0  # jobs (world sizes) the traces were matched within
     # collective kernels still timed as they ran, wait included, by reason
     kept: dict[str, int] = field(default_factory=dict)
 
 
-NO_PEERS = "the traces of the other ranks of its job were not given"
-SUBGROUP = "a group smaller than the job, or not the same sequence on every rank"
+NO_PEERS = "the traces of the other ranks of its group were not given"
+SUBGROUP = "a group smaller than the job whose ranks the trace does not record"
+UNORDERED = "neither a sequence number nor a ProfilerStep and message to order it by"
+NOT_EVERYWHERE = "not found on every rank of its group (different steps or collectives recorded)"
 CLOCKS = "its ranks' clocks disagree"
 
 
-def _jobs(traces: list[Trace]) -> list[list[int]]:
-    """Trace indices of each job whose traces cover ranks ``0 .. world_size - 1`` once each, by rank."""
+def _jobs(traces: list[Trace]) -> list[dict[int, int]]:
+    """Per job (one world size), trace index by rank; a job with a rank given twice is left out."""
     by_size: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for index, trace in enumerate(traces):
         if trace.rank is not None and trace.world_size and trace.world_size > 1 and trace.origin_us is not None:
             by_size[trace.world_size][trace.rank].append(index)
-    return [[ranks[rank][0] for rank in range(world)] for world, ranks in sorted(by_size.items())
-            if sorted(ranks) == list(range(world)) and all(len(found) == 1 for found in ranks.values())]
+    return [{rank: found[0] for rank, found in ranks.items()} for _, ranks in sorted(by_size.items())
+            if all(len(found) == 1 for found in ranks.values())]
 
 
-def _whole_job_collectives(trace: Trace) -> dict[tuple, list[int]]:
-    """Kernel indices of the trace's collectives over the whole job, by (step, kind, message), in start order."""
-    found: dict[tuple, list[int]] = defaultdict(list)
-    for index, kernel in enumerate(trace.kernels):
-        collective = kernel.collective
-        if (kernel.category == "collective" and collective is not None and kernel.step is not None
-                and collective.group_size == trace.world_size and collective.message_bytes):
-            found[(kernel.step, collective.kind, collective.message_bytes)].append(index)
-    return found
+def _members(kernel: Kernel, world: int) -> tuple[int, ...] | None:
+    """The ranks of a collective: as recorded, or the whole job's for a collective over all of it."""
+    collective = kernel.collective
+    if collective.group_ranks is not None:
+        return collective.group_ranks
+    if collective.group_size == world:
+        return tuple(range(world))
+    return None
 
 
 def _collectives(trace: Trace) -> int:
@@ -76,34 +82,55 @@ def _collectives(trace: Trace) -> int:
 
 
 def peer_waits(traces: list[Trace]) -> PeerWaits:
-    """The transfer time of every whole-job collective that every rank's trace shows (module doc)."""
+    """The transfer time of every collective whose ranks' traces all show it (module doc)."""
     result = PeerWaits()
     kept: dict[str, int] = defaultdict(int)
     jobs = _jobs(traces)
-    result.jobs = len(jobs)
-    in_jobs = {index for job in jobs for index in job}
+    in_jobs = {index for job in jobs for index in job.values()}
     kept[NO_PEERS] = sum(_collectives(trace) for index, trace in enumerate(traces) if index not in in_jobs)
     for job in jobs:
-        origin = min(traces[index].origin_us for index in job)
-        offset_s = [(traces[index].origin_us - origin) * 1e-6 for index in job]
-        by_rank = [_whole_job_collectives(traces[index]) for index in job]
-        matched = disagreeing = 0
-        for key, first in by_rank[0].items():
-            lists = [found.get(key, []) for found in by_rank]
-            if any(len(kernels) != len(first) for kernels in lists):
-                continue  # not the same sequence on every rank: the steps or the traces differ
-            for position in range(len(first)):
-                kernels = [traces[index].kernels[lists[rank][position]] for rank, index in enumerate(job)]
-                last_start = max(k.start_s + offset_s[rank] for rank, k in enumerate(kernels))
-                ends = [k.end_s + offset_s[rank] for rank, k in enumerate(kernels)]
-                transfers = [end - last_start for end in ends]
-                if min(transfers) <= 0 or max(ends) - min(ends) >= min(transfers):
-                    disagreeing += len(job)
+        world = traces[next(iter(job.values()))].world_size
+        origin = min(traces[index].origin_us for index in job.values())
+        offset_s = {rank: (traces[index].origin_us - origin) * 1e-6 for rank, index in job.items()}
+        # the same collective on each of its ranks: identity -> {rank: kernel index}
+        found: dict[tuple, dict[int, int]] = defaultdict(dict)
+        for rank, index in job.items():
+            seen: dict[tuple, int] = defaultdict(int)
+            for position, kernel in enumerate(traces[index].kernels):
+                if kernel.category != "collective":
                     continue
-                for rank, index in enumerate(job):
-                    result.transfer_s[(index, lists[rank][position])] = transfers[rank]
-                matched += len(job)
-        kept[CLOCKS] += disagreeing
-        kept[SUBGROUP] += sum(_collectives(traces[index]) for index in job) - matched - disagreeing
+                collective = kernel.collective
+                members = _members(kernel, world) if collective is not None else None
+                if members is None:
+                    kept[SUBGROUP] += 1
+                    continue
+                if any(member not in job for member in members) or rank not in members:
+                    kept[NO_PEERS] += 1
+                    continue
+                if collective.seq is not None:
+                    identity = (members, collective.group_name, collective.seq)
+                elif kernel.step is not None and collective.message_bytes:
+                    order = (members, kernel.step, collective.kind, collective.message_bytes)
+                    identity = order + (seen[order],)
+                    seen[order] += 1
+                else:
+                    kept[UNORDERED] += 1
+                    continue
+                found[identity][rank] = position
+        for identity, positions in found.items():
+            members = identity[0]
+            if set(positions) != set(members):
+                kept[NOT_EVERYWHERE] += len(positions)
+                continue
+            kernels = {rank: traces[job[rank]].kernels[position] for rank, position in positions.items()}
+            last_start = max(k.start_s + offset_s[rank] for rank, k in kernels.items())
+            ends = {rank: k.end_s + offset_s[rank] for rank, k in kernels.items()}
+            transfers = {rank: end - last_start for rank, end in ends.items()}
+            if min(transfers.values()) <= 0 or max(ends.values()) - min(ends.values()) >= min(transfers.values()):
+                kept[CLOCKS] += len(positions)
+                continue
+            for rank, position in positions.items():
+                result.transfer_s[(job[rank], position)] = transfers[rank]
+    result.jobs = len(jobs)
     result.kept = {reason: count for reason, count in kept.items() if count > 0}
     return result
