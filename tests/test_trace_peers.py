@@ -9,13 +9,14 @@ come back exactly; given fewer, or clocks that disagree, the kernels stay as the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from mpsim.calibrate.trace_fit.comms import fit_collectives
 from mpsim.calibrate.trace_fit.samples import trace_samples
 from mpsim.traces.model import Collective, CpuOp, Kernel, Trace
-from mpsim.traces.peers import CLOCKS, NO_PEERS, SUBGROUP, peer_waits
+from mpsim.traces.peers import CLOCKS, NO_PEERS, POINT_TO_POINT, SUBGROUP, TWICE, peer_waits
 from mpsim.traces.read import load_trace
 
 LATENCY_S, BANDWIDTH = 20e-6, 50e9
@@ -129,7 +130,17 @@ def test_a_group_smaller_than_the_job_keeps_its_waits():
 def test_a_missing_or_repeated_rank_matches_nothing():
     traces = job(world=3)
     assert peer_waits(traces[:2]).kept == {NO_PEERS: 2 * 2 * len(SIZES)}
-    assert not peer_waits([traces[0], traces[1], traces[1]]).transfer_s
+    twice = peer_waits([traces[0], traces[1], traces[1]])
+    assert not twice.transfer_s and twice.kept == {TWICE: 3 * 2 * len(SIZES)}
+
+
+def test_sends_and_receives_keep_their_waits():
+    # a ring of sends with one sequence number on every rank is not one collective of the group
+    traces = [replace(trace, kernels=tuple(replace(k, collective=replace(k.collective, kind="send-recv"))
+                                           for k in trace.kernels))
+              for trace in job(world=2, record_ranks=True, record_seq=True)]
+    found = peer_waits(traces)
+    assert not found.transfer_s and found.kept == {POINT_TO_POINT: 2 * 2 * len(SIZES)}
 
 
 def test_clocks_that_disagree_leave_the_kernels_as_they_ran():

@@ -19,7 +19,9 @@ Finding one collective on each of its ranks:
   each of them.
 
 The traces must be of one job: one world size, each rank at most once (another copy of a
-rank makes the job ambiguous, and nothing of it is matched).
+rank makes the job ambiguous, and nothing of it is matched). Sends and receives are left
+as they ran: a pipeline's transfer waits for its one peer, which the group's ranks and
+sequence numbers do not name.
 
 Timestamps are compared on the clock each trace was recorded on: Kineto writes microseconds
 of the host's clock, offset by ``baseTimeNanoseconds`` in recent versions
@@ -51,20 +53,28 @@ class PeerWaits:
 
 
 NO_PEERS = "the traces of the other ranks of its group were not given"
+TWICE = "another trace of the same rank was given (which one is this job's?)"
+POINT_TO_POINT = "a send or receive: its one peer, not its group, decides its wait"
 SUBGROUP = "a group smaller than the job whose ranks the trace does not record"
 UNORDERED = "neither a sequence number nor a ProfilerStep and message to order it by"
 NOT_EVERYWHERE = "not found on every rank of its group (different steps or collectives recorded)"
 CLOCKS = "its ranks' clocks disagree"
 
 
-def _jobs(traces: list[Trace]) -> list[dict[int, int]]:
-    """Per job (one world size), trace index by rank; a job with a rank given twice is left out."""
+def _jobs(traces: list[Trace]) -> tuple[list[dict[int, int]], set[int]]:
+    """Per job (one world size), trace index by rank; and the traces of jobs left out because a
+    rank was given twice."""
     by_size: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for index, trace in enumerate(traces):
         if trace.rank is not None and trace.world_size and trace.world_size > 1 and trace.origin_us is not None:
             by_size[trace.world_size][trace.rank].append(index)
-    return [{rank: found[0] for rank, found in ranks.items()} for _, ranks in sorted(by_size.items())
-            if all(len(found) == 1 for found in ranks.values())]
+    jobs, ambiguous = [], set()
+    for _, ranks in sorted(by_size.items()):
+        if all(len(found) == 1 for found in ranks.values()):
+            jobs.append({rank: found[0] for rank, found in ranks.items()})
+        else:
+            ambiguous.update(index for found in ranks.values() for index in found)
+    return jobs, ambiguous
 
 
 def _members(kernel: Kernel, world: int) -> tuple[int, ...] | None:
@@ -85,9 +95,11 @@ def peer_waits(traces: list[Trace]) -> PeerWaits:
     """The transfer time of every collective whose ranks' traces all show it (module doc)."""
     result = PeerWaits()
     kept: dict[str, int] = defaultdict(int)
-    jobs = _jobs(traces)
+    jobs, ambiguous = _jobs(traces)
     in_jobs = {index for job in jobs for index in job.values()}
-    kept[NO_PEERS] = sum(_collectives(trace) for index, trace in enumerate(traces) if index not in in_jobs)
+    kept[TWICE] = sum(_collectives(traces[index]) for index in ambiguous)
+    kept[NO_PEERS] = sum(_collectives(trace) for index, trace in enumerate(traces)
+                         if index not in in_jobs and index not in ambiguous)
     for job in jobs:
         world = traces[next(iter(job.values()))].world_size
         origin = min(traces[index].origin_us for index in job.values())
@@ -100,6 +112,9 @@ def peer_waits(traces: list[Trace]) -> PeerWaits:
                 if kernel.category != "collective":
                     continue
                 collective = kernel.collective
+                if collective is not None and collective.kind == "send-recv":
+                    kept[POINT_TO_POINT] += 1
+                    continue
                 members = _members(kernel, world) if collective is not None else None
                 if members is None:
                     kept[SUBGROUP] += 1
