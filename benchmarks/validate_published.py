@@ -96,7 +96,9 @@ GAPS: dict[str, str] = {
     "post-validation": "the fork's optimizer post-validation (--enable-optimizer-post-validation with zero "
                        "bubble) drops the all-reduce before the optimizer step, so each stage starts its next "
                        "step once its own is done and consecutive steps overlap across stages; mpsim times one "
-                       "step on its own, from the first action to the last rank's end; nearest: that",
+                       "step on its own, from the first action to the last rank's end; nearest: that "
+                       "(benchmarks/zero_bubble_post_validation.py: what the overlap is worth with mpsim's "
+                       "schedules, against the paper's Table 10)",
 }
 
 # gaps of a whole table or of a kind of its rows, not marked row by row: table -> (which rows, gap)
