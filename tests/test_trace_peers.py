@@ -217,7 +217,24 @@ def test_trace_summary_of_every_rank_shows_the_transfer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "transfer" not in out and "busbw" in out
     assert main(["trace", "summary", *paths]) == 0
-    assert "from the last rank's start" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "from the last rank's start" in out and "waiting for the slowest peer" in out
+
+
+def test_trace_summary_tells_how_long_each_rank_waited_for_its_peers():
+    from mpsim.traces.summary import summarize
+
+    traces = job(world=2)
+    transfers = peer_waits(traces).transfer_s
+    for number, trace in enumerate(traces):
+        mine = {kernel: seconds for (which, kernel), seconds in transfers.items() if which == number}
+        summary = summarize(trace, None, mine)
+        kernels = [k for k in trace.kernels if k.category == "collective"]
+        waits = sum(k.duration_s - transfer_s(k.collective.message_bytes) for k in kernels)
+        # these traces record no ProfilerStep ranges: the whole trace is the one window
+        assert summary.peer_wait_s == pytest.approx(waits, rel=1e-9) and waits > 0
+        assert summary.peer_matched_s == pytest.approx(sum(k.duration_s for k in kernels), rel=1e-9)
+        assert summarize(trace).peer_wait_s is None
 
 
 def test_the_reader_takes_the_group_ranks_and_sequence_recent_pytorch_records(tmp_path):

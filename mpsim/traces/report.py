@@ -46,6 +46,9 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
     if summary.overlap_share is not None:
         lines.append(f"  compute overlapping collectives: {format_seconds(summary.overlap_s)} "
                      f"({100.0 * summary.overlap_share:.1f} % of collective time)")
+    if summary.peer_wait_s is not None:
+        lines.append(f"  waiting for the slowest peer inside collectives found on every rank of their group: "
+                     f"{format_seconds(summary.peer_wait_s)} of their {format_seconds(summary.peer_matched_s)}")
     beside = summary.beside_collective
     if beside is not None:
         spread = f"{beside.min_ratio:.2f}x-{beside.max_ratio:.2f}x"
@@ -84,8 +87,8 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
                      f"{format_seconds(row.mean_s):>10} {_rate(row.algbw_bytes_per_s, 1e9, 'GB/s'):>11} "
                      f"{_rate(row.busbw_bytes_per_s, 1e9, 'GB/s'):>11}{transfer}")
     if peers:
-        lines.append("    transfer: from the last rank's start to the kernel's end (the wait for peers taken out; "
-                     "every rank's trace given)")
+        lines.append("    transfer: from the last rank's start to the kernel's end, the wait for peers taken out (where "
+                     "the traces of the group's ranks were given)")
     return "\n".join(lines)
 
 

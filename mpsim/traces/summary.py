@@ -149,6 +149,11 @@ class TraceSummary:
     collective_kernels: int
     windows: tuple[WindowTime, ...]
     beside_collective: BesideCollective | None = None  # None: no shape ran both alone and beside a collective
+    # inside the collective kernels found on every rank of their group (``peers.py``): per step,
+    # the time this rank waited for its slowest peer (kernel time less transfer) and those kernels'
+    # time; None when no collective was found on every rank
+    peer_wait_s: float | None = None
+    peer_matched_s: float | None = None
 
 
 def window_time(kernels: list[Kernel], step: int | None, lo: float, hi: float) -> WindowTime:
@@ -285,6 +290,8 @@ def summarize(trace: Trace, step: int | None = None, transfer_s: dict[int, float
         return sum(values) / n
 
     kinds = [kind for kind in COLLECTIVE_KINDS if any(kind in t.collective_kind_s for t in times)]
+    by_id = {id(trace.kernels[i]): seconds for i, seconds in (transfer_s or {}).items()}
+    matched = [k for k in chosen if id(k) in by_id]
     collective_s = mean(t.collective_s for t in times)
     overlap_s = mean(t.overlap_s for t in times)
     return TraceSummary(
@@ -297,7 +304,9 @@ def summarize(trace: Trace, step: int | None = None, transfer_s: dict[int, float
         collective_s=collective_s, overlap_s=overlap_s,
         overlap_share=overlap_s / collective_s if collective_s > 0 else None,
         gemms=_gemm_rows(chosen),
-        collectives=_collective_rows(chosen, {id(trace.kernels[i]): seconds for i, seconds in (transfer_s or {}).items()}),
+        collectives=_collective_rows(chosen, by_id),
         gemm_kernels=sum(k.category == "gemm" for k in chosen),
         collective_kernels=sum(k.category == "collective" for k in chosen), windows=tuple(times),
-        beside_collective=_beside_collective(chosen, beside_shares(trace.kernels)))
+        beside_collective=_beside_collective(chosen, beside_shares(trace.kernels)),
+        peer_wait_s=sum(k.duration_s - by_id[id(k)] for k in matched) / n if matched else None,
+        peer_matched_s=sum(k.duration_s for k in matched) / n if matched else None)
