@@ -62,13 +62,14 @@ microbatches, each Zero Bubble model's Table 9 passes once, the smallest setup's
 the other Zero Bubble tables), for CI; ``tests/test_validate_published.py`` guards their errors.
 
 Usage: python benchmarks/validate_published.py [--table NAME ...] [--quick] [--json FILE]
-       [--data DIR]
+       [--data DIR] [--jobs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import time
 from dataclasses import asdict
@@ -170,9 +171,45 @@ def run_case(case: Case) -> Result:
                   prediction.extra, case.notes)
 
 
-def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: bool = True) -> list[Result]:
-    """Predict the rows of ``tables`` (the --quick subset with ``quick``)."""
-    cases = [case for name in tables for case in TABLES[name].build(data) if case.quick or not quick]
+def cases_of(tables: list[str], quick: bool = False, data: Path = DATA) -> list[Case]:
+    """The rows of ``tables`` in their order (the --quick subset with ``quick``)."""
+    return [case for name in tables for case in TABLES[name].build(data) if case.quick or not quick]
+
+
+# the rows a worker process runs, built once per worker (their predict functions are closures,
+# which do not travel between processes; the worker builds the same list and runs rows by index)
+_WORKER_CASES: list[Case] = []
+
+
+def _start_worker(tables: list[str], quick: bool, data: Path) -> None:
+    _WORKER_CASES[:] = cases_of(tables, quick, data)
+
+
+def _run_index(index: int) -> tuple[Result, float]:
+    start = time.perf_counter()
+    return run_case(_WORKER_CASES[index]), time.perf_counter() - start
+
+
+def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: bool = True,
+        jobs: int = 1) -> list[Result]:
+    """Predict the rows of ``tables`` (the --quick subset with ``quick``), on ``jobs`` processes.
+
+    The rows are independent and deterministic, so the results are the same, in the same
+    order, however many processes run them; more than one needs the ``fork`` start method
+    (Linux), else they run in this process.
+    """
+    cases = cases_of(tables, quick, data)
+    if jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("fork")
+        with context.Pool(min(jobs, len(cases)), initializer=_start_worker, initargs=(tables, quick, data)) as pool:
+            timed = pool.imap(_run_index, range(len(cases)))
+            results = []
+            for index, (result, seconds) in enumerate(timed, 1):
+                results.append(result)
+                if progress:
+                    print(f"[{index}/{len(cases)}] {result.table}: {result.label} ({seconds:.1f} s)",
+                          file=sys.stderr, flush=True)
+            return results
     results = []
     for index, case in enumerate(cases, 1):
         start = time.perf_counter()
@@ -297,10 +334,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a few rows per table (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows and statistics as JSON")
     parser.add_argument("--data", type=Path, default=DATA, help="folder of the published CSV files")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run the rows on N processes (default 1; the results do not depend on it)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs} is not a number of processes (1 or more)")
     names = [name for name in TABLES if args.table is None or name in args.table]
     start = time.perf_counter()
-    results = run(names, quick=args.quick, data=args.data)
+    results = run(names, quick=args.quick, data=args.data, jobs=args.jobs)
     out = report(names, results)
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     if args.json:

@@ -105,3 +105,9 @@ def test_zero_bubble_table11_leaves_the_ambiguous_rows_out(harness):
     labels = [case.label for case in harness.zero_bubble_table11(harness.DATA)]
     assert len(labels) == 30 and not any("m=32" in label for label in labels if label.startswith(("14.6B", "28.3B")))
     assert any("left out" in text for _, text in harness.TABLE_GAPS["zero_bubble_table11"])
+
+
+def test_rows_on_two_processes_give_the_same_results_in_the_same_order(harness, quick_results):
+    parallel = harness.run(list(harness.TABLES), quick=True, progress=False, jobs=2)
+    assert [(r.table, r.label, r.predicted, r.breakdown, r.extra) for r in parallel] == \
+        [(r.table, r.label, r.predicted, r.breakdown, r.extra) for r in quick_results]
