@@ -211,6 +211,7 @@ ZB_MORE_ASSUMPTIONS = (("the model of each size as in Table 3 (layers, heads, wi
 
 
 def more_rows(data: Path, table_ref: str) -> list[dict[str, str]]:
+    """The rows of one of Tables 6, 7, 10, 11 and 12 (``table_ref``: "Table 6", ...), as printed."""
     return [row for row in read_csv(data / MORE_CSV) if row["table_ref"] == table_ref]
 
 
