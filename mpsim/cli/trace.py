@@ -36,11 +36,9 @@ def _summary(args: argparse.Namespace) -> int:
 
         check_writable(args.json, "--json")
     traces = load_traces(args.traces)
-    # collectives found on every rank of a job are also timed without their wait for peers
-    transfers = peer_waits(traces).transfer_s
-    summaries = [summarize(trace, args.step, {kernel: seconds for (which, kernel), seconds in transfers.items()
-                                              if which == number})
-                 for number, trace in enumerate(traces)]
+    # collectives found on every rank of their group are also timed without their wait for peers
+    peers = peer_waits(traces)
+    summaries = [summarize(trace, args.step, peers.of(number)) for number, trace in enumerate(traces)]
     if args.json == "-":
         print(json.dumps([summary_dict(s) for s in summaries], indent=2))
         return 0

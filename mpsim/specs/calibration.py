@@ -363,7 +363,7 @@ class TraceFitInfo(_Strict):
     collectives: HeldOutError
     skipped: dict[str, int] = Field(default_factory=dict, description="kernels not used, by reason")
     peer_waits_taken_out: int = Field(0, ge=0, description="collective kernels timed from the last rank's start, "
-                                                           "where the traces of every rank of their job show them")
+                                                           "where the traces of every rank of their group show them")
     peer_waits_kept: dict[str, int] = Field(default_factory=dict, description="collective kernels timed as they ran, "
                                                                               "their wait for peers included, by reason")
 

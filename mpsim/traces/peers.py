@@ -51,6 +51,10 @@ class PeerWaits:
     # collective kernels still timed as they ran, wait included, by reason
     kept: dict[str, int] = field(default_factory=dict)
 
+    def of(self, trace_index: int) -> dict[int, float]:
+        """The transfer times of one trace's collectives, by the kernel's index in that trace."""
+        return {kernel: seconds for (which, kernel), seconds in self.transfer_s.items() if which == trace_index}
+
 
 NO_PEERS = "the traces of the other ranks of its group were not given"
 TWICE = "another trace of the same rank was given (which one is this job's?)"

@@ -16,7 +16,7 @@ Each GEMM sample also carries the shares of its time during which other streams 
 kernels beside it (``mpsim/traces/concurrency.py``), so that a check of predictions
 can price it as it ran: slowed where a collective held some of the SMs.
 
-A collective's time is its transfer where the traces of every rank of its job show it:
+A collective's time is its transfer where the traces of every rank of its group show it:
 from the last rank's start to the kernel's end (``mpsim/traces/peers.py``); elsewhere it
 is the kernel's duration, which holds the wait for the slowest peer.
 """
@@ -239,8 +239,7 @@ def trace_samples(traces: list[Trace]) -> TraceSamples:
     samples.peer_waits_kept = dict(peers.kept)
     for number, trace in enumerate(traces):
         gemm_samples(trace, samples, beside_shares(trace.kernels))
-        collective_samples(trace, samples, {kernel: seconds for (which, kernel), seconds in peers.transfer_s.items()
-                                            if which == number})
+        collective_samples(trace, samples, peers.of(number))
         memory_samples(trace, samples)
         launch_gaps(trace, samples)
         # inside the trace's annotated passes where it has them, for each kind of pass; else all
