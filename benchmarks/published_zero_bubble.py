@@ -282,23 +282,14 @@ def zero_bubble_table9(data: Path) -> list[Case]:
     fewest = {}
     for row in rows:
         fewest[row["model"]] = min(fewest.get(row["model"], 1 << 30), number(row["num_microbatches"]))
+    shapes = setups(data)
     cases = []
     for row in rows:
-        layers, pp = number(row["layers"]), number(row["pp"])
-        microbatch, count = number(row["microbatch"]), number(row["num_microbatches"])
-        model = dict(name=f"zero-bubble-{row['model']}", num_layers=layers, hidden_size=number(row["hidden"]),
-                     ffn_hidden_size=number(row["ffn_hidden"]), num_attention_heads=number(row["heads"]),
-                     seq_length=number(row["seq_len"]), **ZB_MODEL)
-        split = zero_bubble_split(layers, pp, 1)
-        overrides = [
-            "model=" + yaml.safe_dump(model, default_flow_style=True, width=1 << 20).strip(),
-            f"cluster.nodes={pp // 8}", f"parallel.tp={number(row['tp'])}", f"parallel.pp={pp}", "parallel.dp=1",
-            "parallel.schedule=1f1b", f"parallel.microbatch_size={microbatch}",
-            f"parallel.global_batch_size={microbatch * count}", f"parallel.layers_per_stage={split}",
-            # the pass timers call torch.cuda.synchronize() before and after each pass
-            "training.host_sync_between_passes=true",
-            *ZB_FRAMEWORK,
-        ]
+        pp, microbatch, count = number(row["pp"]), number(row["microbatch"]), number(row["num_microbatches"])
+        split = zero_bubble_split(shapes[row["model"]]["layers"], pp, 1)
+        # 1F1B's settings: each pass starts after a torch.cuda.synchronize(), as the pass timers
+        # (and the batched p2p) make it; the blocking sends do not enter a pass's price
+        overrides = zero_bubble_overrides(row["model"], shapes[row["model"]], pp, 1, microbatch, count, "1F1B")
         measured = {key: float(row[column]) for key, column in (("f_meas", "TF"), ("b_meas", "TB"), ("w_meas", "TW"))}
 
         def predict(overrides=overrides, layers=max(split), measured=measured) -> Prediction:

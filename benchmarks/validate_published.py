@@ -185,9 +185,13 @@ def _start_worker(tables: list[str], quick: bool, data: Path) -> None:
     _WORKER_CASES[:] = cases_of(tables, quick, data)
 
 
-def _run_index(index: int) -> tuple[Result, float]:
+def _timed(case: Case) -> tuple[Result, float]:
     start = time.perf_counter()
-    return run_case(_WORKER_CASES[index]), time.perf_counter() - start
+    return run_case(case), time.perf_counter() - start
+
+
+def _run_index(index: int) -> tuple[Result, float]:
+    return _timed(_WORKER_CASES[index])
 
 
 def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: bool = True,
@@ -199,25 +203,22 @@ def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: boo
     (Linux), else they run in this process.
     """
     cases = cases_of(tables, quick, data)
-    if jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("fork")
-        with context.Pool(min(jobs, len(cases)), initializer=_start_worker, initargs=(tables, quick, data)) as pool:
-            timed = pool.imap(_run_index, range(len(cases)))
-            results = []
-            for index, (result, seconds) in enumerate(timed, 1):
-                results.append(result)
-                if progress:
-                    print(f"[{index}/{len(cases)}] {result.table}: {result.label} ({seconds:.1f} s)",
-                          file=sys.stderr, flush=True)
-            return results
-    results = []
-    for index, case in enumerate(cases, 1):
-        start = time.perf_counter()
-        results.append(run_case(case))
-        if progress:
-            print(f"[{index}/{len(cases)}] {case.table}: {case.label} ({time.perf_counter() - start:.1f} s)",
-                  file=sys.stderr, flush=True)
-    return results
+    pool = None
+    if jobs > 1 and len(cases) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        pool = multiprocessing.get_context("fork").Pool(min(jobs, len(cases)), initializer=_start_worker,
+                                                        initargs=(tables, quick, data))
+    try:
+        timed = pool.imap(_run_index, range(len(cases))) if pool is not None else map(_timed, cases)
+        results = []
+        for index, (result, seconds) in enumerate(timed, 1):
+            results.append(result)
+            if progress:
+                print(f"[{index}/{len(cases)}] {result.table}: {result.label} ({seconds:.1f} s)",
+                      file=sys.stderr, flush=True)
+        return results
+    finally:
+        if pool is not None:
+            pool.terminate()
 
 
 def error_statistics(errors: list[float]) -> dict[str, float]:

@@ -50,22 +50,19 @@ from mpsim.specs import load_scenario  # noqa: E402
 SAME_PERIOD = 1e-9  # relative: two consecutive step periods this close are the steady state
 
 
+def _shifted(item, by: int):
+    """An action (or an overlapped pair's two) with the microbatch moved on by ``by``."""
+    if isinstance(item, Overlapped):
+        return Overlapped(_shifted(item.forward, by), _shifted(item.backward, by))
+    return item._replace(microbatch=item.microbatch + by)
+
+
 def repeated(schedule: Schedule, steps: int) -> Schedule:
     """``schedule``'s per-rank lists ``steps`` times over, step ``j``'s microbatches offset by ``j * m``."""
     m = schedule.num_microbatches
-    ranks = []
-    for items in schedule.actions:
-        out = []
-        for step in range(steps):
-            shift = step * m
-            for item in items:
-                if isinstance(item, Overlapped):
-                    out.append(Overlapped(item.forward._replace(microbatch=item.forward.microbatch + shift),
-                                          item.backward._replace(microbatch=item.backward.microbatch + shift)))
-                else:
-                    out.append(item._replace(microbatch=item.microbatch + shift))
-        ranks.append(tuple(out))
-    return Schedule(f"{schedule.name} x{steps}", m * steps, schedule.stage_to_rank, tuple(ranks), schedule.chains)
+    ranks = tuple(tuple(_shifted(item, step * m) for step in range(steps) for item in items)
+                  for items in schedule.actions)
+    return Schedule(f"{schedule.name} x{steps}", m * steps, schedule.stage_to_rank, ranks, schedule.chains)
 
 
 def overlapped_period(overrides: list[str], batch: int, max_steps: int) -> tuple[float, float, int]:

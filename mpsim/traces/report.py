@@ -70,7 +70,7 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
     if any(row.misaligned for row in summary.gemms[:top]):
         lines.append(_misaligned_note(summary))
     lines.append(f"  collectives ({summary.collective_kernels} kernels {where}; largest total first):")
-    # the transfer alone (from the last rank's start) where every rank's trace was given
+    # the transfer alone (from the last rank's start) where the traces of the group's ranks were given
     peers = any(row.transfer_mean_s is not None for row in summary.collectives[:top])
     if summary.collectives:
         lines.append(f"    {'kind':<14} {'alg/proto':<12} {'ranks':>5} {'message':>11} {'count':>6} {'mean':>10} "

@@ -102,7 +102,7 @@ class CollectiveRow:
     mean_s: float
     algbw_bytes_per_s: float | None  # message_bytes / mean_s
     busbw_bytes_per_s: float | None  # algbw x bus_factor(kind, group_size)
-    # the same from the last rank's start, where the traces of every rank of the job show every
+    # the same from the last rank's start, where the traces of every rank of the group show every
     # kernel of the row (``peers.py``); None otherwise
     transfer_mean_s: float | None = None
     transfer_busbw_bytes_per_s: float | None = None
