@@ -38,21 +38,23 @@ PUBLISHED_TOLERANCE = 0.10
 # is (training.transformer_impl: pytorch: AccumulateGrad's add per parameter per backward,
 # biases in addmm; +6.8 %). Then every model but Transformer Engine's computes a norm's
 # scale and shift gradients in a kernel of its own (reading its input and output gradient
-# again): the GPT-style and stack models +0.1-1.2 %, wav2vec 2.0 +2.5 %.
+# again): the GPT-style and stack models +0.1-1.2 %, wav2vec 2.0 +2.5 %. The A100 80GB's
+# memory-bound kernels then streamed at that part's own measured bandwidth (0.846 of peak, not
+# the 40GB part's 0.900): DeepSpeech2 +0.7 %, Megatron 1T +0.8 %, ViT-H/14 +1.3 %, wav2vec 2.0 +1.7 %.
 REGRESSION_PIN_S = {
     "deepseek_v3_2048xh100.yaml": 40.13,
-    "deepspeech2_8xa100.yaml": 1.004,
+    "deepspeech2_8xa100.yaml": 1.011,
     "grok1_like_512xh100.yaml": 9.797,
     "llama3_405b_128k_16384xh100.yaml": 11.92,
     "llama3_405b_16384xh100.yaml": 5.755,
     "llama3_70b_32xh100.yaml": 5.033,
     "llama3_8b_64xh100_dp8.yaml": 1.496,
-    "megatron_1t_3072xa100.yaml": 16.91,
+    "megatron_1t_3072xa100.yaml": 17.05,
     "mixtral_8x7b_64xh100.yaml": 4.414,
     "validation_2xcpu.yaml": 0.7649,
     "vit_22b_512xh100.yaml": 0.9673,
-    "vit_h14_32xa100.yaml": 0.7744,
-    "wav2vec2_large_16xa100.yaml": 0.3864,
+    "vit_h14_32xa100.yaml": 0.7845,
+    "wav2vec2_large_16xa100.yaml": 0.393,
 }
 REGRESSION_TOLERANCE = 0.01
 
