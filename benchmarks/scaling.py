@@ -6,7 +6,9 @@ longest path models), at 64, 256, 1,024 and 4,096 microbatches per pipeline with
 stages, and at 16, 32, 64 and 128 stages with 256 microbatches (DP follows from the
 device count). For each, the engine input is built once and timed through
 
-* the SimPy engine (``mpsim.engine.simulate``), once: it is the slow one;
+* the SimPy engine (``mpsim.engine.simulate``), once: it is the slow one; and the same
+  engine with the step's exactly repeated middle run once and put back
+  (``mpsim.engine.excise.simulate_excised``, what ``mpsim run`` uses; the ``cut s`` column);
 * the fast path (``mpsim.engine.simulate_steady``: the longest path with the repeated
   middle skipped where it repeats exactly): the first call, which also plans the
   schedule and finds its repeated structure (both cached per schedule), and the best
@@ -35,6 +37,7 @@ from pathlib import Path
 
 from mpsim.engine import EngineInput, Timeline, simulate as engine_simulate, simulate_compiled, simulate_steady
 from mpsim.engine.compiled import available
+from mpsim.engine.excise import simulate_excised
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 
@@ -82,12 +85,16 @@ def measure(pp: int, microbatches: int, with_engine: bool) -> dict[str, float]:
     row = {"pp": pp, "m": microbatches, "actions": sum(len(a) for a in inp.schedule.actions), "fast_cold_s": cold,
            "steady_s": best, "compiled_records_s": compiled[True], "compiled_s": compiled[False],
            "fast_s": min(best, compiled[False]), "skipped": fast.skipped_items,
-           "compiled_skipped": timeline.skipped_items, "step_s": fast.step_time_s, "engine_s": float("nan")}
+           "compiled_skipped": timeline.skipped_items, "step_s": fast.step_time_s, "engine_s": float("nan"),
+           "engine_cut_s": float("nan")}
     reference = fast
     if with_engine:
         start = time.perf_counter()
         reference = engine_simulate(inp)
         row["engine_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        timelines["engine with its middle cut"] = simulate_excised(inp)
+        row["engine_cut_s"] = time.perf_counter() - start
     for name, timeline in timelines.items():
         relative = abs(timeline.step_time_s - reference.step_time_s) / reference.step_time_s
         assert relative <= 1e-9, f"pp {pp}, m {microbatches}: {name} {timeline.step_time_s} " \
@@ -102,18 +109,20 @@ def main() -> None:
     if not available():
         parser.error("the compiled evaluator needs numba: pip install 'mpsim[fast]'")
     rows = []
-    print(f"{'pp':>4} {'m/pipe':>7} {'actions':>9} {'engine s':>9} {'steady 1st s':>12} {'steady s':>9} "
+    print(f"{'pp':>4} {'m/pipe':>7} {'actions':>9} {'engine s':>9} {'cut s':>7} {'steady 1st s':>12} {'steady s':>9} "
           f"{'skipped':>9} {'compiled s':>10} {'no records s':>12} {'skipped':>9} {'engine/fast':>11}  step s")
     for pp, micro in [(64, 64), (64, 256), (64, 1024), (64, 4096), (16, 256), (32, 256), (128, 256)]:
         row = measure(pp, micro, not args.no_engine)
         rows.append(row)
-        print(f"{pp:>4} {micro:>7} {row['actions']:>9} {row['engine_s']:>9.3f} {row['fast_cold_s']:>12.3f} "
+        print(f"{pp:>4} {micro:>7} {row['actions']:>9} {row['engine_s']:>9.3f} {row['engine_cut_s']:>7.3f} "
+              f"{row['fast_cold_s']:>12.3f} "
               f"{row['steady_s']:>9.4f} {row['skipped']:>9} {row['compiled_records_s']:>10.5f} "
               f"{row['compiled_s']:>12.5f} {row['compiled_skipped']:>9} {row['engine_s'] / row['fast_s']:>11.1f}  "
               f"{row['step_s']:.4f}", flush=True)
     by = {(r["pp"], r["m"]): r for r in rows}
     base = by[(64, 64)]
-    ratios = {name: by[(64, 4096)][name] / base[name] for name in ("steady_s", "compiled_records_s", "compiled_s")}
+    names = ("steady_s", "compiled_records_s", "compiled_s") + (() if args.no_engine else ("engine_s", "engine_cut_s"))
+    ratios = {name: by[(64, 4096)][name] / base[name] for name in names}
     print("m4096_over_m64 by evaluator: " + " ".join(f"{name[:-2]}={r:.2f}" for name, r in ratios.items()))
     ratio = by[(64, 4096)]["fast_s"] / base["fast_s"]
     print(f"m4096_over_m64={ratio:.2f} fast_1t_3072_ms={1e3 * base['fast_s']:.2f} "

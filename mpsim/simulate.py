@@ -17,6 +17,7 @@ from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_bu
                              tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, rank_spans, simulate as run_engine, simulate_fast, supports
 from mpsim.engine.core import TransferSpec, duration_key
+from mpsim.engine.excise import cut_out, simulate_excised
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
@@ -261,12 +262,14 @@ def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> 
 
 
 def simulate(scenario: Scenario, base_dir: Path | None = None, *,
-             engine: Callable[[EngineInput], Timeline] = run_engine, layout: Layout | None = None,
+             engine: Callable[[EngineInput], Timeline] = simulate_excised, layout: Layout | None = None,
              schedule: Schedule | None = None) -> SimulationResult:
     """Simulate one training step of ``scenario``.
 
-    ``engine`` runs the step (the SimPy engine; a sweep may pass a faster evaluator of the
-    same input); a caller that already resolved the layout or built the schedule passes them.
+    ``engine`` runs the step (the SimPy engine, its exactly repeated middle run once:
+    ``engine/excise.py``; a sweep may pass a faster evaluator of the same input, a check the
+    engine over every action); a caller that already resolved the layout or built the
+    schedule passes them.
     """
     layout = layout or resolve(scenario)
     schedule = schedule or plan_schedule(scenario, layout, base_dir)
@@ -297,8 +300,9 @@ class BubbleReference:
     drain_after: tuple[float, ...]
 
 
-def bubble_reference(result: SimulationResult) -> BubbleReference:
-    """Re-run the step with balanced stages and free pipeline communication."""
+def bubble_reference(result: SimulationResult, cut: bool = True) -> BubbleReference:
+    """Re-run the step with balanced stages and free pipeline communication (``cut``: its
+    repeated middle run once, its waits repeated)."""
     inp = result.engine_input
     by_kind: dict[tuple, list[float]] = {}
     for key, seconds in inp.action_s.items():
@@ -308,11 +312,16 @@ def bubble_reference(result: SimulationResult) -> BubbleReference:
                        transfer_s={key: 0.0 for key in inp.transfer_s}, send_blocking=False, grad_buckets={},
                        pair_syncs=(), finalize_s=(), action_buckets={}, transfer_links=None)
     # nothing shared, one writer per resource: the longest path gives the engine's timeline, in
-    # a third of its time (the walk, not the compiled loop: one run does not repay compiling)
+    # a third of its time (the walk, not the compiled loop: one run does not repay compiling);
+    # its repeated middle is run once, and its waits repeated (engine/excise.py)
+    repeat = cut_out(balanced) if cut and supports(balanced) else None
+    if repeat is not None:
+        balanced = replace(balanced, schedule=repeat.short(balanced.schedule))
     timeline = simulate_fast(balanced) if supports(balanced) else run_engine(balanced)
     end = timeline.pipeline_end_s
     waits = []
-    for records in timeline.actions:
+    for rank, records in enumerate(timeline.actions):
         ready = [0.0] + [r.end_s for r in records[:-1]]
-        waits.append(tuple(r.start_s - before for r, before in zip(records, ready)))
+        rank_waits = [r.start_s - before for r, before in zip(records, ready)]
+        waits.append(tuple(rank_waits if repeat is None else repeat.per_item(rank, rank_waits)))
     return BubbleReference(tuple(waits), tuple(end - (r[-1].end_s if r else 0.0) for r in timeline.actions))

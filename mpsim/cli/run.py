@@ -21,6 +21,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_step(args: argparse.Namespace) -> int:
+    from mpsim.engine import simulate as engine_simulate
     from mpsim.results import summarize
     from mpsim.results.report import placement_warning
     from mpsim.simulate import bubble_reference, simulate
@@ -30,14 +31,17 @@ def _run_step(args: argparse.Namespace) -> int:
     _check_trace_options(args)
     _check_run_options(args)
     loaded = load_scenario(args.scenario, args.overrides)
+    # by default the step's exactly repeated middle runs once and its images are put back
+    # (mpsim/engine/excise.py); --full-timeline runs every action, the check of that shortcut
+    engine = {"engine": engine_simulate} if args.full_timeline else {}
     try:
-        result = simulate(loaded.scenario, loaded.path.parent if loaded.path else None)
+        result = simulate(loaded.scenario, loaded.path.parent if loaded.path else None, **engine)
         extras = _whole_run(args, result)
     except InputError as exc:
         if exc.field and exc.field.startswith("--"):  # a command-line option, not a field of the files
             raise
         raise loaded.origins.locate(exc) from None
-    reference = bubble_reference(result)
+    reference = bubble_reference(result, cut=not args.full_timeline)
     summary = summarize(result, reference)
     _print_summary(args, summary, extras)
     warning = placement_warning(result.layout, result.scenario.cluster.system)
@@ -168,6 +172,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser("run", help="simulate one training step of a scenario")
     add_scenario_args(run)
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object (docs/json.md)")
+    run.add_argument("--full-timeline", action="store_true",
+                     help="run every action of the step through the event engine; by default a middle that "
+                          "repeats exactly runs once and its repeats are put back, the same timeline to rounding "
+                          "(docs/architecture.md)")
     run.add_argument("--trace", metavar="FILE",
                      help="write a Chrome/Perfetto trace JSON (gzip-compressed if FILE ends in .gz; docs/traces.md)")
     run.add_argument("--trace-actions-only", action="store_true", help="trace whole actions, not every op")

@@ -5,6 +5,8 @@ engine (``core.py``, the reference, with links shared between concurrent transfe
 the longest-path evaluator (``longest_path.py``, faster, for inputs whose every resource
 has one writer; ``supports`` tells which), which ``steady.py`` runs with the repeated middle of a
 pipeline skipped where it repeats exactly, and ``compiled.py`` runs as one compiled loop (numba).
+``excise.py`` runs the SimPy engine over a step with its exactly repeated middle cut out and
+puts the repeats back into the timeline.
 """
 
 from mpsim.engine.compiled import simulate_compiled

@@ -75,6 +75,9 @@ class SharedLinks:
         # link -> its active flows, in the order they started: a dict, not a set, so that
         # neighbours are updated (and their timers scheduled) in the same order every run
         self.flows_on: dict = {}
+        # when a flow first started on a link that was already carrying one: until then every
+        # flow has moved alone, at the rate the cost model priced (``excise.py`` reads it)
+        self.first_shared_s = float("inf")
 
     def transfer(self, busy_s: float, links: tuple, on_done: Callable[[], None], track: bool = False) -> Flow | None:
         """Start a flow now; ``on_done()`` is called (at that simulated time) when it has moved all its data.
@@ -108,6 +111,8 @@ class SharedLinks:
             timer = flow.timer = env.timeout(busy_s)
             timer.callbacks.append(flow)
             return flow
+        if env.now < self.first_shared_s:
+            self.first_shared_s = env.now
         for other in neighbours:
             self._update(other)
         self._update(flow)

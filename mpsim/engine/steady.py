@@ -89,8 +89,11 @@ _LAYERS: dict[int, tuple] = {}
 MIN_LAYERS = 4  # a run shorter than this many layers cannot pay for the comparisons
 
 
-def _layers(schedule, plan) -> _Layers | None:
-    """The repeated structure of ``schedule`` (module doc, step 1), or None; cached per schedule."""
+def _layers(schedule, plan, lengths: tuple[int, ...] | None = None) -> _Layers | None:
+    """The repeated structure of ``schedule`` (module doc, step 1), or None; cached per schedule.
+
+    ``lengths``: where the lists are the first part of a step's, each rank's whole length
+    (its items per layer follow from that, not from the part)."""
     cached = _LAYERS.get(id(schedule))
     if cached is not None and cached[0] is schedule:
         return cached[1]
@@ -102,11 +105,12 @@ def _layers(schedule, plan) -> _Layers | None:
             candidates.append(q)
     for q in candidates:
         items, start, end = [], [], []
-        for steps in plan:
+        for rank, steps in enumerate(plan):
             count = len(steps)
-            if (count * q) % micro:
+            total = count if lengths is None else lengths[rank]
+            if (total * q) % micro:
                 break
-            p = count * q // micro
+            p = total * q // micro
             if p == 0:
                 items.append(0), start.append(0), end.append(0)
                 continue
@@ -189,6 +193,30 @@ def _full(inp: EngineInput) -> SteadyTimeline:
     return walk.finish()
 
 
+@dataclass(frozen=True)
+class Repeat:
+    """The first layer the walk found to repeat the one before it, exactly: each rank's
+    position after it, its items per layer, the microbatch shift and the cycle per layer."""
+
+    position: tuple[int, ...]
+    items: tuple[int, ...]
+    shift: int
+    cycle_s: float
+
+
+def first_repeat(inp: EngineInput, lengths: tuple[int, ...] | None = None) -> Repeat | None:
+    """Where the walk of ``inp`` first finds a layer that repeats the one before (module doc,
+    step 2), without going on; None if it finds none. ``inp``'s lists may be the first part
+    of a longer step's (``lengths``: the whole lists' lengths): a rank that waits for an item
+    left out stops, and cannot repeat."""
+    plan = _plan(inp.schedule)
+    layers = _layers(inp.schedule, plan, lengths)
+    if layers is None:
+        return None
+    found = _walk(inp, plan, layers, stop_at_repeat=True)
+    return found if isinstance(found, Repeat) else None
+
+
 def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTimeline:
     """The longest-path timeline of ``inp`` with its repeated middle skipped where exact (module doc)."""
     schedule = inp.schedule
@@ -196,6 +224,16 @@ def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTime
     layers = None if full_timeline else _layers(schedule, plan)
     if layers is None:
         return _full(inp)
+    timeline = _walk(inp, plan, layers)
+    if any(records and records[-1].index != len(plan[r]) - 1 for r, records in enumerate(timeline.actions)):
+        return _full(inp)  # a rank whose last item was skipped: its end is not a record
+    return timeline
+
+
+def _walk(inp: EngineInput, plan, layers: _Layers, stop_at_repeat: bool = False) -> SteadyTimeline | Repeat | None:
+    """Walk layer by layer, skipping repeated layers (or, ``stop_at_repeat``, returning the first
+    repeat found; None if there is none)."""
+    schedule = inp.schedule
     num_ranks = schedule.num_ranks
     timeline = SteadyTimeline(num_ranks, actions=[[] for _ in range(num_ranks)])
     walk = Walk(inp, plan, timeline)
@@ -212,7 +250,9 @@ def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTime
         # the slots the items just run produced (a step's outputs lead with their slot, -1 for none)
         live.update(output[0] for r in range(num_ranks) for step in plan[r][ran_from[r]:position[r]]
                     for output in step[3] if output[0] >= 0)
-        live = {slot for slot in live if position[consumer[slot][0]] <= consumer[slot][1]}
+        # a slot stays live until its consumer has run (a consumer past the lists walked, when
+        # they are the first part of a step's: ``first_repeat``, keeps it live)
+        live = {slot for slot in live if slot not in consumer or position[consumer[slot][0]] <= consumer[slot][1]}
         marks.settle(timeline, offset_s)
         base_s = max(walk.clock_s)
         _shift_times(walk, live, -base_s)
@@ -235,11 +275,13 @@ def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTime
         ran = [r for r in range(num_ranks) if position[r] > before[1][r]]
         if any(before[1][r] < start[r] for r in ran):
             continue
+        per_layer = tuple(position[r] - before[1][r] for r in range(num_ranks))
+        if stop_at_repeat:
+            return Repeat(tuple(position), per_layer, q, base_s)
         skip = min(((end[r] - position[r]) // p[r] for r in range(num_ranks) if p[r]), default=0)
         if skip < 1:
             continue
         cycle_s = base_s
-        per_layer = tuple(position[r] - before[1][r] for r in range(num_ranks))
         for r in range(num_ranks):
             position[r] += skip * p[r]
         arrival_s, sent_s = walk.arrival_s, walk.sent_s
@@ -251,10 +293,9 @@ def simulate_steady(inp: EngineInput, full_timeline: bool = False) -> SteadyTime
         layer += skip
         previous = None
         timeline.skipped.append((skip, q, cycle_s, per_layer))
+    if stop_at_repeat:
+        return None
     marks.settle(timeline, offset_s)
     _shift_times(walk, live, offset_s)
     walk.advance()
-    timeline = walk.finish()
-    if any(records and records[-1].index != len(plan[r]) - 1 for r, records in enumerate(timeline.actions)):
-        return _full(inp)  # a rank whose last item was skipped: its end is not a record
-    return timeline
+    return walk.finish()

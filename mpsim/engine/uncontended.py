@@ -38,6 +38,7 @@ contended inputs.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from mpsim.engine.compiled import simulate_compiled
 from mpsim.engine.core import EngineInput, simulate
@@ -48,20 +49,21 @@ from mpsim.schedules.actions import parts
 _SAME_TIME = 1e-12  # relative: latency + wire time against the input's transfer time
 
 
-def simulate_uncontended(inp: EngineInput) -> Timeline:
+def simulate_uncontended(inp: EngineInput, engine: Callable[[EngineInput], Timeline] = simulate) -> Timeline:
     """The timeline of ``inp`` as the SimPy engine gives it, from the longest path wherever
-    that gives the same (module doc); the SimPy engine otherwise."""
+    that gives the same (module doc); ``engine`` (the SimPy engine, or a faster evaluator of
+    the same input: ``excise.simulate_excised``) otherwise."""
     if supports(inp):
         return simulate_compiled(inp)
     links = inp.transfer_links
     if links is None or not _same_transfer_times(inp):
-        return simulate(inp)
+        return engine(inp)
     plain = replace(inp, transfer_links=None)
     if not supports(plain):
-        return simulate(inp)
+        return engine(inp)
     timeline = simulate_compiled(plain)
     if not links_never_shared(inp, timeline):
-        return simulate(inp)
+        return engine(inp)
     return timeline
 
 

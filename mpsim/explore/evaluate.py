@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mpsim.engine import EngineInput, Timeline, rank_spans, simulate as engine_simulate
+from mpsim.engine.excise import simulate_excised
 from mpsim.engine.uncontended import simulate_uncontended
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
@@ -57,12 +58,13 @@ def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: 
 
     ``fast`` evaluates the longest path (``mpsim/engine/longest_path.py``), also where shared links
     never carry two flows at once (``mpsim/engine/uncontended.py``), and falls back to the SimPy
-    engine for an input it does not model; ``simpy`` always runs the engine.
+    engine with the step's repeated middle cut out (``mpsim/engine/excise.py``) for an input it
+    does not model; ``simpy`` always runs the engine over every action.
     """
     layout = layout or resolve(scenario)
 
     def run(inp: EngineInput) -> Timeline:
-        return simulate_uncontended(inp) if engine == "fast" else engine_simulate(inp)
+        return simulate_uncontended(inp, simulate_excised) if engine == "fast" else engine_simulate(inp)
 
     return simulate(scenario, base_dir, engine=run, layout=layout,
                     schedule=schedule or schedule_for(scenario, layout, base_dir))

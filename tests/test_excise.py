@@ -1,0 +1,162 @@
+"""The SimPy engine with its repeated middle cut out gives the whole run's timeline."""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from mpsim.engine import EngineInput, rank_spans, simulate
+from mpsim.engine.core import TransferSpec, _Run
+from mpsim.engine.excise import cut_out, simulate_excised
+from mpsim.schedules import ScheduleError, build_schedule
+from mpsim.schedules.actions import Action
+from mpsim.specs import load_scenario
+from tests.test_steady_state import long_inputs
+from tests.test_uncontended import assert_same_run
+
+simulating = importlib.import_module("mpsim.simulate")  # the module: ``mpsim.simulate`` is also its function
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+WINDOW = 8  # microbatches walked first: small, so that short random steps still have a middle to cut
+
+
+@st.composite
+def long_contended_inputs(draw):
+    """Long periodic steps whose sends load the sender's "out" and receiver's "in" links, with
+    DP reductions on the same links or on none, short or long transfers, and sometimes
+    reductions started by every backward (which keep the whole step in the engine)."""
+    inp = draw(long_inputs(names=("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")))
+    rank_of = inp.schedule.stage_to_rank
+    scale = draw(st.sampled_from([1.0, 0.05, 0.0]))
+    latency_share = draw(st.floats(0, 1))
+    transfer_s, links = {}, {}
+    for (a, b), seconds in inp.transfer_s.items():
+        seconds *= scale
+        transfer_s[(a, b)] = seconds
+        if rank_of[a] != rank_of[b]:
+            latency = seconds * latency_share
+            links[(a, b)] = TransferSpec(latency, seconds - latency, (("out", rank_of[a]), ("in", rank_of[b])))
+    shared = draw(st.booleans())
+
+    def nic(stage: int) -> tuple:
+        return (("out", rank_of[stage]), ("in", rank_of[stage])) if shared else ()
+
+    buckets = {stage: tuple(b._replace(label=f"b{stage}.{i}", links=nic(stage)) for i, b in enumerate(bs))
+               for stage, bs in inp.grad_buckets.items()}
+    per_action = {key: tuple(b._replace(links=nic(key[0])) for b in bs) for key, bs in inp.action_buckets.items()}
+    if draw(st.integers(0, 3)):
+        per_action = {}
+    contended = draw(st.booleans())
+    return replace(inp, transfer_s=transfer_s, grad_buckets=buckets, action_buckets=per_action,
+                   transfer_links=links if contended else None)
+
+
+@settings(max_examples=250, deadline=None)
+@given(long_contended_inputs())
+def test_the_short_run_put_back_is_the_whole_run(inp: EngineInput):
+    assert_same_run(simulate_excised(inp, WINDOW), simulate(inp))
+
+
+def _microbatches_once(schedule) -> bool:
+    """Every stage runs each kind of pass once for every microbatch, and each rank only its own stages."""
+    seen: dict[tuple, Counter] = {}
+    for rank, items in enumerate(schedule.actions):
+        for item in items:
+            if schedule.stage_to_rank[item.stage] != rank:
+                return False
+            seen.setdefault((item.stage, item.kind), Counter())[item.microbatch] += 1
+    return all(sorted(count) == list(range(schedule.num_microbatches)) and set(count.values()) == {1}
+               for count in seen.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(long_contended_inputs())
+def test_the_short_schedule_is_a_schedule(inp: EngineInput):
+    cut = cut_out(inp, WINDOW)
+    assume(cut is not None)
+    short = cut.short(inp.schedule)
+    assert short.num_microbatches == inp.schedule.num_microbatches - cut.layers * cut.shift
+    assert _microbatches_once(short)
+    assert sum(map(len, short.actions)) == sum(map(len, inp.schedule.actions)) - cut.layers * sum(cut.items)
+
+
+def test_a_long_1f1b_is_cut_to_its_warm_up_and_cool_down():
+    """1F1B on 4 stages over 64 microbatches, one second per pass: the walk repeats from its
+    first steady layer, and all but a few layers are cut (one microbatch per layer, one
+    forward and one backward per rank); the put-back run is the engine's."""
+    schedule = build_schedule("1f1b", 4, 1, 64, timer=rank_spans)
+    action_s = {(s, k): 1.0 for s in range(4) for k in ("F", "B")}
+    transfer_s = {(s, s + 1): 0.25 for s in range(3)} | {(s + 1, s): 0.25 for s in range(3)}
+    links = {key: TransferSpec(0.05, 0.2, (("out", key[0]), ("in", key[1]))) for key in transfer_s}
+    inp = EngineInput(schedule, action_s, transfer_s, transfer_links=links, send_blocking=True)
+    cut = cut_out(inp, WINDOW)
+    assert cut is not None and cut.shift == 1 and set(cut.items) == {2}
+    assert cut.layers >= 64 - 2 * 4 - 8  # all but the fill, the drain and a few layers around the cut
+    assert cut.cycle_s == 2.5  # a forward, a backward and, sends blocking, two transfers of 0.25 s
+    assert_same_run(simulate_excised(inp, WINDOW), simulate(inp))
+
+
+def test_sends_that_share_a_link_in_the_middle_keep_the_whole_step():
+    """Stage 0's activations take three passes on the wire: consecutive sends share the link all
+    through the steady middle, so the short run shares it before its cut and the whole step runs."""
+    schedule = build_schedule("1f1b", 2, 1, 40, timer=rank_spans)
+    action_s = {(s, k): 1.0 for s in range(2) for k in ("F", "B")}
+    transfer_s = {(0, 1): 3.0, (1, 0): 0.5}
+    links = {(0, 1): TransferSpec(0.0, 3.0, (("out", 0), ("in", 1))),
+             (1, 0): TransferSpec(0.0, 0.5, (("out", 1), ("in", 0)))}
+    inp = EngineInput(schedule, action_s, transfer_s, transfer_links=links)
+    cut = cut_out(inp, WINDOW)
+    if cut is not None:
+        run = _Run(replace(inp, schedule=cut.short(schedule)))
+        run.execute()
+        assert run.shared.first_shared_s < float("inf")
+    excised, whole = simulate_excised(inp, WINDOW), simulate(inp)
+    assert excised.step_time_s == whole.step_time_s  # not put back together: the whole step ran
+    assert_same_run(excised, whole)
+
+
+def test_megatron_1t_at_a_large_batch_is_cut_and_exact():
+    """Megatron 1T on 3,072 A100 at 512 microbatches per pipeline: its DP reductions share the
+    NICs with pipeline sends in the cool-down, so the contended engine must run; the middle is
+    cut (444 of 510 steady layers), and the step and every record are the engine's."""
+    scenario = load_scenario(SCENARIOS / "megatron_1t_3072xa100.yaml", ["parallel.global_batch_size=3072"]).scenario
+    result = simulating.simulate(scenario)
+    inp = result.engine_input
+    cut = cut_out(inp)
+    assert cut is not None and cut.layers > 400
+    whole = simulate(inp)
+    assert_same_run(result.timeline, whole)
+    assert abs(result.timeline.step_time_s - whole.step_time_s) <= 1e-12 * whole.step_time_s
+
+
+def test_the_bubble_reference_is_the_same_with_its_middle_cut():
+    """The balanced reference run cuts its own repeated middle and repeats its waits; every wait
+    equals the one the whole walk gives."""
+    scenario = load_scenario(SCENARIOS / "megatron_1t_3072xa100.yaml", ["parallel.global_batch_size=3072"]).scenario
+    result = simulating.simulate(scenario)
+    cut, whole = simulating.bubble_reference(result), simulating.bubble_reference(result, cut=False)
+    assert [len(w) for w in cut.waits_before] == [len(w) for w in whole.waits_before]
+    for ours, theirs in zip(cut.waits_before, whole.waits_before):
+        assert all(abs(a - b) <= 1e-9 * max(1.0, abs(b)) for a, b in zip(ours, theirs))
+    assert all(abs(a - b) <= 1e-9 for a, b in zip(cut.drain_after, whole.drain_after))
+
+
+def test_overlapped_pairs_and_short_steps_are_not_cut():
+    """DualPipe's overlapped pairs are left whole, and so is a step shorter than the window."""
+    try:
+        schedule = build_schedule("dualpipev", 4, 2, 64, timer=rank_spans)
+    except ScheduleError:
+        return
+    assert any(type(item) is not Action for items in schedule.actions for item in items)
+    action_s = {}
+    from mpsim.engine.core import duration_key
+    for items in schedule.actions:
+        for item in items:
+            action_s.setdefault(duration_key(item), 1.0)
+    assert cut_out(EngineInput(schedule, action_s, {}), WINDOW) is None
+    short = build_schedule("1f1b", 4, 1, 16, timer=rank_spans)
+    assert cut_out(EngineInput(short, {(s, k): 1.0 for s in range(4) for k in "FB"}, {})) is None
