@@ -19,6 +19,35 @@ from mpsim.specs import load_scenario
 from tests.test_steady_state import long_inputs
 from tests.test_uncontended import assert_same_run
 
+RELATIVE = 1e-9
+
+
+def assert_same_to_rounding(mine, engine) -> None:
+    """The runs agree in every action and transfer and, to ``RELATIVE`` of the step, in every
+    time; a send wait or reduction no longer than that may be in one run and not the other (the
+    short run adds the same durations to smaller times, which rounds them differently)."""
+    scale = RELATIVE * max(engine.step_time_s, 1e-300)
+
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= scale
+
+    assert near(mine.step_time_s, engine.step_time_s)
+    assert all(near(a, b) for a, b in zip(mine.rank_end_s, engine.rank_end_s, strict=True))
+    for ours, theirs in zip(mine.actions, engine.actions, strict=True):
+        assert [(r.index, r.action) for r in ours] == [(r.index, r.action) for r in theirs]
+        assert all(near(a.ready_s, b.ready_s) and near(a.start_s, b.start_s) and near(a.end_s, b.end_s)
+                   for a, b in zip(ours, theirs))
+    key = lambda t: (t.src_rank, t.dst_rank, t.action)  # noqa: E731
+    assert sorted(map(key, mine.transfers)) == sorted(map(key, engine.transfers))
+    for a, b in zip(sorted(mine.transfers, key=key), sorted(engine.transfers, key=key)):
+        assert near(a.start_s, b.start_s) and near(a.end_s, b.end_s)
+    for ours, theirs in ([(s.rank, s.kind, s.start_s, s.end_s) for s in t.syncs if s.end_s - s.start_s > scale]
+                         for t in (mine, engine)), \
+            ([w for w in t.send_waits if w[2] - w[1] > scale] for t in (mine, engine)):
+        assert len(ours) == len(theirs)
+        for a, b in zip(sorted(ours), sorted(theirs)):
+            assert a[:-2] == b[:-2] and near(a[-2], b[-2]) and near(a[-1], b[-1])
+
 simulating = importlib.import_module("mpsim.simulate")  # the module: ``mpsim.simulate`` is also its function
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 WINDOW = 8  # microbatches walked first: small, so that short random steps still have a middle to cut
@@ -58,7 +87,7 @@ def long_contended_inputs(draw):
 @settings(max_examples=250, deadline=None)
 @given(long_contended_inputs())
 def test_the_short_run_put_back_is_the_whole_run(inp: EngineInput):
-    assert_same_run(simulate_excised(inp, WINDOW), simulate(inp))
+    assert_same_to_rounding(simulate_excised(inp, WINDOW), simulate(inp))
 
 
 def _microbatches_once(schedule) -> bool:

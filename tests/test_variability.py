@@ -133,3 +133,17 @@ def test_cli_reports_percentiles_and_draws_the_histogram(capsys, tmp_path):
 def test_cli_refuses_a_seed_without_samples(capsys):
     assert main(["run", SMALL, "--seed", "3"]) == 2
     assert "--seed" in capsys.readouterr().err
+
+
+def test_transfer_variation_reaches_a_run_whose_links_are_shared():
+    """With shared links the engine times a pipeline send by its link spec, not by the transfer
+    table: both are drawn alike, so pipeline transfers that vary make a contended step vary
+    (Megatron 1T: TP 8 x PP 64 over the NICs, DP reductions sharing them). Nothing else varies;
+    the draws have mean 1, so the nominal step lies between the fastest and the slowest."""
+    scenario = load_scenario(SCENARIOS / "megatron_1t_3072xa100.yaml").scenario
+    result = simulate(scenario)
+    assert result.engine_input.transfer_links
+    cv = {kind: 0.0 for kind in OP_KINDS} | {"transfer": 0.3}
+    samples = sample_replica(result, cv, 8, seed=0).step_time_s
+    assert len(set(samples)) > 1
+    assert min(samples) < result.timeline.step_time_s < max(samples)

@@ -26,7 +26,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mpsim.cost.actions import CostModel
-from mpsim.engine import simulate as run_engine, simulate_compiled, supports
+from mpsim.engine import simulate_compiled, supports
+from mpsim.engine.core import TransferSpec
+from mpsim.engine.excise import simulate_excised
 from mpsim.reliability.op_variation import OP_KINDS
 from mpsim.simulate import SimulationResult
 from mpsim.workload.ops import Op, Overlap, Pass
@@ -127,13 +129,19 @@ def sample_replica(result: SimulationResult, cv: dict[str, float], samples: int,
                           for key, buckets in sorted(inp.action_buckets.items(), key=lambda item: repr(item[0]))}
     sync_factors = [lognormal_factors(rng, cv["collective"], samples) for _ in inp.pair_syncs]
     optimizer_factors = [lognormal_factors(rng, cv["memory"], samples) for _ in inp.finalize_s]
-    engine = simulate_compiled if supports(inp) else run_engine
+    engine = simulate_compiled if supports(inp) else simulate_excised
+    links = inp.transfer_links
     times = []
     for i in range(samples):
         drawn = replace(
             inp,
             action_s={key: seconds * float(action_factors[key][i]) for key, seconds in inp.action_s.items()},
             transfer_s={key: seconds * float(transfer_factors[key][i]) for key, seconds in inp.transfer_s.items()},
+            # with shared links the engine times a send by its link spec: drawn alike
+            transfer_links=None if links is None else {
+                key: TransferSpec(spec.latency_s * float(transfer_factors[key][i]),
+                                  spec.busy_s * float(transfer_factors[key][i]), spec.links)
+                for key, spec in links.items()},
             grad_buckets={stage: tuple(bucket._replace(duration_s=bucket.duration_s * float(f[i]))
                                        for bucket, f in zip(buckets, grad_factors[stage]))
                           for stage, buckets in inp.grad_buckets.items()},
