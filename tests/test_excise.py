@@ -17,7 +17,7 @@ from mpsim.schedules import ScheduleError, build_schedule
 from mpsim.schedules.actions import Action
 from mpsim.specs import load_scenario
 from tests.test_steady_state import long_inputs
-from tests.test_uncontended import assert_same_run
+from tests.test_uncontended import assert_same_run, contended_inputs
 
 RELATIVE = 1e-9
 
@@ -37,7 +37,10 @@ def assert_same_to_rounding(mine, engine) -> None:
         assert [(r.index, r.action) for r in ours] == [(r.index, r.action) for r in theirs]
         assert all(near(a.ready_s, b.ready_s) and near(a.start_s, b.start_s) and near(a.end_s, b.end_s)
                    for a, b in zip(ours, theirs))
-    key = lambda t: (t.src_rank, t.dst_rank, t.action)  # noqa: E731
+
+    def key(t):
+        return (t.src_rank, t.dst_rank, t.action)
+
     assert sorted(map(key, mine.transfers)) == sorted(map(key, engine.transfers))
     for a, b in zip(sorted(mine.transfers, key=key), sorted(engine.transfers, key=key)):
         assert near(a.start_s, b.start_s) and near(a.end_s, b.end_s)
@@ -58,30 +61,11 @@ def long_contended_inputs(draw):
     """Long periodic steps whose sends load the sender's "out" and receiver's "in" links, with
     DP reductions on the same links or on none, short or long transfers, and sometimes
     reductions started by every backward (which keep the whole step in the engine)."""
-    inp = draw(long_inputs(names=("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")))
-    rank_of = inp.schedule.stage_to_rank
-    scale = draw(st.sampled_from([1.0, 0.05, 0.0]))
-    latency_share = draw(st.floats(0, 1))
-    transfer_s, links = {}, {}
-    for (a, b), seconds in inp.transfer_s.items():
-        seconds *= scale
-        transfer_s[(a, b)] = seconds
-        if rank_of[a] != rank_of[b]:
-            latency = seconds * latency_share
-            links[(a, b)] = TransferSpec(latency, seconds - latency, (("out", rank_of[a]), ("in", rank_of[b])))
-    shared = draw(st.booleans())
-
-    def nic(stage: int) -> tuple:
-        return (("out", rank_of[stage]), ("in", rank_of[stage])) if shared else ()
-
-    buckets = {stage: tuple(b._replace(label=f"b{stage}.{i}", links=nic(stage)) for i, b in enumerate(bs))
-               for stage, bs in inp.grad_buckets.items()}
-    per_action = {key: tuple(b._replace(links=nic(key[0])) for b in bs) for key, bs in inp.action_buckets.items()}
+    inp = draw(contended_inputs(long_inputs(names=("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")),
+                                scales=(1.0, 0.05, 0.0)))
     if draw(st.integers(0, 3)):
-        per_action = {}
-    contended = draw(st.booleans())
-    return replace(inp, transfer_s=transfer_s, grad_buckets=buckets, action_buckets=per_action,
-                   transfer_links=links if contended else None)
+        inp = replace(inp, action_buckets={})
+    return inp if draw(st.booleans()) else replace(inp, transfer_links=None)
 
 
 @settings(max_examples=250, deadline=None)
@@ -130,20 +114,22 @@ def test_a_long_1f1b_is_cut_to_its_warm_up_and_cool_down():
 
 
 def test_sends_that_share_a_link_in_the_middle_keep_the_whole_step():
-    """Stage 0's activations take three passes on the wire: consecutive sends share the link all
-    through the steady middle, so the short run shares it before its cut and the whole step runs."""
+    """Two ranks whose activations and gradients cross one half-duplex wire: without contention
+    the step repeats (a cut is found), but with it each activation meets a gradient on the wire
+    all through the middle, which slows the step by a fifth; the short run shares the wire
+    before its cut, so the whole step runs."""
     schedule = build_schedule("1f1b", 2, 1, 40, timer=rank_spans)
     action_s = {(s, k): 1.0 for s in range(2) for k in ("F", "B")}
-    transfer_s = {(0, 1): 3.0, (1, 0): 0.5}
-    links = {(0, 1): TransferSpec(0.0, 3.0, (("out", 0), ("in", 1))),
-             (1, 0): TransferSpec(0.0, 0.5, (("out", 1), ("in", 0)))}
-    inp = EngineInput(schedule, action_s, transfer_s, transfer_links=links)
+    transfer_s = {(0, 1): 0.5, (1, 0): 0.5}
+    links = {key: TransferSpec(0.0, 0.5, (("wire",),)) for key in transfer_s}
+    inp = EngineInput(schedule, action_s, transfer_s, transfer_links=links, send_blocking=True)
     cut = cut_out(inp, WINDOW)
-    if cut is not None:
-        run = _Run(replace(inp, schedule=cut.short(schedule)))
-        run.execute()
-        assert run.shared.first_shared_s < float("inf")
+    assert cut is not None
+    run = _Run(replace(inp, schedule=cut.short(schedule)))
+    short = run.execute()
+    assert run.shared.first_shared_s < short.actions[0][cut.start[0]].start_s  # shared before the cut
     excised, whole = simulate_excised(inp, WINDOW), simulate(inp)
+    assert whole.step_time_s > 1.15 * simulate(replace(inp, transfer_links=None)).step_time_s
     assert excised.step_time_s == whole.step_time_s  # not put back together: the whole step ran
     assert_same_run(excised, whole)
 

@@ -22,12 +22,13 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 @st.composite
-def contended_inputs(draw):
-    """Random inputs whose sends load the sender's "out" and the receiver's "in" link, whose DP
-    reductions load their rank's links or none, with transfers long or short (often alone)."""
-    inp = draw(engine_inputs())
+def contended_inputs(draw, base=None, scales=(1.0, 0.05)):
+    """Random inputs (``base``'s, by default ``engine_inputs``') whose sends load the sender's
+    "out" and the receiver's "in" link, whose DP reductions load their rank's links or none,
+    with transfers scaled by one of ``scales`` (long, short: often alone)."""
+    inp = draw(base if base is not None else engine_inputs())
     rank_of = inp.schedule.stage_to_rank
-    scale = draw(st.sampled_from([1.0, 0.05]))
+    scale = draw(st.sampled_from(scales))
     transfer_s = {key: seconds * scale for key, seconds in inp.transfer_s.items()}
     latency_share = draw(st.floats(0, 1))
     links = {}

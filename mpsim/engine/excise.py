@@ -106,16 +106,18 @@ def cut_out(inp: EngineInput, first_window: int = FIRST_WINDOW) -> Cut | None:
     """The layers to cut out of ``inp``'s step (module doc, step 1), or None. The walk reads
     ``first_window`` microbatches' worth of each list first (at least four per stage)."""
     schedule = inp.schedule
+    micro = schedule.num_microbatches
+    window = max(first_window, 4 * schedule.num_stages)
+    if window >= micro:
+        return None  # a step this short has little to cut; the walk would read all of it
     if inp.action_buckets or any(type(item) is not Action for items in schedule.actions for item in items):
         return None
     if inp.transfer_links is not None and not _same_transfer_times(inp):
         return None
     plain = replace(inp, transfer_links=None)
-    micro = schedule.num_microbatches
-    window = max(first_window, 4 * schedule.num_stages)
     while True:
         if window >= micro:
-            return None  # a step this short has little to cut; the walk would read all of it
+            return None
         head = tuple(actions[:-(-len(actions) * window // micro)] for actions in schedule.actions)
         part = replace(plain, schedule=replace(schedule, actions=head))
         if not supports(part):
