@@ -85,6 +85,26 @@ def test_a_long_1f1b_skips_its_middle_and_keeps_the_step_time():
     assert shift == 1 and close(cycle_s, 1.3 + 2.9 + 0.05)
 
 
+def test_a_middle_that_repeats_every_few_layers_is_skipped_in_blocks():
+    """1F1B on three stages whose sends do not block: each rank's state repeats every three
+    layers (three microbatches), not every one; the walk skips whole blocks of three and keeps
+    the step time, and a block's cycle is the spacing of the full run's passes three
+    microbatches apart."""
+    schedule = build_schedule("1f1b", 3, 1, 48)
+    action_s = {(s, "F"): 1.0 for s in range(3)} | {(s, "B"): 2.0 for s in range(3)}
+    transfer_s = {(a, b): 0.25 for a in range(3) for b in range(3) if abs(a - b) == 1}
+    inp = EngineInput(schedule, action_s, transfer_s, send_blocking=False)
+    steady, full = simulate_steady(inp), simulate_fast(inp)
+    assert steady.skipped
+    blocks, shift, cycle_s, per_block = steady.skipped[0]
+    assert shift == 3 and per_block == (6, 6, 6) and blocks >= 10
+    starts = {record.action: record.start_s for record in full.actions[0]}
+    assert close(cycle_s, starts[Action(0, "B", 24)] - starts[Action(0, "B", 21)])
+    assert cycle_s > 3 * (1.0 + 2.0)  # not a whole block of passes back to back: rank 0 waits
+    assert sum(len(r) for r in steady.actions) + steady.skipped_items == sum(len(r) for r in full.actions)
+    assert close(steady.step_time_s, simulate(inp).step_time_s)
+
+
 def test_a_middle_that_does_not_repeat_is_evaluated_in_full():
     # one rank runs its forwards in an order with no period: nothing may be skipped
     micro = 24

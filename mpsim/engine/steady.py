@@ -17,13 +17,15 @@ This module finds that structure and uses it, without approximating anything:
    for an input). At each boundary the whole state that decides the future (each rank's
    relative position, clock, send and DP-stream times, each link's free time, each
    transfer in flight) is rebased to the latest clock and compared with the previous
-   boundary's, bit for bit, transfers matched by microbatch shifted by ``q``. Rebased,
-   two equal states run the same floating-point operations on the same numbers, so every
-   later layer repeats too: no tolerance is involved.
-3. On a match, the layers that are still images of the last one (the run's end decides
+   boundaries' (up to ``MAX_PERIOD`` back), bit for bit, transfers matched by microbatch
+   shifted by ``q`` per layer. Rebased, two equal states run the same floating-point
+   operations on the same numbers, so every later block of layers repeats too: no
+   tolerance is involved. The state may repeat only every few layers: 1F1B on ``n``
+   stages whose sends do not block repeats every ``n`` layers.
+3. On a match, the blocks that are still images of the last one (the run's end decides
    how many) are skipped: positions move by ``p`` per layer, transfers in flight by
-   ``q``, times by the cycle. The rest (the last steady layers and the cool-down) is
-   evaluated as usual, and the step ends exactly as the full evaluation ends.
+   ``q``, times by the block's cycle. The rest (the last steady layers and the cool-down)
+   is evaluated as usual, and the step ends exactly as the full evaluation ends.
 
 The result is a :class:`SteadyTimeline`: the step time, rank end times, final DP syncs,
 pair syncs and optimizer steps of the full evaluation, and the records (actions,
@@ -48,7 +50,8 @@ from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRe
 @dataclass
 class SteadyTimeline(Timeline):
     """A timeline whose repeated middle may be left out: ``skipped`` holds, per skip,
-    (layers, microbatch shift per layer, cycle seconds per layer, items per rank per layer)."""
+    (blocks, microbatch shift per block, cycle seconds per block, items per rank per block),
+    a block being the one or more layers of the period found."""
 
     skipped: list[tuple[int, int, float, tuple[int, ...]]] = field(default_factory=list)
 
@@ -87,6 +90,7 @@ def _shifted(a: tuple, b: tuple, q: int) -> bool:
 
 _LAYERS: dict[int, tuple] = {}
 MIN_LAYERS = 4  # a run shorter than this many layers cannot pay for the comparisons
+MAX_PERIOD = 8  # layers: a state is compared with those of this many boundaries before it
 
 
 def _layers(schedule, plan, lengths: tuple[int, ...] | None = None) -> _Layers | None:
@@ -242,7 +246,7 @@ def _walk(inp: EngineInput, plan, layers: _Layers, stop_at_repeat: bool = False)
     position = walk.position
     live: set[int] = set()
     offset_s = 0.0
-    previous = None  # (state, positions) at the last boundary
+    history: list[tuple] = []  # (state, positions, seconds since the boundary before) at the last boundaries
     layer = 0
     while all(start[r] + layer * p[r] <= end[r] for r in range(num_ranks) if p[r]):
         ran_from = list(position)
@@ -265,34 +269,39 @@ def _walk(inp: EngineInput, plan, layers: _Layers, stop_at_repeat: bool = False)
                  tuple(t if t > clock_s[r] else None for r, t in enumerate(walk.dp.free_s)),
                  tuple(sorted((link, t if t > clock_s[link[0]] else None) for link, t in walk.link_free_s.items())),
                  tuple((slot - layer * q, walk.arrival_s[slot], walk.sent_s[slot]) for slot in sorted(live)))
-        before = previous
-        previous = (state, list(position))
+        history.append((state, list(position), base_s))
         layer += 1
-        if before is None or before[0] != state:
+        # the state may repeat the last boundary's (a period of one layer) or one a few layers
+        # back, when the layers alternate (1F1B with sends that do not block, say)
+        period = next((k for k in range(1, len(history)) if history[-1 - k][0] == state), None)
+        del history[:-MAX_PERIOD]
+        if period is None:
             continue
-        # the last layer repeats the one before: skip its images while the run lasts, keeping
-        # the last one to evaluate (so that every rank still ends on a record of its own)
-        ran = [r for r in range(num_ranks) if position[r] > before[1][r]]
-        if any(before[1][r] < start[r] for r in ran):
+        # the last ``period`` layers repeat the ones before: skip their images while the run
+        # lasts, keeping the last to evaluate (so that every rank still ends on a record of its own)
+        before = history[-1 - period][1]
+        ran = [r for r in range(num_ranks) if position[r] > before[r]]
+        if any(before[r] < start[r] for r in ran):
             continue
-        per_layer = tuple(position[r] - before[1][r] for r in range(num_ranks))
+        per_block = tuple(position[r] - before[r] for r in range(num_ranks))
+        shift = period * q
+        cycle_s = sum(entry[2] for entry in history[-period:])  # the seconds the block's layers took
         if stop_at_repeat:
-            return Repeat(tuple(position), per_layer, q, base_s)
-        skip = min(((end[r] - position[r]) // p[r] for r in range(num_ranks) if p[r]), default=0)
+            return Repeat(tuple(position), per_block, shift, cycle_s)
+        skip = min(((end[r] - position[r]) // per_block[r] for r in range(num_ranks) if per_block[r]), default=0)
         if skip < 1:
             continue
-        cycle_s = base_s
         for r in range(num_ranks):
-            position[r] += skip * p[r]
+            position[r] += skip * per_block[r]
         arrival_s, sent_s = walk.arrival_s, walk.sent_s
-        moved = {slot + skip * q: (arrival_s[slot], sent_s[slot]) for slot in live}
+        moved = {slot + skip * shift: (arrival_s[slot], sent_s[slot]) for slot in live}
         for slot, (arrival, sent) in moved.items():
             arrival_s[slot], sent_s[slot] = arrival, sent
         live = set(moved)
         offset_s += skip * cycle_s
-        layer += skip
-        previous = None
-        timeline.skipped.append((skip, q, cycle_s, per_layer))
+        layer += skip * period
+        history.clear()
+        timeline.skipped.append((skip, shift, cycle_s, per_block))
     if stop_at_repeat:
         return None
     marks.settle(timeline, offset_s)
