@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mpsim.engine import EngineInput, rank_spans, simulate
-from mpsim.engine.core import TransferSpec, _Run
+from mpsim.engine.core import TransferSpec, duration_key, simulate_sharing
 from mpsim.engine.excise import cut_out, simulate_excised
 from mpsim.schedules import ScheduleError, build_schedule
 from mpsim.schedules.actions import Action
@@ -125,9 +125,8 @@ def test_sends_that_share_a_link_in_the_middle_keep_the_whole_step():
     inp = EngineInput(schedule, action_s, transfer_s, transfer_links=links, send_blocking=True)
     cut = cut_out(inp, WINDOW)
     assert cut is not None
-    run = _Run(replace(inp, schedule=cut.short(schedule)))
-    short = run.execute()
-    assert run.shared.first_shared_s < short.actions[0][cut.start[0]].start_s  # shared before the cut
+    short, first_shared_s = simulate_sharing(replace(inp, schedule=cut.short(schedule)))
+    assert first_shared_s < short.actions[0][cut.start[0]].start_s  # shared before the cut
     excised, whole = simulate_excised(inp, WINDOW), simulate(inp)
     assert whole.step_time_s > 1.15 * simulate(replace(inp, transfer_links=None)).step_time_s
     assert excised.step_time_s == whole.step_time_s  # not put back together: the whole step ran
@@ -168,7 +167,6 @@ def test_overlapped_pairs_and_short_steps_are_not_cut():
         return
     assert any(type(item) is not Action for items in schedule.actions for item in items)
     action_s = {}
-    from mpsim.engine.core import duration_key
     for items in schedule.actions:
         for item in items:
             action_s.setdefault(duration_key(item), 1.0)

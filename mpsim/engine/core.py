@@ -360,3 +360,11 @@ def finish_step(inp: EngineInput, timeline: Timeline, grad_done: list[float]) ->
 def simulate(inp: EngineInput) -> Timeline:
     """Run one training step of ``inp.schedule`` and return its timeline."""
     return _Run(inp).execute()
+
+
+def simulate_sharing(inp: EngineInput) -> tuple[Timeline, float]:
+    """``simulate``, and when a link first carried two flows at once (infinity: never, or no
+    shared links): until then every flow moved at the rate the cost model priced."""
+    run = _Run(inp)
+    timeline = run.execute()
+    return timeline, run.shared.first_shared_s if run.shared is not None else float("inf")

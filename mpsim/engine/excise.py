@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mpsim.engine.core import EngineInput, _Run, cyclic_gc_paused, simulate
+from mpsim.engine.core import EngineInput, cyclic_gc_paused, simulate, simulate_sharing
 from mpsim.engine.longest_path import supports
 from mpsim.engine.steady import first_repeat
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
@@ -91,12 +91,11 @@ def _excised(inp: EngineInput, first_window: int) -> Timeline:
     cut = cut_out(inp, first_window)
     if cut is None:
         return simulate(inp)
-    run = _Run(replace(inp, schedule=cut.short(inp.schedule)))
     try:
-        short = run.execute()
+        short, first_shared_s = simulate_sharing(replace(inp, schedule=cut.short(inp.schedule)))
     except RuntimeError:  # the short lists do not run: the whole step decides
         return simulate(inp)
-    if run.shared is not None and run.shared.first_shared_s < _after_cut_s(short, cut):
+    if first_shared_s < _after_cut_s(short, cut):
         return simulate(inp)
     expanded = _expand(short, cut, inp.schedule)
     return simulate(inp) if expanded is None else expanded
