@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from mpsim.cli import main
 from mpsim.engine import EngineInput, rank_spans, simulate
 from mpsim.engine.core import TransferSpec, duration_key, simulate_sharing
 from mpsim.engine.excise import cut_out, simulate_excised
@@ -173,3 +175,31 @@ def test_overlapped_pairs_and_short_steps_are_not_cut():
     assert cut_out(EngineInput(schedule, action_s, {}), WINDOW) is None
     short = build_schedule("1f1b", 4, 1, 16, timer=rank_spans)
     assert cut_out(EngineInput(short, {(s, k): 1.0 for s in range(4) for k in "FB"}, {})) is None
+
+
+def _numbers_close(ours, theirs, path="") -> None:
+    """Two JSON values alike: the same keys, lists and strings; numbers to 1e-9 relative."""
+    if isinstance(ours, dict):
+        assert ours.keys() == theirs.keys(), path
+        for key in ours:
+            _numbers_close(ours[key], theirs[key], f"{path}/{key}")
+    elif isinstance(ours, list):
+        assert len(ours) == len(theirs), path
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            _numbers_close(a, b, f"{path}[{i}]")
+    elif isinstance(ours, float) or isinstance(theirs, float):
+        assert abs(ours - theirs) <= 1e-9 * max(abs(ours), abs(theirs), 1e-30) + 1e-12, path
+    else:
+        assert ours == theirs, path
+
+
+def test_mpsim_run_gives_the_summary_of_every_action(capsys):
+    """``mpsim run`` of a step whose middle is cut prints the summary ``--full-timeline`` prints
+    from every action: bubble by cause, exposed communication, memory, per rank."""
+    args = ["run", str(SCENARIOS / "megatron_1t_3072xa100.yaml"), "--set", "parallel.global_batch_size=3072", "--json"]
+    summaries = []
+    for extra in ([], ["--full-timeline"]):
+        assert main(args + extra) == 0
+        summaries.append(json.loads(capsys.readouterr().out))
+    _numbers_close(*summaries)
+    assert summaries[0]["ranks"] and summaries[0]["step_time_s"] > 70
