@@ -17,6 +17,7 @@ from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_bu
                              tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, rank_spans, simulate as run_engine, simulate_fast, supports
 from mpsim.engine.core import TransferSpec, duration_key
+from mpsim.engine.timeline import ROUNDING
 from mpsim.engine.excise import cut_out, simulate_excised
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
@@ -319,9 +320,11 @@ def bubble_reference(result: SimulationResult, cut: bool = True) -> BubbleRefere
         balanced = replace(balanced, schedule=repeat.short(balanced.schedule))
     timeline = simulate_fast(balanced) if supports(balanced) else run_engine(balanced)
     end = timeline.pipeline_end_s
+    noise_s = ROUNDING * end  # a wait within rounding of the step's times is none
     waits = []
     for rank, records in enumerate(timeline.actions):
         ready = [0.0] + [r.end_s for r in records[:-1]]
-        rank_waits = [r.start_s - before for r, before in zip(records, ready)]
+        rank_waits = [wait if wait > noise_s else 0.0 for wait in
+                      (r.start_s - before for r, before in zip(records, ready))]
         waits.append(tuple(rank_waits if repeat is None else repeat.per_item(rank, rank_waits)))
     return BubbleReference(tuple(waits), tuple(end - (r[-1].end_s if r else 0.0) for r in timeline.actions))

@@ -203,3 +203,19 @@ def test_mpsim_run_gives_the_summary_of_every_action(capsys):
         summaries.append(json.loads(capsys.readouterr().out))
     _numbers_close(*summaries)
     assert summaries[0]["ranks"] and summaries[0]["step_time_s"] > 70
+
+
+def test_a_gap_within_rounding_of_the_step_is_not_idle():
+    """Two sums of the same durations taken at other magnitudes differ in their last bits; such a
+    gap between two actions is no wait (else a cut run and the whole one, equal to rounding,
+    would draw different idle slices), while a microsecond's is one."""
+    from mpsim.engine.timeline import ActionRecord, Timeline
+    from mpsim.results.idle import idle_intervals
+
+    def gaps(second_start_s: float) -> list:
+        records = [ActionRecord(0, 0, Action(0, "F", 0), 0.0, 0.0, 100.0),
+                   ActionRecord(0, 1, Action(0, "F", 1), 100.0, second_start_s, second_start_s + 100.0)]
+        return idle_intervals(Timeline(1, actions=[records], rank_end_s=[200.0]), 0, second_start_s + 100.0)
+
+    assert gaps(100.0 + 1e-12) == []
+    assert [(g.start_s, g.end_s) for g in gaps(100.0 + 1e-6)] == [(100.0, 100.0 + 1e-6)]

@@ -12,6 +12,11 @@ from typing import NamedTuple
 from mpsim.schedules.actions import Action, Item
 
 
+# relative to a step's times: a difference of two times below this is rounding, not a wait (two
+# sums of the same durations taken in another order, or at another magnitude, differ by that)
+ROUNDING = 1e-12
+
+
 class ActionRecord(NamedTuple):
     """One compute action on one rank.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mpsim.engine.timeline import Timeline
+from mpsim.engine.timeline import ROUNDING, Timeline
 
 KINDS = ("schedule", "imbalance", "stage-wait", "transfer", "send")
 
@@ -52,6 +52,7 @@ def idle_intervals(timeline: Timeline, rank: int, pipeline_end_s: float,
     if not records:
         return [Idle(0.0, pipeline_end_s, "schedule")] if pipeline_end_s > 0 else []
     sends = timeline.send_waits_of(rank)
+    noise_s = ROUNDING * pipeline_end_s  # a gap within rounding of the step's times is none
     gaps = _split(0.0, records[0].start_s, waits[0] if waits else None, "schedule")
     send_index = 0
     for index in range(1, len(records)):
@@ -63,7 +64,7 @@ def idle_intervals(timeline: Timeline, rank: int, pipeline_end_s: float,
                 gaps.append(Idle(start, end, "send"))
             cursor = max(cursor, end)
             send_index += 1
-        if record.start_s <= cursor:
+        if record.start_s <= cursor + noise_s:
             continue
         sent = record.input_sent_s
         # the part of the wait after the producer had finished is the transfer in flight
