@@ -17,8 +17,8 @@ from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_bu
                              tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, rank_spans, simulate as run_engine, simulate_fast, supports
 from mpsim.engine.core import TransferSpec, duration_key
-from mpsim.engine.timeline import ROUNDING
 from mpsim.engine.excise import cut_out, simulate_excised
+from mpsim.engine.timeline import ROUNDING
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
 from mpsim.schedules import Schedule, ScheduleError, build_schedule
