@@ -9,7 +9,8 @@ model (a flow alone takes exactly its priced time), and the repeated layers are 
 in both. This module uses that, and approximates nothing:
 
 1. ``cut_out``: the walk, over the first part of each rank's list only (more if it finds no
-   repeat there), finds the first layer that repeats the one before it. The lists
+   repeat there), finds the first layer that repeats the one before it (a "layer" here is
+   the walk's period, which may be a block of several). The lists
    themselves, read as arrays, say how long the repeat lasts: item ``i + p`` is item ``i``
    with its microbatch ``q`` on (``p`` items per layer on the rank), in everything that
    decides a time, up to the cool-down. Those ``n`` layers, all but the last one in the
@@ -32,8 +33,9 @@ in both. This module uses that, and approximates nothing:
 Times agree with the full run's to rounding (an image's time is the short run's plus ``j``
 cycles, where the full run adds the layers' durations one by one), and so a send wait or a
 reduction no longer than rounding at the step's scale may be recorded in one and not the
-other: ``tests/test_excise.py`` holds the two to each other on random contended inputs. Overlapped pairs (DualPipe) and
-reductions started by every action (ZeRO-2/3) are not cut: the whole step runs.
+other: ``tests/test_excise.py`` holds the two to each other on random contended inputs.
+Overlapped pairs (DualPipe) and reductions started by every action (ZeRO-2/3) are not cut:
+the whole step runs.
 """
 
 from __future__ import annotations
