@@ -53,6 +53,7 @@ def assert_same_to_rounding(mine, engine) -> None:
         for a, b in zip(sorted(ours), sorted(theirs)):
             assert a[:-2] == b[:-2] and near(a[-2], b[-2]) and near(a[-1], b[-1])
 
+
 simulating = importlib.import_module("mpsim.simulate")  # the module: ``mpsim.simulate`` is also its function
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 WINDOW = 8  # microbatches walked first: small, so that short random steps still have a middle to cut
