@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mpsim.engine import EngineInput, GradBucket, rank_spans, simulate, simulate_fast, simulate_steady
 from mpsim.engine.core import duration_key
+from mpsim.engine.steady import MAX_PERIOD
 from mpsim.schedules import Action, Schedule, ScheduleError, build_schedule
 
 RELATIVE = 1e-9
@@ -103,6 +104,20 @@ def test_a_middle_that_repeats_every_few_layers_is_skipped_in_blocks():
     assert cycle_s > 3 * (1.0 + 2.0)  # not a whole block of passes back to back: rank 0 waits
     assert sum(len(r) for r in steady.actions) + steady.skipped_items == sum(len(r) for r in full.actions)
     assert close(steady.step_time_s, simulate(inp).step_time_s)
+
+
+def test_periods_up_to_the_longest_compared_are_skipped_and_longer_ones_evaluated_in_full():
+    """1F1B whose sends do not block repeats every ``n`` layers on ``n`` stages: up to
+    ``MAX_PERIOD`` layers back the walk finds it (the longest period it compares included),
+    past that it evaluates the step in full; the step time is the engine's either way."""
+    for stages in (MAX_PERIOD - 1, MAX_PERIOD, MAX_PERIOD + 1):
+        schedule = build_schedule("1f1b", stages, 1, 12 * stages, timer=rank_spans)
+        action_s = {(s, k): 1.0 for s in range(stages) for k in ("F", "B")}
+        transfer_s = {(a, b): 0.25 for a in range(stages) for b in range(stages) if abs(a - b) == 1}
+        inp = EngineInput(schedule, action_s, transfer_s, send_blocking=False)
+        steady = simulate_steady(inp)
+        assert [shift for _, shift, _, _ in steady.skipped] == ([stages] if stages <= MAX_PERIOD else [])
+        assert close(steady.step_time_s, simulate(inp).step_time_s)
 
 
 def test_a_middle_that_does_not_repeat_is_evaluated_in_full():

@@ -270,11 +270,11 @@ def _walk(inp: EngineInput, plan, layers: _Layers, stop_at_repeat: bool = False)
                  tuple(sorted((link, t if t > clock_s[link[0]] else None) for link, t in walk.link_free_s.items())),
                  tuple((slot - layer * q, walk.arrival_s[slot], walk.sent_s[slot]) for slot in sorted(live)))
         history.append((state, list(position), base_s))
+        del history[:-(MAX_PERIOD + 1)]  # this boundary and the MAX_PERIOD before it
         layer += 1
         # the state may repeat the last boundary's (a period of one layer) or one a few layers
         # back, when the layers alternate (1F1B with sends that do not block, say)
         period = next((k for k in range(1, len(history)) if history[-1 - k][0] == state), None)
-        del history[:-MAX_PERIOD]
         if period is None:
             continue
         # the last ``period`` layers repeat the ones before: skip their images while the run
