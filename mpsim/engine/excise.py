@@ -49,10 +49,10 @@ from mpsim.engine.longest_path import supports
 from mpsim.engine.steady import first_repeat
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
 from mpsim.engine.uncontended import _same_transfer_times
-from mpsim.schedules.actions import Action, Schedule
+from mpsim.schedules.actions import KINDS, Action, Schedule
 
 FIRST_WINDOW = 32  # microbatches' worth of each rank's list walked first to find the repeat
-_KIND = {"F": 0, "B": 1, "I": 2, "W": 3}
+_KIND = {kind: code for code, kind in enumerate(KINDS)}
 
 
 @dataclass(frozen=True)
@@ -185,16 +185,9 @@ def _expand(short: Timeline, cut: Cut, schedule: Schedule) -> Timeline | None:
         if len(records) != len(items) - n * p or begin < p:
             return None
         out = records[:begin]
-        for j in range(1, n + 1):  # the step's own items: the images' actions need not be built
-            at, step = j * cycle_s, j * p
-            out.extend(ActionRecord(rank, r.index + step, items[r.index + step], r.ready_s + at, r.start_s + at,
-                                    r.end_s + at, None if r.input_sent_s is None else r.input_sent_s + at)
-                       for r in records[begin - p:begin])
-        step = n * p
-        out.extend(ActionRecord(rank, r.index + step, items[r.index + step], r.ready_s + later_s,
-                                r.start_s + later_s, r.end_s + later_s,
-                                None if r.input_sent_s is None else r.input_sent_s + later_s)
-                   for r in records[begin:])
+        for j in range(1, n + 1):
+            out.extend(_later(r, items, j * p, j * cycle_s) for r in records[begin - p:begin])
+        out.extend(_later(r, items, n * p, later_s) for r in records[begin:])
         timeline.actions.append(out)
         first_after_s.append(records[begin].start_s if begin < len(records) else float("inf"))
     # a transfer goes with its producing action: kept, repeated with the layer before the cut,
@@ -221,6 +214,13 @@ def _expand(short: Timeline, cut: Cut, schedule: Schedule) -> Timeline | None:
     timeline.send_waits = _send_waits(short, cut)
     timeline.rank_end_s = [t + later_s for t in short.rank_end_s]
     return timeline
+
+
+def _later(r: ActionRecord, items: tuple, step: int, at_s: float) -> ActionRecord:
+    """Record ``r`` as the item ``step`` further on, ``at_s`` later (the item itself is the
+    step's own: the images' actions need not be built)."""
+    return ActionRecord(r.rank, r.index + step, items[r.index + step], r.ready_s + at_s, r.start_s + at_s,
+                        r.end_s + at_s, None if r.input_sent_s is None else r.input_sent_s + at_s)
 
 
 def _send_waits(short: Timeline, cut: Cut) -> list:
