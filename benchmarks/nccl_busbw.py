@@ -41,18 +41,22 @@ import fit_busbw_curves  # noqa: E402  (the fits whose points are in-sample here
 DATA = Path(__file__).resolve().parent / "data" / "nccl_busbw_measured.csv"
 MIN_SIZE = 16e6  # "16 MB and up": every point from 16 MiB
 FITTED_SETUPS = {setup for setups, _, _ in fit_busbw_curves.FABRICS.values() for setup in setups}
-# single points a system file reads a peak or efficiency from (its comment says so)
-PEAK_POINTS = {("8x H200 ring", "all-reduce"), ("8x B200 ring", "all-reduce"), ("8x MI300X", "all-reduce")}
+# points a system file reads a peak or efficiency from (its comment says so): (setup, op, size in
+# bytes, or None for a setup of one point); the other sizes of such a sweep check the curve's shape
+PEAK_POINTS = {("8x H200 ring", "all-reduce", None), ("8x B200 ring", "all-reduce", None),
+               ("72x GB200 NVL72 (CoreWeave)", "all-reduce", 8 * 2**30)}
 # the systems whose fabrics each fit of fit_busbw_curves.FABRICS stands for
 FABRIC_SYSTEMS = {"NVLink 3 ring": "dgx-a100", "NVLink 4 NVLS": "hgx-h200", "NVLink 5 NVLS": "hgx-b200",
-                  "400G per GPU network": "hgx-b200"}
+                  "400G per GPU network": "hgx-b200", "Infinity Fabric ring": "mi300x-platform"}
 
 
 def in_sample(row: dict[str, str]) -> bool:
     """Whether a measured point set a curve (from 16 MiB) or a peak of the file that predicts it."""
     if float(row["size_bytes"]) < fit_busbw_curves.MIN_SIZE:
         return False
-    return row["setup"] in FITTED_SETUPS or (row["setup"], row["op"]) in PEAK_POINTS
+    size = int(row["size_bytes"])
+    return row["setup"] in FITTED_SETUPS or any(
+        (row["setup"], row["op"]) == (setup, op) and at in (None, size) for setup, op, at in PEAK_POINTS)
 
 
 def with_shape(system, n_half: float, k: float):
