@@ -21,7 +21,7 @@ from mpsim.engine.excise import cut_out, simulate_excised
 from mpsim.engine.timeline import ROUNDING
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
-from mpsim.schedules import Schedule, ScheduleError, build_schedule
+from mpsim.schedules import Schedule, ScheduleError, build_schedule, is_searched, search_outline
 from mpsim.schedules.actions import Overlapped
 from mpsim.schedules.zb_search import SEARCHED, StageTimes
 from mpsim.specs.layout import Layout
@@ -46,11 +46,18 @@ class SimulationResult:
         return self.costs[duration_key(item)]
 
 
-def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = None) -> Schedule:
-    """The validated schedule of the plan; problems are reported against parallel.schedule."""
+def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = None,
+                  outline_searched: bool = False) -> Schedule:
+    """The validated schedule of the plan; problems are reported against parallel.schedule.
+
+    ``outline_searched``: a searched schedule (zb-1p, zb-2p) as its frame only, for a caller
+    that searches it next with the priced stage times (:func:`searched_schedule`).
+    """
+    name = scenario.parallel.schedule
     try:
-        return build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches, base_dir,
-                              timer=rank_spans)
+        if outline_searched and is_searched(name):
+            return search_outline(name, layout.pp, layout.vpp, layout.num_microbatches)
+        return build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, base_dir, timer=rank_spans)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
 
@@ -72,7 +79,10 @@ def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) 
                        tuple(costs[(s, "W")].duration_s for s in stages), transfer_s,
                        tuple(workload.stages[s].activation_bytes for s in stages),
                        tuple(workload.stages[s].weight_grad_buffer_bytes for s in stages))
-    return SEARCHED[schedule.name](times, schedule.num_microbatches, rank_spans)
+    try:
+        return SEARCHED[schedule.name](times, schedule.num_microbatches, rank_spans)
+    except ValueError as exc:  # what the registry's search with unit times reports as a ScheduleError
+        raise InputError(str(exc), field="parallel.schedule") from None
 
 
 def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedule: Schedule, model: CostModel,
@@ -273,7 +283,7 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     schedule passes them.
     """
     layout = layout or resolve(scenario)
-    schedule = schedule or plan_schedule(scenario, layout, base_dir)
+    schedule = schedule or plan_schedule(scenario, layout, base_dir, outline_searched=True)
     if schedule.chains != layout.chains:
         # a schedule file that names several pipelines: the layers split into blocks per chain
         layout = resolve(scenario, chains=schedule.chains)

@@ -9,12 +9,14 @@ import random
 import pytest
 
 from mpsim.engine import EngineInput, rank_spans, simulate as run_engine
+from mpsim.schedules import ScheduleError, build_schedule, search_outline
 from mpsim.schedules.actions import Schedule
 from mpsim.schedules.registry import canonical_name
 from mpsim.schedules.validate import validate
 from mpsim.schedules.zb_search import (StageTimes, _split_1f1b, execute, knob_grid, list_schedule, search, zb_1p,
                                         zb_2p)
 from mpsim.schedules.zero_bubble import zb_h1, zb_h2
+from mpsim.resolve import resolve
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from tests.conftest import SCENARIOS
@@ -165,3 +167,39 @@ def test_pending_weight_gradients_count_against_the_limit():
 def test_a_limit_below_one_is_refused():
     with pytest.raises(ValueError, match="at least one"):
         search(StageTimes.uniform(2, 1, 1, 1), 4, 0, rank_spans)
+
+
+def test_a_step_runs_one_search_the_one_with_its_own_times(monkeypatch):
+    """``simulate`` starts a searched schedule from its frame: the unit-time search the registry
+    runs for printing is not run, and the step is the one a unit-time schedule handed in gives."""
+    import mpsim.schedules.registry as registry
+
+    scenario = load_scenario(SCENARIOS / "megatron_22b_8xa100.yaml",
+                             ["parallel.tp=2", "parallel.pp=4", "parallel.dp=1", "parallel.global_batch_size=32",
+                              "parallel.schedule=zb-2p"]).scenario
+    layout = resolve(scenario)
+    handed = simulate(scenario, schedule=build_schedule("zb-2p", layout.pp, layout.vpp, layout.num_microbatches,
+                                                        timer=rank_spans))
+    calls = []
+    unit = registry.SCHEDULES["zb-2p"]
+    monkeypatch.setitem(registry.SCHEDULES, "zb-2p", unit.__class__(
+        lambda *args: calls.append(args) or unit.generator(*args), unit.min_vpp, unit.max_vpp, unit.description,
+        unit.chains, unit.searched))
+    own = simulate(scenario)
+    assert calls == []
+    assert own.schedule.actions == handed.schedule.actions
+    assert own.timeline.step_time_s == handed.timeline.step_time_s
+
+
+def test_a_searched_frame_refuses_what_the_registry_refuses():
+    frame = search_outline("zb-1p", 4, 1, 12)
+    assert (frame.num_ranks, frame.num_stages, frame.num_microbatches) == (4, 4, 12)
+    assert all(rank == () for rank in frame.actions)
+    for args in [("zb-1p", 4, 2, 12), ("zb-2p", 8, 1, 200_000)]:
+        with pytest.raises(ScheduleError) as framed:
+            search_outline(*args)
+        with pytest.raises(ScheduleError) as built:
+            build_schedule(*args, timer=rank_spans)
+        assert str(framed.value) == str(built.value)
+    with pytest.raises(ValueError, match="not a searched schedule"):
+        search_outline("1f1b", 4, 1, 12)

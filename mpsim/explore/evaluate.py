@@ -25,7 +25,7 @@ from mpsim.engine.uncontended import simulate_uncontended
 from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
 from mpsim.resolve import resolve
-from mpsim.schedules import Schedule, ScheduleError, build_schedule
+from mpsim.schedules import Schedule, ScheduleError, build_schedule, is_searched
 from mpsim.simulate import SimulationResult, plan_schedule, simulate
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -66,8 +66,9 @@ def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: 
     def run(inp: EngineInput) -> Timeline:
         return simulate_uncontended(inp, simulate_excised) if engine == "fast" else engine_simulate(inp)
 
-    return simulate(scenario, base_dir, engine=run, layout=layout,
-                    schedule=schedule or schedule_for(scenario, layout, base_dir))
+    if schedule is None and not is_searched(scenario.parallel.schedule):
+        schedule = schedule_for(scenario, layout, base_dir)  # a searched one simulate searches itself
+    return simulate(scenario, base_dir, engine=run, layout=layout, schedule=schedule)
 
 
 def summary_metrics(summary: Any) -> dict[str, Any]:

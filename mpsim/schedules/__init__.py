@@ -13,7 +13,8 @@ from mpsim.schedules.actions import (Action, Item, Overlapped, Schedule, Schedul
                                     load_schedule_file, parts, schedule_from_text)
 from mpsim.schedules.registry import SCHEDULES, canonical_name, chunks_per_rank, generate
 from mpsim.schedules.validate import ScheduleError, validate
-from mpsim.schedules.zb_search import Timer
+from mpsim.schedules.generators import loop_placement
+from mpsim.schedules.zb_search import SEARCHED, Timer
 
 
 
@@ -45,12 +46,7 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
     Searched schedules (zb-1p, zb-2p) need ``timer``, the engine's timing of a fixed
     schedule (``mpsim.engine.rank_spans``): schedules are data and do not run the engine.
     """
-    passes = pp * vpp * num_microbatches
-    if passes > MAX_STAGE_PASSES:
-        raise ScheduleError(f"{pp} ranks x {vpp} chunks x {num_microbatches:,} microbatches is {passes:,} stage "
-                            f"passes, more than the {MAX_STAGE_PASSES:,} mpsim simulates; use fewer microbatches "
-                            f"(a larger parallel.microbatch_size, or a smaller parallel.global_batch_size per "
-                            f"replica)")
+    _check_size(pp, vpp, num_microbatches)
     if name.startswith("file:"):
         path = Path(name[5:])
         if base_dir is not None and not path.is_absolute() and (base_dir / path).is_file():
@@ -81,5 +77,38 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
     return schedule
 
 
+def _check_size(pp: int, vpp: int, num_microbatches: int) -> None:
+    passes = pp * vpp * num_microbatches
+    if passes > MAX_STAGE_PASSES:
+        raise ScheduleError(f"{pp} ranks x {vpp} chunks x {num_microbatches:,} microbatches is {passes:,} stage "
+                            f"passes, more than the {MAX_STAGE_PASSES:,} mpsim simulates; use fewer microbatches "
+                            f"(a larger parallel.microbatch_size, or a smaller parallel.global_batch_size per "
+                            f"replica)")
+
+
+def is_searched(name: str) -> bool:
+    """Whether ``name`` is a schedule found by a search over the priced stage times (zb-1p, zb-2p)."""
+    return not name.startswith("file:") and canonical_name(name) in SEARCHED
+
+
+def search_outline(name: str, pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    """The frame of a searched schedule: its stages on their ranks and no actions yet.
+
+    ``build_schedule`` returns a searched schedule searched with unit times, an order to
+    print or to hold memory against; a caller that searches again with the priced stage
+    times (``simulate``) needs only the frame, checked as ``build_schedule`` checks the
+    layout, and skips the unit-time search it would throw away.
+    """
+    key = canonical_name(name)
+    if key not in SEARCHED:
+        raise ValueError(f"{name!r} is not a searched schedule")
+    _check_size(pp, vpp, num_microbatches)
+    problem = SCHEDULES[key].check_vpp(key, vpp)
+    if problem:
+        raise ScheduleError(problem)
+    return Schedule(key, num_microbatches, loop_placement(pp, 1), tuple(() for _ in range(pp)))
+
+
 __all__ = ["Action", "Item", "Overlapped", "SCHEDULES", "Schedule", "ScheduleError", "build_schedule",
-           "canonical_name", "chunks_per_rank", "flat", "parts", "schedule_from_text", "schedule_names", "unknown_schedule", "validate"]
+           "canonical_name", "chunks_per_rank", "flat", "is_searched", "parts", "schedule_from_text", "schedule_names",
+           "search_outline", "unknown_schedule", "validate"]
