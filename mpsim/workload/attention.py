@@ -53,6 +53,20 @@ SDPA_FORWARD_LAUNCHES = 2
 SDPA_BACKWARD_LAUNCHES = 4
 PACKED_QKV_BACKWARD_LAUNCHES = 2
 
+# Rotary embeddings as one fused kernel (Megatron's and Transformer Engine's apply_rotary_pos_emb
+# kernels): read the query or key, write it rotated, in both passes. Plain PyTorch writes it as
+# ``t * cos + rotate_half(t) * sin`` with ``rotate_half(t) = cat(-t2, t1)`` (the Hugging Face
+# and Llama reference form), one kernel per operator under autograd; per element of the query
+# and key, in activation-sized reads and writes:
+#   forward: neg of one half (0.5 + 0.5), cat (1 + 1), t * cos (1 + 1), rotated * sin (1 + 1),
+#   the sum (2 + 1): 10 in 5 kernels;
+#   backward: grad * cos (1 + 1), grad * sin (1 + 1), neg of one half (0.5 + 0.5), each of the
+#   two slices' backward a zero-filled tensor (1) with the half copied in (0.5 + 0.5), and the
+#   three gradients of t summed in place twice (2 + 1 each): 15 in 9 kernels.
+# cos and sin, one row per position shared by every head, are read from cache and not counted.
+ROPE_FUSED = (2, 2, 1, 1)  # (forward traffic, backward traffic, launches forward, launches backward)
+ROPE_PLAIN = (10, 15, 2 * 5, 2 * 9)  # the query and the key each through the kernels above
+
 
 def _kernel_calls(ctx: LayerContext) -> tuple[int, float]:
     """(keys per query in one fused kernel call, share of the FLOPs under a causal mask).
@@ -202,8 +216,12 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
                    mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + d_v)]
         saved_proj = t * (down_width + 2 * heads * d_qk + heads * d_v) * e
         wbuf = t * (h + down_width + q_in + mla.kv_lora_rank + heads * d_qk + heads * (mla.qk_nope_head_dim + d_v)) * e
-    rope = [memory_op("attn.rope", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
-    rope_grad = [memory_op("attn.rope.grad", 2 * t * (heads + ctx.kv_local) * d_qk * e)] if ctx.rope else []
+    forward_traffic, backward_traffic, forward_launches, backward_launches = \
+        ROPE_PLAIN if ctx.layers_impl == "pytorch" else ROPE_FUSED
+    rotated = t * (heads + ctx.kv_local) * d_qk * e
+    rope = [memory_op("attn.rope", forward_traffic * rotated, launches=forward_launches)] if ctx.rope else []
+    rope_grad = [memory_op("attn.rope.grad", backward_traffic * rotated, launches=backward_launches)] \
+        if ctx.rope else []
 
     forward: list[Item] = [*projections, *rope, *core_fwd, *scattered_gemm(ctx, proj, reduce)]
     # the output projection's bias is added after its reduction, on the sequence-parallel tokens

@@ -29,6 +29,8 @@ class FfnActivation:
     forward_traffic: int  # elements the fused forward kernel reads and writes
     backward_traffic: int  # elements its backward reads and writes
     saved: int  # elements kept for the backward pass, FC2's input (the activation's output) included
+    forward_launches: int = 1  # kernels each pass launches (one when fused)
+    backward_launches: int = 1
 
 
 FFN_ACTIVATIONS = {
@@ -46,13 +48,33 @@ FFN_ACTIVATIONS = {
 }
 
 
+# The same written as plain PyTorch operators under autograd (``transformer_impl: pytorch``), one
+# kernel per operator; GeLU and ReLU are one operator each and cost what the fused kernels cost.
+PLAIN_FFN_ACTIVATIONS = {
+    # y = silu(gate) * value after FC1's output is chunked in two: forward silu (read the gate,
+    # write silu: 2) and the product (read both, write y: 3), 5; backward the product's two
+    # gradients (dy x value and dy x silu: 3 each), silu's backward (read its gradient and the
+    # gate, write the gate's gradient: 3) and the chunk's backward, a cat of the two gradients into
+    # FC1's output gradient (2 + 2): 13 in four kernels; kept: FC1's output (both halves), silu's
+    # output for the product's backward, and y
+    "swiglu": FfnActivation(2, 5, 13, 4, forward_launches=2, backward_launches=4),
+    # y = relu(x) ** 2 (Hugging Face's relu2): relu (2) and the power (2) forward; the power's
+    # backward (read dy and relu's output, write: 3) and relu's (3); kept: relu's output and y
+    "squared_relu": FfnActivation(1, 4, 6, 2, forward_launches=2, backward_launches=2),
+}
+
+
 def ffn_activation(ctx: LayerContext) -> FfnActivation:
     """The activation of a layer's dense FFN.
 
     A context that names its activation (``ffn_activation``) gets that one; otherwise the
-    gated flag decides between SwiGLU and GeLU, whose costs squared ReLU shares.
+    gated flag decides between SwiGLU and GeLU, whose costs squared ReLU shares. Plain
+    PyTorch (``layers_impl`` pytorch) runs the gated and squared forms operator by operator
+    (:data:`PLAIN_FFN_ACTIVATIONS`).
     """
     name = ctx.ffn_activation or ("swiglu" if ctx.gated_ffn else "gelu")
+    if ctx.layers_impl == "pytorch" and name in PLAIN_FFN_ACTIVATIONS:
+        return PLAIN_FFN_ACTIVATIONS[name]
     return FFN_ACTIVATIONS[name]
 
 
@@ -73,8 +95,10 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     gather, reduce = tp_collectives(ctx, name)
     fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, fc1_width, h)
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local)
-    act = memory_op(f"{name}.act", t * ffn_local * e * activation.forward_traffic)
-    act_grad = memory_op(f"{name}.act.grad", t * ffn_local * e * activation.backward_traffic)
+    act = memory_op(f"{name}.act", t * ffn_local * e * activation.forward_traffic,
+                    launches=activation.forward_launches)
+    act_grad = memory_op(f"{name}.act.grad", t * ffn_local * e * activation.backward_traffic,
+                         launches=activation.backward_launches)
     fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
     head = ((bias_grad(ctx, f"{name}.fc2", ctx.norm_tokens, h) if bias else [])
             + gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad))

@@ -105,9 +105,10 @@ def gemm(name: str, m: int, n: int, k: int, *, batch: int = 1, in_bytes: int = 2
               cast_bytes=float(cast_bytes), epilogue_bytes=out_bytes + 2 * accumulate_bytes)
 
 
-def memory_op(name: str, bytes_moved: float, flops: float = 0.0) -> Op:
-    """A bandwidth-bound kernel (norm, activation, dropout, softmax, optimizer)."""
-    return Op(name, "memory", flops=flops, bytes=float(bytes_moved))
+def memory_op(name: str, bytes_moved: float, flops: float = 0.0, launches: int = 1) -> Op:
+    """A bandwidth-bound kernel (norm, activation, dropout, softmax, optimizer), or ``launches``
+    of them one after another that together move ``bytes_moved``."""
+    return Op(name, "memory", flops=flops, bytes=float(bytes_moved), launches=launches)
 
 
 def collective(name: str, kind: CollectiveKind, group: str, message_bytes: float) -> Op:

@@ -1,0 +1,76 @@
+"""Plain PyTorch (``transformer_impl: pytorch``) runs rotary embeddings and gated or squared
+FFN activations operator by operator under autograd; fused implementations run one kernel.
+The bytes each form moves, its kernels, what it keeps, and the direction of the step time."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpsim.resolve import resolve
+from mpsim.simulate import simulate
+from mpsim.specs import load_scenario
+from mpsim.workload import build_workload
+from mpsim.workload.ops import compute_ops
+from tests.conftest import SCENARIOS
+
+LAYER = SCENARIOS / "published" / "hopper_layer_h200.yaml"  # Llama 3.1 8B layers in plain PyTorch, one sequence
+
+
+def layer(impl: str, *overrides: str):
+    """(forward ops, backward ops by name of the first transformer layer, the bytes the stage's layers keep
+    per microbatch, scenario)."""
+    scenario = load_scenario(LAYER, [f"training.transformer_impl={impl}", *overrides]).scenario
+    stage = build_workload(scenario, resolve(scenario)).stages[0]
+    label = next(block.label for block in stage.forward if block.label.startswith("layer"))
+
+    def ops(work):
+        return {op.name: op for block in work if block.label == label for op in compute_ops(block.items)}
+
+    return ops(stage.forward), ops(stage.backward), stage.layer_activation_bytes, scenario
+
+
+def test_rotary_embedding_in_plain_pytorch_moves_five_times_the_bytes_forward():
+    fwd, bwd, _, scenario = layer("pytorch")
+    fused_fwd, fused_bwd, _, _ = layer("transformer_engine")
+    model = scenario.model
+    head_dim = model.hidden_size // model.num_attention_heads
+    # one element per token of every query and key head, 2 bytes each
+    elements = model.seq_length * (model.num_attention_heads + model.kv_heads) * head_dim
+    assert fused_fwd["attn.rope"].bytes == 2 * elements * 2 and fused_fwd["attn.rope"].launches == 1
+    assert fwd["attn.rope"].bytes == 10 * elements * 2  # neg, cat, two products and their sum
+    assert bwd["attn.rope.grad"].bytes == 15 * elements * 2 and fused_bwd["attn.rope.grad"].bytes == 2 * elements * 2
+    assert (fwd["attn.rope"].launches, bwd["attn.rope.grad"].launches) == (10, 18)  # query and key each
+
+
+def test_swiglu_in_plain_pytorch_runs_its_operators_and_keeps_silus_output():
+    fwd, bwd, _, scenario = layer("pytorch")
+    fused_fwd, fused_bwd, _, _ = layer("transformer_engine")
+    elements = scenario.model.seq_length * scenario.model.ffn_hidden_size  # one FFN column per token
+    assert fwd["mlp.act"].bytes == 5 * elements * 2 and fused_fwd["mlp.act"].bytes == 3 * elements * 2
+    assert bwd["mlp.act.grad"].bytes == 13 * elements * 2 and fused_bwd["mlp.act.grad"].bytes == 5 * elements * 2
+    assert (fwd["mlp.act"].launches, bwd["mlp.act.grad"].launches) == (2, 4)
+    # silu's output is kept for the product's backward beside what the fused kernel keeps; the
+    # other differences between the two layers (norms, bias, attention) do not depend on the FFN
+    for impl, kept in (("pytorch", 4), ("transformer_engine", 3)):
+        narrow = layer(impl)[2]
+        wide = layer(impl, f"model.ffn_hidden_size={scenario.model.ffn_hidden_size + 256}")[2]
+        per_column = (wide - narrow) / (scenario.model.num_layers * scenario.model.seq_length * 256 * 2)
+        # both FC1 halves and the product, and in plain PyTorch silu's output too
+        assert per_column == pytest.approx(kept)
+
+
+def test_gelu_costs_the_same_either_way():
+    fwd, bwd, _, _ = layer("pytorch", "model.ffn_type=gelu")
+    fused_fwd, fused_bwd, _, _ = layer("local", "model.ffn_type=gelu")
+    assert fwd["mlp.act"].bytes == fused_fwd["mlp.act"].bytes
+    assert bwd["mlp.act.grad"].bytes == fused_bwd["mlp.act.grad"].bytes
+
+
+def test_plain_pytorch_layers_take_longer_than_fused_ones():
+    """More bytes through the same memory: the step can only grow (memory-bound ops take
+    bytes over bandwidth), here by the extra traffic of rotary embeddings and SwiGLU."""
+    steps = {}
+    for impl in ("pytorch", "local"):
+        scenario = load_scenario(LAYER, [f"training.transformer_impl={impl}"]).scenario
+        steps[impl] = simulate(scenario).timeline.step_time_s
+    assert steps["pytorch"] > steps["local"]
