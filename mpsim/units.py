@@ -124,6 +124,15 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def format_need(need_bytes: float, capacity_bytes: float) -> str:
+    """``need of capacity`` in binary units; where a need over the capacity rounds to the same
+    figure ("80.00 GiB of 80.00 GiB"), the excess is named too, so the line reads as a failure."""
+    need, capacity = format_bytes(need_bytes), format_bytes(capacity_bytes)
+    if need_bytes > capacity_bytes and need == capacity:
+        return f"{need} of {capacity} ({format_bytes(need_bytes - capacity_bytes)} over)"
+    return f"{need} of {capacity}"
+
+
 def format_seconds(t: float) -> str:
     """Seconds as a short human string."""
     if abs(t) >= 1.0:

@@ -1,6 +1,6 @@
 import pytest
 
-from mpsim.units import parse_quantity
+from mpsim.units import format_need, parse_quantity
 
 
 @pytest.mark.parametrize("text,dimension,expected", [
@@ -31,3 +31,12 @@ def test_parses_units(text, dimension, expected):
 def test_rejects_wrong_units(text, dimension, fragment):
     with pytest.raises(ValueError, match=fragment):
         parse_quantity(text, dimension)
+
+
+def test_a_need_just_over_capacity_names_the_excess():
+    capacity = 80 * 2**30
+    # 4 MiB over rounds to the same "80.00 GiB": the excess is spelled out
+    assert format_need(capacity + 4 * 2**20, capacity) == "80.00 GiB of 80.00 GiB (4.00 MiB over)"
+    # a visible difference or a need that fits prints as before
+    assert format_need(capacity + 2**30, capacity) == "81.00 GiB of 80.00 GiB"
+    assert format_need(capacity, capacity) == "80.00 GiB of 80.00 GiB"

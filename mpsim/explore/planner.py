@@ -63,7 +63,7 @@ from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
 from mpsim.simulate import SimulationResult, engine_input, optimizer_steps, schedule_costs
 from mpsim.specs.scenario import Scenario
-from mpsim.units import format_bytes
+from mpsim.units import format_need
 
 RECOMPUTE_FIELD = "parallel.recompute"
 SCHEDULE_FIELD = "parallel.schedule"
@@ -203,7 +203,7 @@ class PlanEvaluator:
             return failure("invalid", str(exc))
         if peak > capacity:
             needs = "needs" if exact else "needs at least"
-            return failure("oom", f"{needs} {format_bytes(peak)} of {format_bytes(capacity)}, mostly {largest}",
+            return failure("oom", f"{needs} {format_need(peak, capacity)}, mostly {largest}",
                            peak_memory_bytes=peak, capacity_bytes=capacity, largest=largest, exact=exact)
         try:
             if self.mode == "check":

@@ -8,7 +8,7 @@ from typing import Any
 
 from mpsim.results.memory import TIGHT_FIT_ADVICE, tight_fit
 from mpsim.results.metrics import Summary
-from mpsim.units import format_bytes, format_seconds
+from mpsim.units import format_bytes, format_need, format_seconds
 
 JSON_SCHEMA_VERSION = 1
 
@@ -129,7 +129,7 @@ def format_summary(summary: Summary) -> str:
     if oom:
         worst = max(oom, key=lambda m: m.peak_memory_bytes)
         lines.append(f"  WARNING: out of memory on {len(oom)} of {len(s.memory)} pipeline ranks; rank {worst.rank} "
-                     f"needs {format_bytes(worst.peak_memory_bytes)} of {format_bytes(worst.capacity_bytes)} "
+                     f"needs {format_need(worst.peak_memory_bytes, worst.capacity_bytes)} "
                      f"(largest: {worst.largest_category})")
     return "\n".join(lines)
 
