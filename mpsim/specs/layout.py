@@ -235,9 +235,14 @@ def _num_microbatches(scenario: Scenario, dp: int) -> int:
     plan = scenario.parallel
     per_step = dp * plan.microbatch_size
     if plan.global_batch_size % per_step:
+        # a dp the scenario does not give comes from the cluster's size: say so, since a changed
+        # system or node count shows up here first
+        derived = "" if plan.dp is not None else (
+            f" (dp={dp} is the cluster's {scenario.cluster.devices} devices over tp x cp x pp = "
+            f"{plan.tp * plan.cp * plan.pp})")
         raise _fail("parallel.global_batch_size",
                     f"global_batch_size={plan.global_batch_size} is not divisible by dp x microbatch_size = "
-                    f"{dp} x {plan.microbatch_size} = {per_step}")
+                    f"{dp} x {plan.microbatch_size} = {per_step}{derived}")
     return plan.global_batch_size // per_step
 
 
