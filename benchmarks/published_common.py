@@ -95,9 +95,14 @@ def step_breakdown(summary) -> dict[str, float]:
             "dp": summary.exposed_dp_comm_s, "optimizer": summary.optimizer_s}
 
 
+# ``validate_published.py --set FIELD=VALUE``: applied to every row after its own settings, to
+# ask a table what-if questions (a setting off, another system); empty for the published check
+WHAT_IF: list[str] = []
+
+
 def simulate_step(base: Path, overrides: list[str]):
     """Load, simulate and summarize one scenario (with the reference run that splits the bubble)."""
-    scenario = load_scenario(base, overrides).scenario
+    scenario = load_scenario(base, [*overrides, *WHAT_IF]).scenario
     result = simulate(scenario)
     return summarize(result, bubble_reference(result))
 
@@ -106,7 +111,7 @@ def simulate_step(base: Path, overrides: list[str]):
 def middle_stage(base: Path, overrides: list[str], layers: int):
     """The work of a pipeline stage of ``layers`` transformer layers (no embedding, no head) on
     one rank, and the cost model that prices it, as auto balancing builds them."""
-    scenario = load_scenario(base, overrides).scenario
+    scenario = load_scenario(base, [*overrides, *WHAT_IF]).scenario
     layout = resolve(scenario)
     ctx = layer_context(scenario, layout)
     options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))

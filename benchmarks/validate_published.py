@@ -61,8 +61,13 @@ fewest GPUs of each dgxc model and precision, the 1.5B Zero Bubble setup at 24
 microbatches, each Zero Bubble model's Table 9 passes once, the smallest setup's rows of
 the other Zero Bubble tables), for CI; ``tests/test_validate_published.py`` guards their errors.
 
+``--set FIELD=VALUE`` asks a what-if of the tables: the field is set in every row after
+the row's own settings (``--set training.tp_comm_overlap=false``: the dgxc rows as if
+NeMo had not overlapped its tensor-parallel communication). The output says so on its
+first line; a what-if that every row refuses the same way is one line and exit code 2.
+
 Usage: python benchmarks/validate_published.py [--table NAME ...] [--quick] [--json FILE]
-       [--data DIR] [--jobs N]
+       [--data DIR] [--jobs N] [--set FIELD=VALUE ...]
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published_zero_bubble  # noqa: E402,F401 (its tables' shapes, for the tests)
+import published_common  # noqa: E402
 from published_common import DATA, Case, Result, Table  # noqa: E402
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
@@ -181,7 +187,8 @@ def cases_of(tables: list[str], quick: bool = False, data: Path = DATA) -> list[
 _WORKER_CASES: list[Case] = []
 
 
-def _start_worker(tables: list[str], quick: bool, data: Path) -> None:
+def _start_worker(tables: list[str], quick: bool, data: Path, what_if: list[str]) -> None:
+    published_common.WHAT_IF[:] = what_if
     _WORKER_CASES[:] = cases_of(tables, quick, data)
 
 
@@ -206,7 +213,8 @@ def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: boo
     pool = None
     if jobs > 1 and len(cases) > 1 and "fork" in multiprocessing.get_all_start_methods():
         pool = multiprocessing.get_context("fork").Pool(min(jobs, len(cases)), initializer=_start_worker,
-                                                        initargs=(tables, quick, data))
+                                                        initargs=(tables, quick, data,
+                                                                  list(published_common.WHAT_IF)))
     try:
         timed = pool.imap(_run_index, range(len(cases))) if pool is not None else map(_timed, cases)
         results = []
@@ -337,12 +345,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="folder of the published CSV files")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="run the rows on N processes (default 1; the results do not depend on it)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a what-if: set a scenario field in every row after the row's own settings "
+                             "(repeatable), e.g. --set training.tp_comm_overlap=false; not the published check")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} is not a number of processes (1 or more)")
+    for item in args.set:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            parser.error(f"--set {item}: expected FIELD=VALUE")
     names = [name for name in TABLES if args.table is None or name in args.table]
     start = time.perf_counter()
-    results = run(names, quick=args.quick, data=args.data, jobs=args.jobs)
+    published_common.WHAT_IF[:] = args.set
+    try:
+        results = run(names, quick=args.quick, data=args.data, jobs=args.jobs)
+    finally:
+        published_common.WHAT_IF[:] = []
+    failures = {r.failure for r in results}
+    if args.set and results and len(failures) == 1 and None not in failures:
+        # the what-if broke every row the same way: it is the what-if that is wrong
+        print(f"error: --set {' '.join(args.set)}: {failures.pop()}", file=sys.stderr)
+        sys.exit(2)
+    if args.set:
+        print(f"what-if: every row with --set {' --set '.join(args.set)} (not the published check)\n")
     out = report(names, results)
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     if args.json:

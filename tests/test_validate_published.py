@@ -111,3 +111,29 @@ def test_rows_on_two_processes_give_the_same_results_in_the_same_order(harness, 
     parallel = harness.run(list(harness.TABLES), quick=True, progress=False, jobs=2)
     assert [(r.table, r.label, r.predicted, r.breakdown, r.extra) for r in parallel] == \
         [(r.table, r.label, r.predicted, r.breakdown, r.extra) for r in quick_results]
+
+
+def test_a_what_if_reaches_every_row_and_is_undone(harness, quick_results):
+    # the dgxc rows with TP > 1 ran with Transformer Engine's TP overlap: without it their steps
+    # are longer; Llama 3.1 8B (TP 1) has none to lose. On two processes: the workers get it too
+    harness.published_common.WHAT_IF[:] = ["training.tp_comm_overlap=false"]
+    try:
+        what_if = harness.run(["dgxc_v24.11"], quick=True, progress=False, jobs=2)
+    finally:
+        harness.published_common.WHAT_IF[:] = []
+    published = {r.label: r.predicted for r in quick_results if r.table == "dgxc_v24.11"}
+    assert {r.label for r in what_if} == set(published)
+    for r in what_if:
+        if r.label.startswith("Llama 3.1 8B"):
+            assert r.predicted == published[r.label], r.label
+        else:
+            assert r.predicted > published[r.label] * 1.02, r.label
+
+
+def test_a_what_if_every_row_refuses_is_one_line(harness, capsys):
+    with pytest.raises(SystemExit) as stop:
+        harness.main(["--table", "korthikanti_table4", "--set", "training.nonsense=1"])
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: --set training.nonsense=1: ") and "unknown field" in last
+    assert harness.published_common.WHAT_IF == []  # the next run is the published check again
