@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from mpsim.cost.actions import CostModel
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
 from mpsim.results import summarize

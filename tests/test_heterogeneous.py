@@ -9,8 +9,9 @@ from mpsim.cli import main
 from mpsim.results.metrics import summarize
 from mpsim.results.report import summary_json
 from mpsim.simulate import bubble_reference, simulate
-from mpsim.specs.loader import load_scenario, read_yaml
+from mpsim.specs.loader import load_scenario
 from mpsim.specs.scenario import Scenario
+from mpsim.specs.yamlio import read_yaml
 from tests.conftest import SCENARIOS
 
 HOMOGENEOUS = SCENARIOS / "llama3_70b_32xh100.yaml"  # TP 8 x PP 4 on 4 DGX H100: node n holds stage n

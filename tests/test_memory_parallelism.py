@@ -125,7 +125,7 @@ def test_zero_shards_state_as_one_over_n(stage):
     states = {}
     for dp in (2, 4, 8):
         _, summary = run(LLAMA8, "model=llama3-8b", "parallel.tp=1", "parallel.pp=1", "parallel.sequence_parallel=false",
-                         f"cluster.nodes=null", f"cluster.num_devices={dp}", f"parallel.zero_stage={stage}",
+                         "cluster.nodes=null", f"cluster.num_devices={dp}", f"parallel.zero_stage={stage}",
                          "parallel.global_batch_size=8")
         m = summary.memory[0]
         sharded = {1: m.optimizer_bytes, 2: m.optimizer_bytes + m.grads_bytes,

@@ -28,7 +28,7 @@ from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.specs.calibration import CalibrationProfile, GemmShapeFit, write_profile
 from mpsim.specs.catalog import load_accelerator, load_system
-from mpsim.specs.loader import read_yaml
+from mpsim.specs.yamlio import read_yaml
 from mpsim.traces.model import Collective, CpuOp, Gemm, Kernel, Trace
 from mpsim.workload.ops import Op
 from tests.conftest import SCENARIOS

@@ -15,7 +15,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _count(text: str, least: int) -> int:
-    from mpsim.specs.loader import MAX_INTEGER_DIGITS
+    from mpsim.specs.yamlio import MAX_INTEGER_DIGITS
 
     text = text.strip()
     if len(text.lstrip("+-")) > MAX_INTEGER_DIGITS:

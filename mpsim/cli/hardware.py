@@ -153,7 +153,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _is_accelerator_file(path) -> bool:
     """Whether a hardware file describes an accelerator (its peak FLOP/s) rather than a system."""
-    from mpsim.specs.loader import read_yaml
+    from mpsim.specs.yamlio import read_yaml
 
     tree = read_yaml(path)
     return isinstance(tree, dict) and "peak_flops" in tree and "accelerator" not in tree

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from mpsim.errors import InputError
-from mpsim.specs.loader import MAX_INTEGER_DIGITS, parse_yaml
+from mpsim.specs.yamlio import MAX_INTEGER_DIGITS, parse_yaml
 
 Point = tuple[tuple[str, Any], ...]  # ((field, value), ...) in axis order
 

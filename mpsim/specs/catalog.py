@@ -16,9 +16,10 @@ from pydantic import BaseModel, ValidationError
 from mpsim.errors import InputError
 from mpsim.paths import display_path
 from mpsim.specs.accelerator import AcceleratorSpec
-from mpsim.specs.loader import override_label, Origins, apply_override, available, find_reference, parse_override, read_yaml, \
+from mpsim.specs.loader import override_label, Origins, apply_override, available, find_reference, parse_override, \
     validation_error
 from mpsim.specs.system import SystemSpec
+from mpsim.specs.yamlio import read_yaml
 
 
 def _mapping(path: Path, kind: str) -> dict[str, Any]:
