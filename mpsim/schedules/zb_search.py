@@ -132,20 +132,6 @@ class Timing:
     peak_memory: tuple[float, ...]
 
 
-def _arrival(times: StageTimes, stage: int, kind: str, mb: int, f_end: list, i_end: list) -> float | None:
-    """When the input of (stage, kind, mb) is there; None while its producer has not been placed."""
-    pp, comm = times.pp, times.transfer_s
-    if kind == "F":
-        if stage == 0:
-            return 0.0
-        end = f_end[stage - 1][mb]
-        return None if end is None else end + comm
-    if stage == pp - 1:
-        return f_end[stage][mb]
-    end = i_end[stage + 1][mb]
-    return None if end is None else end + comm
-
-
 def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> tuple[list[list[Action]], Timing]:
     """Per-stage action lists built by the heuristic with ``knobs`` (one stage per rank), and
     their timing: every action is placed at the time the engine would start it."""
@@ -162,6 +148,12 @@ class _ListScheduler:
     def __init__(self, times: StageTimes, num_microbatches: int, knobs: Knobs):
         pp, m = times.pp, num_microbatches
         self.times, self.m, self.knobs = times, m, knobs
+        # what the decisions read millions of times in a long search, looked up once: the
+        # same numbers ``times`` gives, so the schedule and its times are the same
+        self.pp, self.transfer_s = pp, times.transfer_s
+        self.duration_s = {kind: tuple(times.duration(stage, kind) for stage in range(pp)) for kind in "FIW"}
+        self.change = {kind: tuple(times.memory_change(stage, kind) for stage in range(pp)) for kind in "FIW"}
+        self.held = tuple(times.memory(stage)[0] for stage in range(pp))
         self.f_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
         self.i_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
         self.next_f, self.next_i = [0] * pp, [0] * pp
@@ -175,6 +167,7 @@ class _ListScheduler:
         self.idle_pops = 0  # consecutive waits with nothing later to wake for
         self.last_kind = [""] * pp  # the last F or I each stage ran
         self.idle = [0.0] * pp  # seconds each stage has waited since its first action
+        self.most_idle = 0.0  # the largest of them
         self.first_start: list[float | None] = [None] * pp
         self.last_end = [0.0] * pp
         self.most_pending, self.most_held = [0] * pp, [0] * pp
@@ -198,11 +191,11 @@ class _ListScheduler:
         """Run a forward, an input gradient or a pending weight gradient at ``now``, or wait."""
         times, knobs, m = self.times, self.knobs, self.m
         next_f, next_i = self.next_f[stage], self.next_i[stage]
-        i_at = _arrival(times, stage, "I", next_i, self.f_end, self.i_end) if next_i < next_f else None
+        i_at = self._input_grad_arrival(stage, next_i) if next_i < next_f else None
         pending = next_f - next_i  # forwards whose input gradient has not run
-        f_open = next_f < m and self.memory[stage] + times.memory(stage)[0] <= self.cap and (
-            knobs.ahead is None or pending < 2 * (times.pp - 1 - stage) + 1 + knobs.ahead)
-        f_at = _arrival(times, stage, "F", next_f, self.f_end, self.i_end) if next_f < m else None
+        f_open = next_f < m and self.memory[stage] + self.held[stage] <= self.cap and (
+            knobs.ahead is None or pending < 2 * (self.pp - 1 - stage) + 1 + knobs.ahead)
+        f_at = self._forward_arrival(stage, next_f) if next_f < m else None
         i_ready = i_at is not None and i_at <= now
         guard = knobs.forward_guard * times.forward_s[stage]
         # in the warm-up (before the stage's first input gradient) a forward must not delay
@@ -224,33 +217,73 @@ class _ListScheduler:
             gap = min(soon) - now if soon else float("inf")
             # a gap shorter than the knob still gets a W when idling through it would make
             # this stage the one that has idled most (the paper's rule)
-            worst = self.idle[stage] + gap > max(self.idle)
+            worst = self.idle[stage] + gap > self.most_idle
             if blocked or worst or gap >= knobs.weight_gap * times.weight_grad_s[stage]:
                 self._place(stage, "W", self.pending_w[stage].pop(0), now)
                 return
         self._wait(stage, now, soon)
 
+    def _forward_arrival(self, stage: int, mb: int) -> float | None:
+        """When the input of forward ``mb`` on ``stage`` is there: the previous stage's forward
+        and one transfer; None while that forward has not been placed."""
+        if stage == 0:
+            return 0.0
+        end = self.f_end[stage - 1][mb]
+        return None if end is None else end + self.transfer_s
+
+    def _input_grad_arrival(self, stage: int, mb: int) -> float | None:
+        """When the input of input gradient ``mb`` on ``stage`` is there: the next stage's input
+        gradient and one transfer (the last stage's own forward); None while it is unplaced."""
+        if stage == self.pp - 1:
+            return self.f_end[stage][mb]
+        end = self.i_end[stage + 1][mb]
+        return None if end is None else end + self.transfer_s
+
+    def _next_other(self, now: float) -> float | None:
+        """The earliest time after ``now`` at which another stage is free, if any: the heap is
+        walked from its root, and a subtree whose root is after ``now`` is not entered (its root
+        is its earliest), so only the stages free at ``now`` and their children are read."""
+        clock = self.clock
+        size = len(clock)
+        best = None
+        stack = [0] if size else []
+        while stack:
+            index = stack.pop()
+            at = clock[index][0]
+            if at > now:
+                if best is None or at < best:
+                    best = at
+                continue
+            left = 2 * index + 1
+            if left < size:
+                stack.append(left)
+                if left + 1 < size:
+                    stack.append(left + 1)
+        return best
+
     def _wait(self, stage: int, now: float, soon: list[float]) -> None:
         """Nothing to run now: wake at the next known arrival, or when another stage moves on."""
-        later = soon + [t for t, _, _ in self.clock if t > now]
+        other = self._next_other(now)
+        later = soon + [other] if other is not None else soon
         self.idle_pops = 0 if later else self.idle_pops + 1
-        if self.idle_pops > self.times.pp + 1:  # every stage waits at the same moment for another
+        if self.idle_pops > self.pp + 1:  # every stage waits at the same moment for another
             raise RuntimeError(f"zero-bubble search stalled on stage {stage} at {now}")  # a bug, not bad input
         wake = min(later) if later else now
         if self.next_i[stage] > 0 or self.next_f[stage] > 0:  # idle before the first action is not a bubble
             self.idle[stage] += wake - now
+            self.most_idle = max(self.most_idle, self.idle[stage])  # idle times only grow
         self._push(wake, stage)
 
     def _place(self, stage: int, kind: str, mb: int, start: float) -> None:
         """Run (stage, kind, mb) from ``start`` and note what it changes."""
-        end = start + self.times.duration(stage, kind)
+        end = start + self.duration_s[kind][stage]
         if self.first_start[stage] is None:
             self.first_start[stage] = start
         self.last_end[stage] = end
         if kind != "W":
             self.last_kind[stage] = kind
         self.lists[stage].append(Action(stage, kind, mb))
-        self.memory[stage] += self.times.memory_change(stage, kind)
+        self.memory[stage] += self.change[kind][stage]
         if kind == "F":
             self.f_end[stage][mb], self.next_f[stage] = end, mb + 1
             pending = self.next_f[stage] - self.next_i[stage]
