@@ -203,3 +203,20 @@ def test_a_searched_frame_refuses_what_the_registry_refuses():
         assert str(framed.value) == str(built.value)
     with pytest.raises(ValueError, match="not a searched schedule"):
         search_outline("1f1b", 4, 1, 12)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_next_free_stage_is_the_earliest_later_entry_of_the_heap(seed):
+    # the search wakes a waiting stage when the next other stage is free; it walks the heap
+    # instead of reading all of it, and must find what reading all of it finds
+    import heapq
+
+    from mpsim.schedules.zb_search import Knobs, _ListScheduler
+    rng = random.Random(seed)
+    scheduler = _ListScheduler(StageTimes.uniform(2, 1.0, 1.0, 1.0), 2, Knobs(2, 0.0, 0.0, None))
+    times = [float(rng.choice([0, 1, 2, 3])) + rng.choice([0.0, 0.5]) for _ in range(rng.randint(0, 40))]
+    scheduler.clock = [(t, order, order % 7) for order, t in enumerate(times)]
+    heapq.heapify(scheduler.clock)
+    for now in (-1.0, 0.0, 0.5, 1.0, 2.5, 3.5, 9.0):
+        later = [t for t in times if t > now]
+        assert scheduler._next_other(now) == (min(later) if later else None)
