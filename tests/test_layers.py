@@ -24,7 +24,7 @@ PACKAGE = ROOT / "mpsim"
 # Bottom first. Names on one line form one layer: they may import each other (but not
 # in a cycle). Everything a layer imports must be on its own line or above it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "paths"),  # the input-error type, units, where data files live
+    ("errors", "units", "paths", "jit"),  # the input-error type, units, where data files live, compiled loops
     ("schedules",),  # schedules as data: plain numbers in, action lists out
     ("specs",),  # typed input: hardware, model, plan, scenario, calibration profile; the layout rules
     ("workload",),  # a model as ops per rank and stage, with memory

@@ -211,7 +211,7 @@ def test_the_next_free_stage_is_the_earliest_later_entry_of_the_heap(seed):
     # instead of reading all of it, and must find what reading all of it finds
     import heapq
 
-    from mpsim.schedules.zb_search import Knobs, _ListScheduler
+    from mpsim.schedules.zb_list import Knobs, _ListScheduler
     rng = random.Random(seed)
     scheduler = _ListScheduler(StageTimes.uniform(2, 1.0, 1.0, 1.0), 2, Knobs(2, 0.0, 0.0, None))
     times = [float(rng.choice([0, 1, 2, 3])) + rng.choice([0.0, 0.5]) for _ in range(rng.randint(0, 40))]
@@ -220,3 +220,32 @@ def test_the_next_free_stage_is_the_earliest_later_entry_of_the_heap(seed):
     for now in (-1.0, 0.0, 0.5, 1.0, 2.5, 3.5, 9.0):
         later = [t for t in times if t > now]
         assert scheduler._next_other(now) == (min(later) if later else None)
+
+
+def _random_stage_times(rng: random.Random) -> tuple[StageTimes, int]:
+    pp = rng.randint(1, 9)
+    m = rng.randint(1, 3 * pp + 2)
+    forward = tuple(rng.choice([1.0, rng.uniform(0.5, 2.0)]) for _ in range(pp))
+    input_grad = tuple(rng.choice([1.0, rng.uniform(0.5, 2.5)]) for _ in range(pp))
+    weight_grad = tuple(rng.uniform(0.2, 1.5) for _ in range(pp))
+    memory = None if rng.random() < 0.5 else tuple(rng.uniform(0.5, 2.0) for _ in range(pp))
+    kept = None if memory is None or rng.random() < 0.5 else tuple(x * rng.uniform(0.2, 1.2) for x in memory)
+    return StageTimes(forward, input_grad, weight_grad, rng.choice([0.0, 0.05, 0.3]), memory, kept), m
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_array_scheduler_builds_the_references_lists_to_the_bit(seed):
+    # the loop numba compiles, run as Python and compiled, against the plain-Python reference:
+    # the same actions in the same order and the same timing, every float equal
+    from mpsim.jit import compiled
+    from mpsim.schedules.zb_list import _from_arrays, list_schedule_reference
+    from mpsim.schedules.zb_list_arrays import list_schedule_arrays
+    rng = random.Random(seed)
+    times, m = _random_stage_times(rng)
+    loop = compiled(list_schedule_arrays)
+    for knobs in knob_grid(rng.choice([times.pp, 2 * times.pp])):
+        reference = list_schedule_reference(times, m, knobs)
+        assert _from_arrays(times, m, knobs, list_schedule_arrays) == reference, knobs
+        if loop is not None:
+            assert _from_arrays(times, m, knobs, loop) == reference, knobs
+        assert list_schedule(times, m, knobs) == reference

@@ -48,23 +48,13 @@ from mpsim.engine.dpstream import DPStreams
 from mpsim.engine.longest_path import _plan, simulate_fast
 from mpsim.engine.steady import SteadyTimeline, _Layers, _layers
 from mpsim.engine.timeline import ActionRecord, Timeline, TransferRecord
+from mpsim.jit import compiled as compiled_loop
 from mpsim.schedules.actions import Schedule, flat
-
-_KERNELS: dict = {}  # the compiled loops once built (numba is imported on first use: it takes a while)
 
 
 def _kernel(loop=None):
     """``loop`` (``_evaluate_py`` by default) compiled by numba, or None where numba is not installed."""
-    loop = loop or _evaluate_py
-    if loop.__name__ not in _KERNELS:
-        try:
-            from numba import njit
-        except ImportError:  # exercised where numba is not installed
-            _KERNELS[loop.__name__] = None
-        else:
-            # cache=True keeps the machine code beside this file: later processes load it
-            _KERNELS[loop.__name__] = njit(cache=True, nogil=True)(loop)
-    return _KERNELS[loop.__name__]
+    return compiled_loop(loop or _evaluate_py)
 
 
 def available() -> bool:
