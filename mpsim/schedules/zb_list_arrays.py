@@ -3,11 +3,12 @@
 The same loop as ``zb_list._ListScheduler``, step for step, on numpy arrays and plain
 numbers, so that numba can compile it (``mpsim/jit.py``): a stage's inputs that have not
 been placed are NaN instead of None, each stage's pending weight gradients a queue in a
-row of an array, and the heap of stage free times a binary heap of its own on three
-arrays (time, order of arrival, stage), written out in the loop (numba compiles one
-function). Every float operation is the reference's, in the reference's order; the keys
-(time, order) are distinct, so any correct heap pops the stages in the order ``heapq``
-does. Nothing here may call back into Python objects.
+row of an array, and the reference's heap of stage free times one (time, order of
+arrival) pair per stage, scanned for the earliest: a stage is in the reference's heap at
+most once, so the pairs are its entries, and the keys are distinct, so the scan picks the
+stage ``heapq`` pops (a few dozen stages: the scan costs less than a heap's bookkeeping).
+Every float operation is the reference's, in the reference's order. Nothing here may call
+back into Python objects.
 """
 
 from __future__ import annotations
@@ -48,34 +49,24 @@ def list_schedule_arrays(duration_s, change, held, transfer_s, m, cap, ahead, we
     most_held = np.zeros(pp, dtype=np.int64)
     memory = np.zeros(pp)
     most_memory = np.zeros(pp)
-    # every stage free at 0 in stage order: keys in ascending order are a heap already
-    heap_t = np.zeros(pp)
-    heap_o = np.arange(pp, dtype=np.int64)
-    heap_s = np.arange(pp, dtype=np.int64)
-    size = pp
+    # every stage free at 0, in stage order (the reference's first heap)
+    free_t = np.zeros(pp)
+    free_o = np.arange(pp, dtype=np.int64)
+    waiting = np.ones(pp, dtype=np.bool_)  # the stage has an entry (a stage whose lists are done has none)
     order = pp
     idle_pops = 0
     soon = np.zeros(2)
-    stack = np.empty(pp + 1, dtype=np.int64)
-    while size > 0:
-        # pop the earliest (time, order)
-        now, stage = heap_t[0], heap_s[0]
-        size -= 1
-        heap_t[0], heap_o[0], heap_s[0] = heap_t[size], heap_o[size], heap_s[size]
-        index = 0
-        while True:
-            child = 2 * index + 1
-            if child >= size:
-                break
-            if child + 1 < size and (heap_t[child + 1] < heap_t[child] or (
-                    heap_t[child + 1] == heap_t[child] and heap_o[child + 1] < heap_o[child])):
-                child += 1
-            if heap_t[index] < heap_t[child] or (heap_t[index] == heap_t[child] and heap_o[index] < heap_o[child]):
-                break
-            heap_t[child], heap_t[index] = heap_t[index], heap_t[child]
-            heap_o[child], heap_o[index] = heap_o[index], heap_o[child]
-            heap_s[child], heap_s[index] = heap_s[index], heap_s[child]
-            index = child
+    while True:
+        # the earliest (time, order): the stage the reference's heap pops
+        stage = -1
+        for other_stage in range(pp):
+            if waiting[other_stage] and (stage < 0 or free_t[other_stage] < free_t[stage] or (
+                    free_t[other_stage] == free_t[stage] and free_o[other_stage] < free_o[stage])):
+                stage = other_stage
+        if stage < 0:
+            break
+        waiting[stage] = False
+        now = free_t[stage]
         if next_i[stage] == m:  # the weight gradients left, back to back
             for position in range(queue_head[stage], queue_tail[stage]):
                 kinds[stage, counts[stage]] = WEIGHT_GRAD
@@ -135,27 +126,12 @@ def list_schedule_arrays(duration_s, change, held, transfer_s, m, cap, ahead, we
                     kind, mb = WEIGHT_GRAD, queue[stage, queue_head[stage]]
                     queue_head[stage] += 1
             if kind < 0:  # wait: wake at the next known arrival, or when another stage moves on
-                # the earliest time after now at which another stage is free (NaN: none); a
-                # subtree whose root is after now is not entered (_ListScheduler._next_other)
+                # the earliest time after now at which another stage is free (NaN: none)
                 other = np.nan
-                top = 0
-                if size > 0:
-                    stack[0] = 0
-                    top = 1
-                while top > 0:
-                    top -= 1
-                    index = stack[top]
-                    if heap_t[index] > now:
-                        if other != other or heap_t[index] < other:
-                            other = heap_t[index]
-                        continue
-                    child = 2 * index + 1
-                    if child < size:
-                        stack[top] = child
-                        top += 1
-                        if child + 1 < size:
-                            stack[top] = child + 1
-                            top += 1
+                for other_stage in range(pp):
+                    if waiting[other_stage] and free_t[other_stage] > now and (
+                            other != other or free_t[other_stage] < other):
+                        other = free_t[other_stage]
                 later = count > 0 or other == other
                 idle_pops = 0 if later else idle_pops + 1
                 if idle_pops > pp + 1:  # every stage waits at the same moment for another: a bug
@@ -197,17 +173,6 @@ def list_schedule_arrays(duration_s, change, held, transfer_s, m, cap, ahead, we
                 queue[stage, queue_tail[stage]] = mb
                 queue_tail[stage] += 1
             at = end
-        # push (at, order, stage)
         order += 1
-        index = size
-        heap_t[index], heap_o[index], heap_s[index] = at, order, stage
-        size += 1
-        while index > 0:
-            parent = (index - 1) // 2
-            if heap_t[parent] < heap_t[index] or (heap_t[parent] == heap_t[index] and heap_o[parent] < heap_o[index]):
-                break
-            heap_t[parent], heap_t[index] = heap_t[index], heap_t[parent]
-            heap_o[parent], heap_o[index] = heap_o[index], heap_o[parent]
-            heap_s[parent], heap_s[index] = heap_s[index], heap_s[parent]
-            index = parent
+        free_t[stage], free_o[stage], waiting[stage] = at, order, True
     return DONE, kinds, microbatches, counts, first_start, last_end, most_pending, most_held, most_memory
