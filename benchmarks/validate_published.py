@@ -369,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.set:
         print(f"what-if: every row with --set {' --set '.join(args.set)} (not the published check)\n")
     out = report(names, results)
+    out["what_if"] = list(args.set)  # empty for the published check; a saved what-if says what it set
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

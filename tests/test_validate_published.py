@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import load_benchmark
@@ -128,6 +130,15 @@ def test_a_what_if_reaches_every_row_and_is_undone(harness, quick_results):
             assert r.predicted == published[r.label], r.label
         else:
             assert r.predicted > published[r.label] * 1.02, r.label
+
+
+def test_a_saved_what_if_says_what_it_set(harness, tmp_path, capsys):
+    out = tmp_path / "what_if.json"
+    harness.main(["--table", "korthikanti_table4", "--set", "parallel.sequence_parallel=false", "--json", str(out)])
+    assert capsys.readouterr().out.startswith("what-if: every row with --set parallel.sequence_parallel=false")
+    assert json.loads(out.read_text())["what_if"] == ["parallel.sequence_parallel=false"]
+    harness.main(["--table", "korthikanti_table4", "--json", str(out)])
+    assert json.loads(out.read_text())["what_if"] == []
 
 
 def test_a_what_if_every_row_refuses_is_one_line(harness, capsys):
