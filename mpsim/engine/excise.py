@@ -117,8 +117,6 @@ def cut_out(inp: EngineInput, first_window: int = FIRST_WINDOW) -> Cut | None:
         return None
     plain = replace(inp, transfer_links=None)
     while True:
-        if window >= micro:
-            return None
         head = tuple(actions[:-(-len(actions) * window // micro)] for actions in schedule.actions)
         part = replace(plain, schedule=replace(schedule, actions=head))
         if not supports(part):
@@ -127,6 +125,8 @@ def cut_out(inp: EngineInput, first_window: int = FIRST_WINDOW) -> Cut | None:
         if repeat is not None:
             break
         window *= 4
+        if window >= micro:
+            return None
     q = repeat.shift
     layers = None
     for actions, p, after in zip(schedule.actions, repeat.items, repeat.position):

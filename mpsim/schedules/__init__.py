@@ -11,9 +11,9 @@ from pathlib import Path
 from mpsim.errors import did_you_mean
 from mpsim.schedules.actions import (Action, Item, Overlapped, Schedule, ScheduleTextError, flat,
                                     load_schedule_file, parts, schedule_from_text)
+from mpsim.schedules.generators import loop_placement
 from mpsim.schedules.registry import SCHEDULES, canonical_name, chunks_per_rank, generate
 from mpsim.schedules.validate import ScheduleError, validate
-from mpsim.schedules.generators import loop_placement
 from mpsim.schedules.zb_search import SEARCHED, Timer
 
 

@@ -104,6 +104,17 @@ class Timing:
     peak_memory: tuple[float, ...]
 
 
+def _stage_tables(times: StageTimes) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[float, ...]],
+                                               tuple[float, ...]]:
+    """What the heuristic reads of ``times`` millions of times in a long search, looked up once
+    (the same numbers, so the same schedule): per kind (F, I, W) each stage's seconds and the
+    change of its activations, and what a forward holds on each stage."""
+    stages = range(times.pp)
+    duration_s = {kind: tuple(times.duration(stage, kind) for stage in stages) for kind in KIND_CODES}
+    change = {kind: tuple(times.memory_change(stage, kind) for stage in stages) for kind in KIND_CODES}
+    return duration_s, change, tuple(times.memory(stage)[0] for stage in stages)
+
+
 def list_schedule(times: StageTimes, num_microbatches: int, knobs: Knobs) -> tuple[list[list[Action]], Timing]:
     """Per-stage action lists built by the heuristic with ``knobs`` (one stage per rank), and
     their timing: every action is placed at the time the engine would start it. Compiled
@@ -123,20 +134,18 @@ def list_schedule_reference(times: StageTimes, num_microbatches: int,
 def _from_arrays(times: StageTimes, m: int, knobs: Knobs, loop) -> tuple[list[list[Action]], Timing]:
     """Run the array loop (compiled, or ``list_schedule_arrays`` itself in the tests) and read
     its answer back into lists and a :class:`Timing`."""
-    pp = times.pp
-    stages = range(pp)
-    duration_s = np.array([[times.duration(stage, kind) for stage in stages] for kind in "FIW"], dtype=np.float64)
-    change = np.array([[times.memory_change(stage, kind) for stage in stages] for kind in "FIW"], dtype=np.float64)
-    held = np.array([times.memory(stage)[0] for stage in stages], dtype=np.float64)
+    stages = range(times.pp)
+    duration_s, change, held = _stage_tables(times)
     ahead = -1 if knobs.ahead is None else knobs.ahead
     status, kinds, microbatches, counts, first_start, last_end, most_pending, most_held, most_memory = loop(
-        duration_s, change, held, float(times.transfer_s), m, float(times.memory_cap(knobs.memory_limit)),
-        ahead, float(knobs.weight_gap), float(knobs.forward_guard))
+        np.array([duration_s[kind] for kind in KIND_CODES], dtype=np.float64),
+        np.array([change[kind] for kind in KIND_CODES], dtype=np.float64), np.array(held, dtype=np.float64),
+        float(times.transfer_s), m, float(times.memory_cap(knobs.memory_limit)), ahead, float(knobs.weight_gap),
+        float(knobs.forward_guard))
     if status == STALLED:
         raise RuntimeError("zero-bubble search stalled")  # a bug, not bad input (as the reference)
-    names = "".join(KIND_CODES)
-    lists = [[Action(stage, names[kind], mb) for kind, mb in zip(kinds[stage, :counts[stage]].tolist(),
-                                                               microbatches[stage, :counts[stage]].tolist())]
+    lists = [[Action(stage, KIND_CODES[kind], mb) for kind, mb in zip(kinds[stage, :counts[stage]].tolist(),
+                                                                     microbatches[stage, :counts[stage]].tolist())]
              for stage in stages]
     last = last_end.tolist()
     starts = first_start.tolist()
@@ -155,12 +164,8 @@ class _ListScheduler:
     def __init__(self, times: StageTimes, num_microbatches: int, knobs: Knobs):
         pp, m = times.pp, num_microbatches
         self.times, self.m, self.knobs = times, m, knobs
-        # what the decisions read millions of times in a long search, looked up once: the
-        # same numbers ``times`` gives, so the schedule and its times are the same
         self.pp, self.transfer_s = pp, times.transfer_s
-        self.duration_s = {kind: tuple(times.duration(stage, kind) for stage in range(pp)) for kind in "FIW"}
-        self.change = {kind: tuple(times.memory_change(stage, kind) for stage in range(pp)) for kind in "FIW"}
-        self.held = tuple(times.memory(stage)[0] for stage in range(pp))
+        self.duration_s, self.change, self.held = _stage_tables(times)
         self.f_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
         self.i_end: list[list[float | None]] = [[None] * m for _ in range(pp)]
         self.next_f, self.next_i = [0] * pp, [0] * pp
