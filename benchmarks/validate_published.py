@@ -34,6 +34,11 @@ written as an mpsim scenario the way its framework ran it (a base scenario file 
   optimizer's post-validation (8), 1F1B and ZB-1p at ZB-2p's memory (30 of 36; six print
   an ambiguous microbatch count and are left out), fewer microbatches than stages (18).
 
+With ``--out-of-sample`` two more tables follow, from outside the shared data and not part of
+the published check's last line unless asked for: NVIDIA's NeMo performance summaries, NeMo
+24.07 on DGX H100 and NeMo 25.02 on DGX B200, FP8 (``published_nemo.py``, which says what
+their framework settings are taken from).
+
 The Zero Bubble tables are built in ``published_zero_bubble.py``; what every table shares
 (rows, predictions, pricing a step or a stage) is in ``published_common.py``.
 
@@ -86,6 +91,7 @@ import published_common  # noqa: E402
 from published_common import DATA, Case, Result, Table  # noqa: E402
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
+from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, nemo_table  # noqa: E402
 from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_ASSUMPTIONS,  # noqa: E402
                                    ZB_T11_LEFT_OUT, zero_bubble_table4, zero_bubble_table6,
                                    zero_bubble_table7, zero_bubble_table9, zero_bubble_table10, zero_bubble_table11,
@@ -163,6 +169,19 @@ TABLES: dict[str, Table] = {
                                                zero_bubble_table12, memory=True, by_size=True),
 }
 
+# Not in the shared validation data, and run only with --out-of-sample: NVIDIA's NeMo performance
+# summaries (published_nemo.py), whose framework settings are those of the nearest published
+# recipes; their rows stay out of the published check's last line unless asked for
+OUT_OF_SAMPLE: dict[str, Table] = {
+    "nemo_h100_24.07": Table("NeMo performance summary, NeMo 24.07 on DGX H100, FP8 (out of sample)", "step time",
+                             "s", "s", nemo_table("nemo_h100_24.07", "NeMo 24.07", "DGX-H100"),
+                             assumptions=NEMO_ASSUMPTIONS),
+    "nemo_b200_25.02": Table("NeMo performance summary, NeMo 25.02 on DGX B200, FP8 (out of sample)", "step time",
+                             "s", "s", nemo_table("nemo_b200_25.02", "NeMo 25.02", "DGX-B200"),
+                             assumptions=NEMO_ASSUMPTIONS),
+}
+ALL_TABLES: dict[str, Table] = {**TABLES, **OUT_OF_SAMPLE}
+
 
 # --- running and printing -----------------------------------------------------------------------------------------
 
@@ -179,7 +198,7 @@ def run_case(case: Case) -> Result:
 
 def cases_of(tables: list[str], quick: bool = False, data: Path = DATA) -> list[Case]:
     """The rows of ``tables`` in their order (the --quick subset with ``quick``)."""
-    return [case for name in tables for case in TABLES[name].build(data) if case.quick or not quick]
+    return [case for name in tables for case in ALL_TABLES[name].build(data) if case.quick or not quick]
 
 
 # the rows a worker process runs, built once per worker (their predict functions are closures,
@@ -267,7 +286,7 @@ def _fmt(value: float | None, width: int) -> str:
 
 
 def print_table(name: str, results: list[Result]) -> None:
-    table = TABLES[name]
+    table = ALL_TABLES[name]
     print(f"== {name}: {table.title}")
     print(f"   measured / predicted: {table.quantity} ({table.unit}); breakdown in {table.breakdown_unit} of the "
           f"predicted {PREDICTED_UNIT.get(name, 'step')}")
@@ -338,8 +357,11 @@ def report(names: list[str], results: list[Result]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", action="append", choices=list(TABLES), metavar="NAME",
-                        help=f"run only this table (repeatable): {', '.join(TABLES)}")
+    parser.add_argument("--table", action="append", choices=list(ALL_TABLES), metavar="NAME",
+                        help=f"run only this table (repeatable): {', '.join(ALL_TABLES)}")
+    parser.add_argument("--out-of-sample", action="store_true",
+                        help=f"add the tables from outside the shared data ({', '.join(OUT_OF_SAMPLE)}; "
+                             "benchmarks/published_nemo.py); not the published check")
     parser.add_argument("--quick", action="store_true", help="a few rows per table (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows and statistics as JSON")
     parser.add_argument("--data", type=Path, default=DATA, help="folder of the published CSV files")
@@ -354,7 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.set:
         if "=" not in item or not item.split("=", 1)[0].strip():
             parser.error(f"--set {item}: expected FIELD=VALUE")
-    names = [name for name in TABLES if args.table is None or name in args.table]
+    if args.table is not None:
+        names = [name for name in ALL_TABLES if name in args.table]
+    else:
+        names = [*TABLES, *(OUT_OF_SAMPLE if args.out_of_sample else ())]
     start = time.perf_counter()
     published_common.WHAT_IF[:] = args.set
     try:

@@ -148,3 +148,29 @@ def test_a_what_if_every_row_refuses_is_one_line(harness, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: --set training.nonsense=1: ") and "unknown field" in last
     assert harness.published_common.WHAT_IF == []  # the next run is the published check again
+
+
+def test_out_of_sample_tables_stay_out_of_the_published_check(harness, capsys):
+    # the NeMo performance summaries run only when asked for: the published check's tables and
+    # last line are those of the shared validation data
+    assert not set(harness.OUT_OF_SAMPLE) & set(harness.TABLES)
+    harness.main(["--table", "korthikanti_table4", "--quick"])
+    assert "nemo_" not in capsys.readouterr().out
+
+
+def test_out_of_sample_rows_turn_tokens_per_second_into_a_step(harness):
+    cases = harness.cases_of(list(harness.OUT_OF_SAMPLE))
+    assert {c.table for c in cases} == set(harness.OUT_OF_SAMPLE)
+    by_label = {(c.table, c.label): c for c in cases}
+    # NeMo 24.07 on DGX H100: Llama 3 8B, 8 GPUs, global batch 128 of 8,192 tokens at 12,036 tokens/s/GPU
+    llama = by_label[("nemo_h100_24.07", "LLAMA3-8B FP8 8 GPUs")]
+    assert llama.measured == pytest.approx(128 * 8192 / (12036 * 8))
+
+
+def test_out_of_sample_quick_rows_run_on_their_own_system(harness):
+    results = harness.run(list(harness.OUT_OF_SAMPLE), quick=True, progress=False)
+    assert results and all(r.failure is None for r in results)
+    # a B200 row is priced on B200s: the same Llama 3 8B layout is faster there than on H100s
+    h100 = harness.run_case(next(c for c in harness.cases_of(["nemo_h100_24.07"]) if c.label.startswith("LLAMA3-8B")))
+    b200 = next(r for r in results if r.table == "nemo_b200_25.02" and r.label.startswith("LLAMA3-8B"))
+    assert b200.predicted < h100.predicted
