@@ -13,9 +13,8 @@ published, named beside each: the DGX Cloud recipes of NeMo 24.09 (``published_d
 for the Llama and Nemotron rows, the NeMo launcher's GPT-3 FP8 performance configurations
 for the GPT-3 rows. So these tables check mpsim less tightly than the shared ones, where
 each row's recipe is known; what they add is other software releases, other models and a
-second accelerator, B200. Left out: rows of models whose shapes this project does not carry
-(Nemotron 8B and 22B, whose published shapes differ from the summaries' names), Nemotron
-340B, the MoE rows, GPT-3 20B (no launcher configuration read for it).
+second accelerator, B200. Left out: Nemotron 8B, 22B and 340B (no model file here), the MoE
+rows, GPT-3 20B (its launcher configuration was not read).
 """
 
 from __future__ import annotations
@@ -75,8 +74,8 @@ ASSUMPTIONS = (
     "framework settings of the nearest published recipes (the summaries print the layout only): "
     "the DGX Cloud recipes of NeMo 24.09 for Llama and Nemotron, the NeMo launcher's GPT-3 FP8 "
     "performance configurations for GPT-3",
-    "FP8 as the dgxc recipes run it (Transformer Engine, delayed scaling, fp8 parameters); NeMo 25.02 "
-    "may scale differently",
+    "FP8 as the dgxc recipes run it (Transformer Engine, fp8 parameters); the summaries do not say "
+    "which scaling recipe each release used",
 )
 
 
