@@ -88,6 +88,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published_zero_bubble  # noqa: E402,F401 (its tables' shapes, for the tests)
 import published_common  # noqa: E402
+import published_nemo  # noqa: E402,F401 (its CSV, for the tests)
 from published_common import DATA, Case, Result, Table  # noqa: E402
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
@@ -355,6 +356,14 @@ def report(names: list[str], results: list[Result]) -> dict:
             "table_gaps": {name: TABLE_GAPS.get(name, []) for name in per_table}}
 
 
+def table_names(chosen: list[str] | None, out_of_sample: bool) -> list[str]:
+    """The tables to run: those named (``--table``), else the published check's, and with
+    ``--out-of-sample`` the tables from outside the shared data after them."""
+    if chosen is not None:
+        return [name for name in ALL_TABLES if name in chosen]
+    return [*TABLES, *(OUT_OF_SAMPLE if out_of_sample else ())]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="append", choices=list(ALL_TABLES), metavar="NAME",
@@ -376,10 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.set:
         if "=" not in item or not item.split("=", 1)[0].strip():
             parser.error(f"--set {item}: expected FIELD=VALUE")
-    if args.table is not None:
-        names = [name for name in ALL_TABLES if name in args.table]
-    else:
-        names = [*TABLES, *(OUT_OF_SAMPLE if args.out_of_sample else ())]
+    names = table_names(args.table, args.out_of_sample)
     start = time.perf_counter()
     published_common.WHAT_IF[:] = args.set
     try:

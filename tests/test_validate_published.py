@@ -150,21 +150,35 @@ def test_a_what_if_every_row_refuses_is_one_line(harness, capsys):
     assert harness.published_common.WHAT_IF == []  # the next run is the published check again
 
 
-def test_out_of_sample_tables_stay_out_of_the_published_check(harness, capsys):
+def test_out_of_sample_tables_stay_out_of_the_published_check(harness):
     # the NeMo performance summaries run only when asked for: the published check's tables and
     # last line are those of the shared validation data
-    assert not set(harness.OUT_OF_SAMPLE) & set(harness.TABLES)
-    harness.main(["--table", "korthikanti_table4", "--quick"])
-    assert "nemo_" not in capsys.readouterr().out
+    assert harness.table_names(None, False) == list(harness.TABLES)
+    assert harness.table_names(None, True) == [*harness.TABLES, *harness.OUT_OF_SAMPLE]
+    assert harness.table_names(["nemo_b200_25.02"], False) == ["nemo_b200_25.02"]
 
 
-def test_out_of_sample_rows_turn_tokens_per_second_into_a_step(harness):
+def test_out_of_sample_rows_reproduce_the_printed_model_flops(harness):
+    # each summary prints model TFLOP/s per GPU beside tokens/s: the row's model shape and the step
+    # made of tokens/s give the same rate (a wrong shape, batch or GPU count would not)
+    import csv
+
+    from published_common import simulate_step
+    from published_dgxc import DGXC_BASE
+
+    printed = {}
+    with open(harness.published_nemo.CSV, newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["model_tflops_per_gpu"]:
+                printed[(row["release"], row["model"], int(row["num_gpus"]))] = float(row["model_tflops_per_gpu"])
+    releases = {"nemo_h100_24.07": "NeMo 24.07", "nemo_b200_25.02": "NeMo 25.02"}
     cases = harness.cases_of(list(harness.OUT_OF_SAMPLE))
-    assert {c.table for c in cases} == set(harness.OUT_OF_SAMPLE)
-    by_label = {(c.table, c.label): c for c in cases}
-    # NeMo 24.07 on DGX H100: Llama 3 8B, 8 GPUs, global batch 128 of 8,192 tokens at 12,036 tokens/s/GPU
-    llama = by_label[("nemo_h100_24.07", "LLAMA3-8B FP8 8 GPUs")]
-    assert llama.measured == pytest.approx(128 * 8192 / (12036 * 8))
+    assert len(printed) == len(cases) == 13
+    for case in cases:
+        model, _, gpus, _ = case.label.split()
+        summary = simulate_step(DGXC_BASE, case.predict.__defaults__[0])
+        rate = summary.model_flops_per_step / case.measured / int(gpus) / 1e12
+        assert rate == pytest.approx(printed[(releases[case.table], model, int(gpus))], rel=0.015), case.label
 
 
 def test_out_of_sample_quick_rows_run_on_their_own_system(harness):
