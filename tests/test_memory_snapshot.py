@@ -39,9 +39,10 @@ FSDP_HELD = ("parallel.tp=1", "parallel.pp=1", "parallel.dp=16", "parallel.seque
              "cluster.nodes=2", "parallel.global_batch_size=32", "parallel.zero_stage=3",
              "parallel.recompute=full", "parallel.reshard_after_forward=false")
 VARIANTS = {  # paths the shipped scenarios do not take
-    "zb-h1, W buffers larger than the activations": (SCENARIOS / "megatron_22b_8xa100.yaml",
-                                                     ("parallel.schedule=zb-h1",)),
-    "zb-h1 out of memory on the last ranks": (SCENARIOS / "llama3_70b_32xh100.yaml", ("parallel.schedule=zb-h1",)),
+    "zb-h1, weight-gradient buffers held from I to W": (SCENARIOS / "megatron_22b_8xa100.yaml",
+                                                         ("parallel.schedule=zb-h1",)),
+    # GPipe holds all 16 microbatches' activations before the first backward
+    "gpipe out of memory": (SCENARIOS / "llama3_70b_32xh100.yaml", ("parallel.schedule=gpipe",)),
     "ZeRO-3 parameters held from forward to backward": (LLAMA8, FSDP_HELD),
     "fragmentation allowance": (SCENARIOS / "megatron_22b_8xa100.yaml", ("training.memory_fragmentation=0.1",)),
 }
@@ -161,7 +162,7 @@ def test_torch_memory_tools_read_split_backward_held_parameters_and_fragmentatio
 
 
 def test_an_out_of_memory_rank_records_one_oom_at_the_failing_request():
-    result, memory = simulated(*VARIANTS["zb-h1 out of memory on the last ranks"])
+    result, memory = simulated(*VARIANTS["gpipe out of memory"])
     rank = max(range(len(memory)), key=lambda r: memory[r].peak_memory_bytes)
     assert not memory[rank].fits
     snapshot = memory_snapshot(result, memory, rank)

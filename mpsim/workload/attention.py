@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
                                    bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
-                                   param_tensors, present, scattered_gemm, tp_collectives)
+                                   param_tensors, present, scattered_gemm, tp_collectives, weight_pass_regather)
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
 # FlashAttention works on key blocks of this many tokens; with a causal mask it skips the
@@ -184,7 +184,9 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
         params = h * width + (width if bias else 0)
         tensors = [h * width, *([width] if bias else [])]
         saved_proj = t * width * e
-        wbuf = t * (h + width) * e
+        # the QKV GEMM's input as it arrives (1/tp of the tokens under sequence parallelism,
+        # gathered again for the weight pass) and its output gradient
+        wbuf = (ctx.norm_tokens * h + t * width) * e
     else:
         q_in = mla.q_lora_rank or h
         down_width = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim
@@ -229,7 +231,7 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
             + gathered_gemm(ctx, grad_gather(ctx, "attn.proj"), proj_dgrad))
     backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *proj_b]
     backward_input = [*head, *core_bwd, *rope_grad, *proj_i]
-    backward_weight = [proj_wgrad, *proj_w]
+    backward_weight = [*present(weight_pass_regather(ctx, "attn.proj")), proj_wgrad, *proj_w]
 
     params += heads * d_v * h + (h if bias else 0)
     tensors += [heads * d_v * h, *([h] if bias else [])]
@@ -237,7 +239,8 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     # the projections' input (1/tp of the tokens under sequence parallelism, re-gathered
     # for the backward), their output, what the core keeps, the output projection's input
     saved = ctx.norm_tokens * h * e + saved_proj + core_saved + context
-    wbuf += t * (heads * d_v + h) * e  # output projection: input and output gradient
+    # output projection: its input and its output gradient as it arrives (gathered again for the weight pass)
+    wbuf += (t * heads * d_v + ctx.norm_tokens * h) * e
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
                      recompute_selective=tuple(core_fwd), params=float(params), saved_bytes=float(saved),
                      selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf),

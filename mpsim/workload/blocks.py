@@ -167,6 +167,21 @@ def grad_gather(ctx: LayerContext, name: str) -> Op | None:
     return None
 
 
+def weight_pass_regather(ctx: LayerContext, name: str) -> Op | None:
+    """A split backward's all-gather of a row-parallel GEMM's output gradient for its weight pass.
+
+    Under sequence parallelism the output gradient arrives sharded and is all-gathered for
+    the input gradient. A backward split into input and weight passes keeps it sharded
+    until the weight pass and gathers it again there, as the Zero Bubble fork of Megatron
+    does (``reshard_for_sequence_parallel`` in ``megatron/core/tensor_parallel/layers.py``,
+    sail-sg/zero-bubble-pipeline-parallelism at 4769e08), the same way Megatron re-gathers a
+    column-parallel GEMM's input: what waits for the weight pass is 1/tp of the tokens.
+    """
+    if ctx.tp > 1 and ctx.sequence_parallel:
+        return collective(f"{name}.regather_grad", "all-gather", "tp", ctx.activation_message)
+    return None
+
+
 def gathered_gemm(ctx: LayerContext, gather: Op | None, gemm_op: Op) -> list[Item]:
     """A GEMM after the all-gather of its input: one after the other, or, with userbuffers,
     the GEMM on each piece as the ring exchange brings it."""

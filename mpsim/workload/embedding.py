@@ -85,9 +85,13 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
     combined, input_only, weight_only = column_backward(ctx, "head.logits", dgrad, wgrad, gather)
     norm_in, norm_w = norm_grad(ctx, "head.norm")
     params = norm_params * ctx.hidden + (vocab_local * ctx.hidden if with_weights else 0)
-    # final norm input, LM-head input and the fp32 softmax the cross entropy keeps
-    saved = ctx.norm_tokens * ctx.hidden * e + tokens * ctx.hidden * e + n_logits * 4
-    wbuf = tokens * (ctx.hidden + vocab_local) * e
+    # final norm input, LM-head input (as the norm hands it over: 1/tp of the tokens under
+    # sequence parallelism, gathered again for the weight gradient) and the fp32 softmax the
+    # cross entropy keeps
+    saved = 2 * ctx.norm_tokens * ctx.hidden * e + n_logits * 4
+    # kept for a split backward's weight pass: the logits GEMM's input as it arrives (1/tp of the
+    # tokens under sequence parallelism, gathered again there) and the logits' gradient
+    wbuf = (ctx.norm_tokens * ctx.hidden + tokens * vocab_local) * e
     tensors = (*(ctx.hidden,) * norm_params, *((vocab_local * ctx.hidden,) if with_weights else ()))
     return BlockWork(tuple(forward), (ce_grad, *combined, *norm_in, *norm_w), (ce_grad, *input_only, *norm_in),
                      (*weight_only, *norm_w), params=float(params), saved_bytes=float(saved),

@@ -24,8 +24,8 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
-                                   linear, norm_grad_ops, param_tensors, residual_grad, scattered_gemm,
-                                   tp_collectives)
+                                   linear, norm_grad_ops, param_tensors, present, residual_grad, scattered_gemm,
+                                   tp_collectives, weight_pass_regather)
 from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
                                       embedding_block)
 from mpsim.workload.ops import Item, Op, collective, memory_op
@@ -151,7 +151,7 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         params = inputs * width + (width if layer.bias else 0)
         # the input is kept as it arrives: 1/tp of the tokens under sequence parallelism
         saved = ctx.norm_tokens * inputs * e
-        buffer = rows * (inputs + width) * e
+        buffer = saved + rows * width * e  # the input as kept (gathered again for the weight pass), the output gradient
         return BlockWork(tuple(forward), tuple(combined), tuple(input_only), tuple(weight_only),
                          params=float(params), saved_bytes=float(saved), weight_grad_buffer_bytes=float(buffer),
                          param_tensors=param_tensors(inputs * width, width if layer.bias else 0))
@@ -164,9 +164,11 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
         head = ((bias_grad(ctx, name, ctx.norm_tokens, outputs) if layer.bias else [])
                 + gathered_gemm(ctx, grad_gather(ctx, name), dgrad))
         params = depth * outputs + (outputs if layer.bias else 0)  # the bias is added once, after the reduction
+        # a split backward keeps the output gradient as it arrives and gathers it again for the weight pass
+        weight = (*present(weight_pass_regather(ctx, name)), wgrad)
         return BlockWork(tuple(scattered_gemm(ctx, fwd, reduce)), (*head, wgrad), tuple(head),
-                         (wgrad,), params=float(params), saved_bytes=float(rows * depth * e),
-                         weight_grad_buffer_bytes=float(rows * (depth + outputs) * e),
+                         weight, params=float(params), saved_bytes=float(rows * depth * e),
+                         weight_grad_buffer_bytes=float((rows * depth + ctx.norm_tokens * outputs) * e),
                          param_tensors=param_tensors(depth * outputs, outputs if layer.bias else 0))
     ctx = env.context(tokens, inputs)
     fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, inputs)

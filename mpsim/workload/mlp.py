@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, bias_grad,
                                    column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad, param_tensors,
-                                   scattered_gemm, tp_collectives)
+                                   present, scattered_gemm, tp_collectives, weight_pass_regather)
 from mpsim.workload.ops import Item, memory_op
 
 
@@ -106,10 +106,15 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     forward = [*gathered_gemm(ctx, gather, fc1), act, *scattered_gemm(ctx, fc2, reduce)]
     backward = [*head, fc2_wgrad, *act_grads, *fc1_b]
     backward_input = [*head, *act_grads, *fc1_i]
-    backward_weight = [fc2_wgrad, *fc1_w]
+    # a split backward's weight pass: FC2's output gradient gathered again, then FC1's input
+    backward_weight = [*present(weight_pass_regather(ctx, f"{name}.fc2")), fc2_wgrad, *fc1_w]
     params = h * fc1_width + ffn_local * h
     saved = t * ffn_local * e * activation.saved  # what the activation keeps, FC2's input
-    wbuf = t * (h + ffn_local) * e + t * (fc1_width + h) * e  # GEMM inputs, output gradients
+    # kept from the input pass to the weight pass: the GEMMs' inputs and output gradients, FC1's
+    # input and FC2's output gradient as they arrive (1/tp of the tokens under sequence
+    # parallelism; both are gathered again for the weight pass)
+    arriving = ctx.norm_tokens if tokens is None else t
+    wbuf = (arriving * h + t * ffn_local) * e + (t * fc1_width + arriving * h) * e
     return forward, backward, backward_input, backward_weight, float(params), float(saved), float(wbuf)
 
 
