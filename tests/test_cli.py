@@ -49,3 +49,21 @@ def test_set_override_changes_result(capsys):
     base = json.loads(capsys.readouterr().out)["step_time_s"]
     main(["run", SCENARIO, "--json", "--set", "parallel.global_batch_size=32"])
     assert json.loads(capsys.readouterr().out)["step_time_s"] > base
+
+
+def test_a_system_swap_that_resizes_the_job_says_so(capsys):
+    # 8 nodes of dgx-a100 are 64 GPUs; 8 "nodes" of a 512-chip TPU v5p slice are 4,096 chips
+    gpt3 = str(SCENARIOS / "gpt3_175b_64xa100.yaml")
+    assert main(["run", gpt3, "--json", "--set", "cluster.system=tpu-v5p-8x8x8"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["devices"] == 4096
+    [note] = [line for line in captured.err.splitlines() if line.startswith("note:")]
+    assert "4,096 devices" in note and "gave 64" in note and "cluster.num_devices=64" in note
+    # the remedy the note gives keeps the job's size, and then there is nothing to say
+    assert main(["run", gpt3, "--json", "--set", "cluster.system=tpu-v5p-8x8x8", "--set", "cluster.nodes=null",
+                 "--set", "cluster.num_devices=64"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["devices"] == 64 and "note:" not in captured.err
+    # a swap between systems with the same node size changes nothing about the size
+    assert main(["run", gpt3, "--json", "--set", "cluster.system=dgx-h100"]) == 0
+    assert "note:" not in capsys.readouterr().err

@@ -67,6 +67,17 @@ def test_a_field_swept_twice_is_refused():
         expand(axes_from_args(["parallel.tp=1,2", "parallel.tp=4"]))
 
 
+def test_a_misspelled_schedule_or_system_is_refused_before_any_point_runs():
+    # a typo, not a point that turns out invalid: the whole sweep stops with one line
+    with pytest.raises(InputError, match="unknown schedule 'nope'") as caught:
+        expand(axes_from_args(["parallel.schedule=1f1b,nope"]))
+    assert str(caught.value).startswith("--sweep parallel.schedule: unknown schedule")
+    with pytest.raises(InputError, match="unknown system 'hgx-h20'; did you mean hgx-h200"):
+        expand(axes_from_args([], ["cluster.system=dgx-h100,hgx-h20", "cluster.nodes=4,4"]))
+    # known names, aliases, torch's class names and schedule files pass
+    assert len(expand(axes_from_args(["parallel.schedule=1f1b,ZB1P,ScheduleGPipe,file:my.txt"]))) == 4
+
+
 def test_override_text_reads_back_as_the_value():
     for value in (4, 0.25, True, "dgx-h100", "400 Gb/s", "1f1b", [1, 2, 3], "true", "8"):
         text = override_text("a.b", value)

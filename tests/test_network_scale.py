@@ -166,6 +166,10 @@ def test_placement_warnings():
     straddle = warnings("gb200-nvl72", *nvl, "cluster.num_devices=144", "parallel.ep=16",
                         "model.moe.num_experts=16", "parallel.global_batch_size=144")
     assert len(straddle) == 1 and "EP groups of 16" in straddle[0] and "span 2 domains" in straddle[0]
+    # a group of 8 on 8-device servers that still spans two: TP 2 ranks sit between its members
+    apart = warnings("dgx-h100")
+    assert len(apart) == 1 and "EP groups of 8" in apart[0] and "2 devices apart" in apart[0]
+    assert "spans 16 devices" in apart[0] and "EP size x 2 within 8" in apart[0]
     # part of one 8-GPU server is an ordinary job
     assert warnings("dgx-h100", *nvl, "cluster.num_devices=4", "parallel.ep=4", "parallel.global_batch_size=4") == []
 

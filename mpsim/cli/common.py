@@ -171,3 +171,29 @@ def no_layout_exit(records: list) -> int:
         return EXIT_OUT_OF_MEMORY
     reason, count = Counter(r.get("error", "") for r in done).most_common(1)[0]
     raise InputError(f"all {len(done):,} points are invalid; the commonest reason ({count:,}): {reason}")
+
+
+def resized_by_system(scenario_path: str, overrides: list[str], scenario) -> str | None:
+    """A note for stderr when ``--set cluster.system=...`` changed how many devices the job has.
+
+    A scenario that counts its cluster in nodes keeps the node count when the system is
+    swapped, and a node of another system may hold another number of devices (a TPU slice
+    of 512 chips against a server of 8 GPUs): the what-if then runs a job of another size,
+    which the summary shows but nothing points out.
+    """
+    swapped = [o for o in overrides if o.replace(" ", "").startswith("cluster.system=")]
+    cluster = scenario.cluster
+    if not swapped or cluster.num_devices is not None or cluster.parts is not None:
+        return None
+    from mpsim.specs import load_scenario
+
+    try:
+        before = load_scenario(scenario_path, [o for o in overrides if o not in swapped]).scenario.cluster
+    except Exception:  # noqa: BLE001 - the note is a courtesy; the run reports any real error itself
+        return None
+    if before.devices == cluster.devices:
+        return None
+    return (f"note: {cluster.nodes} node(s) of {cluster.system.name} are {cluster.devices:,} devices "
+            f"({cluster.system.devices_per_node} per node), where the scenario's {before.system.name} gave "
+            f"{before.devices:,}; to keep {before.devices:,}, add --set cluster.nodes=null "
+            f"--set cluster.num_devices={before.devices}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import add_csv_arg, add_scenario_args, csv_to_stdout, schedule_list, write_csv
+from mpsim.cli.common import (add_csv_arg, add_scenario_args, csv_to_stdout, resized_by_system, schedule_list,
+                               write_csv)
 from mpsim.cli.completion import complete_schedules
 from mpsim.errors import EXIT_OUT_OF_MEMORY, InputError
 
@@ -39,6 +40,9 @@ def _compare(args: argparse.Namespace) -> int:
         _print_table(base.scenario.name, rows)
     if args.csv:
         write_csv(args.csv, CSV_COLUMNS, csv_rows(rows))
+    resized = resized_by_system(args.scenario, args.overrides, base.scenario)
+    if resized:
+        print(resized, file=sys.stderr)
     if args.report and panels:
         from mpsim.results.html import write_compare_report
 

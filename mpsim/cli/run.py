@@ -23,6 +23,7 @@ def _run(args: argparse.Namespace) -> int:
 def _run_step(args: argparse.Namespace) -> int:
     from mpsim.engine import simulate as engine_simulate
     from mpsim.results import summarize
+    from mpsim.cli.common import resized_by_system
     from mpsim.results.report import placement_warning
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
@@ -47,6 +48,9 @@ def _run_step(args: argparse.Namespace) -> int:
     warning = placement_warning(result.layout, result.scenario.cluster.system)
     if warning:
         print(warning, file=sys.stderr)
+    resized = resized_by_system(args.scenario, args.overrides, loaded.scenario)
+    if resized:
+        print(resized, file=sys.stderr)
     if args.trace:
         from mpsim.results.trace import chosen_mode, write_trace
 

@@ -231,7 +231,17 @@ def placement_warnings(devices: int, devices_per_node: int, system_name: str,
         needed = -(-place.size // devices_per_node)
         widest = max(copy.nodes for copy in copy_shapes(place, devices_per_node))
         if widest > needed:
+            members = place.member_ranks(devices_per_node)
+            gap = min((b - a for a, b in zip(members, members[1:])), default=1)
+            if gap > 1 and devices_per_node % place.size == 0:
+                # the group would fit, but its members sit apart: other groups' ranks lie between them
+                cause = (f"their members are {gap} devices apart (the ranks of inner groups lie between them), so "
+                         f"each group spans {place.size * gap} devices and its members")
+                remedy = f"keeping {label} size x {gap} within {devices_per_node} avoids it"
+            else:
+                cause = f"some span {widest} domains and their members"
+                remedy = f"a group size that divides {devices_per_node} avoids it"
             found.append(f"{label} groups of {place.size} do not fit the {devices_per_node}-device scale-up domains "
-                         f"evenly: some span {widest} domains and reach each other over the network, which sets the "
-                         f"time of every {label} collective (a group size that divides {devices_per_node} avoids it)")
+                         f"evenly: {cause} reach each other over the network, which sets the time of every "
+                         f"{label} collective ({remedy})")
     return found

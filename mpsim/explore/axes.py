@@ -179,15 +179,37 @@ def axes_from_yaml(block: Any, label: str) -> list[Axis]:
 
 
 def check_axes(axes: list[Axis]) -> None:
-    """Every axis has values and no field is swept twice."""
+    """Every axis has values, no field is swept twice, and no value names a schedule or a
+    system that does not exist: a misspelled name is a typo in the sweep, not a point that
+    turns out invalid (as a layout that does not divide the heads does)."""
     seen: set[str] = set()
     for axis in axes:
         if not axis.values:
             raise InputError(f"sweep axis {', '.join(axis.fields)} has no values")
-        for name in axis.fields:
+        for index, name in enumerate(axis.fields):
             if name in seen:
                 raise InputError(f"{name} is swept twice; give each field once", "--sweep")
             seen.add(name)
+            for values in axis.values:
+                _check_name(name, values[index])
+
+
+def _check_name(field: str, value: Any) -> None:
+    """A swept schedule or system name that nothing is registered under."""
+    if field == "parallel.schedule" and isinstance(value, str) and not value.startswith("file:"):
+        from mpsim.schedules import unknown_schedule
+
+        problem = unknown_schedule(value, files=True)
+        if problem:
+            raise InputError(problem, f"--sweep {field}")
+    if field == "cluster.system" and isinstance(value, str):
+        from mpsim.errors import did_you_mean
+        from mpsim.specs.catalog import system_names
+
+        names = system_names()
+        if value not in names:
+            hint = did_you_mean(value, names) or f"known: {', '.join(names)}"
+            raise InputError(f"unknown system {value!r}; {hint}", f"--sweep {field}")
 
 
 def expand(axes: list[Axis]) -> list[Point]:

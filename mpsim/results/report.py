@@ -109,7 +109,9 @@ def format_summary(summary: Summary) -> str:
         f"  exposed comm TP {format_seconds(s.exposed_tp_comm_s)} ({_pct(s.exposed_tp_comm_s, step)}), "
         + (f"CP {format_seconds(s.exposed_cp_comm_s)} ({_pct(s.exposed_cp_comm_s, step)}), "
            if s.exposed_cp_comm_s > 0 else "")
-        + (f"EP all-to-all {format_seconds(s.exposed_ep_comm_s)} ({_pct(s.exposed_ep_comm_s, step)}), "
+        # the MoE token all-to-alls over EP and the expert-TP gathers of the routed tokens
+        + (f"{'EP all-to-all' if s.ep > 1 else 'expert TP'} {format_seconds(s.exposed_ep_comm_s)} "
+           f"({_pct(s.exposed_ep_comm_s, step)}), "
            if s.exposed_ep_comm_s > 0 else "") +
         f"PP {format_seconds(s.exposed_pp_comm_s)} ({_pct(s.exposed_pp_comm_s, step)}), "
         f"DP {format_seconds(s.exposed_dp_comm_s)} ({_pct(s.exposed_dp_comm_s, step)}); "

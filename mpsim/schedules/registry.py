@@ -70,12 +70,18 @@ def canonical_name(name: str) -> str:
 
 
 def chunks_per_rank(name: str, vpp: int) -> int:
-    """The model chunks per rank schedule ``name`` runs when asked for ``vpp``: ``vpp`` when
-    the schedule allows it, else the nearest it allows (what ``mpsim compare`` runs)."""
+    """The model chunks per rank schedule ``name`` runs when compared with others at ``vpp``
+    (``mpsim compare``): ``vpp`` when the schedule allows it, else the nearest it allows.
+
+    A schedule that interleaves any number of chunks (interleaved 1F1B, looped BFS,
+    interleaved zero bubble) runs at least two: with one chunk it is not interleaved and
+    repeats a row of the comparison (looped BFS is then GPipe, interleaved zero bubble runs
+    ZB-H1's step), which torch allows but a comparison of schedules gains nothing from.
+    """
     kind = SCHEDULES[canonical_name(name)]
     if kind.max_vpp is not None and vpp > kind.max_vpp:
         return kind.max_vpp
-    return max(vpp, kind.min_vpp)
+    return max(vpp, kind.min_vpp, 2 if kind.max_vpp is None else 1)
 
 
 def stage_chains(name: str, pp: int, vpp: int) -> tuple[int, ...]:
