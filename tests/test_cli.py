@@ -67,3 +67,26 @@ def test_a_system_swap_that_resizes_the_job_says_so(capsys):
     # a swap between systems with the same node size changes nothing about the size
     assert main(["run", gpt3, "--json", "--set", "cluster.system=dgx-h100"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_zero_with_one_data_parallel_rank_shards_nothing(capsys):
+    # Llama 3 70B here runs TP 8 x PP 4 x DP 1: a ZeRO shard is one rank, so every stage is
+    # the plain layout (same step, optimizer and memory), and the command says why
+    assert main(["run", SCENARIO, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    for stage in (1, 2, 3):
+        assert main(["run", SCENARIO, "--json", "--set", f"parallel.zero_stage={stage}"]) == 0
+        captured = capsys.readouterr()
+        sharded = json.loads(captured.out)
+        for key in ("step_time_s", "optimizer_s", "peak_memory_bytes", "zero_stage"):
+            assert sharded[key] == plain[key], (stage, key)
+        assert f"note: ZeRO-{stage} shards over" in captured.err and "dp x cp = 1" in captured.err
+    # with data parallelism to shard over, ZeRO-3 does shard: less memory
+    # (exit code 3 where a layout does not fit: the step is still simulated and printed)
+    assert main(["run", SCENARIO, "--json", "--set", "parallel.pp=2", "--set", "parallel.dp=2"]) in (0, 3)
+    two = json.loads(capsys.readouterr().out)
+    assert main(["run", SCENARIO, "--json", "--set", "parallel.pp=2", "--set", "parallel.dp=2",
+                 "--set", "parallel.zero_stage=3"]) in (0, 3)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["zero_stage"] == 3 and "note: ZeRO" not in captured.err
+    assert json.loads(captured.out)["peak_memory_bytes"] < two["peak_memory_bytes"]

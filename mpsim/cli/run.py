@@ -25,6 +25,7 @@ def _run_step(args: argparse.Namespace) -> int:
     from mpsim.results import summarize
     from mpsim.cli.common import resized_by_system
     from mpsim.results.report import placement_warning
+    from mpsim.specs.layout import zero_sharding_note
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
     from mpsim.units import format_bytes
@@ -48,9 +49,10 @@ def _run_step(args: argparse.Namespace) -> int:
     warning = placement_warning(result.layout, result.scenario.cluster.system)
     if warning:
         print(warning, file=sys.stderr)
-    resized = resized_by_system(args.scenario, args.overrides, loaded.scenario)
-    if resized:
-        print(resized, file=sys.stderr)
+    for note in (resized_by_system(args.scenario, args.overrides, loaded.scenario),
+                 zero_sharding_note(result.scenario, result.layout)):
+        if note:
+            print(note, file=sys.stderr)
     if args.trace:
         from mpsim.results.trace import chosen_mode, write_trace
 

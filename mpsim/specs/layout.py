@@ -112,7 +112,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     _check_context_parallel(scenario)
     dp = _data_parallel_size(scenario)
     ep, etp = _expert_parallel_sizes(scenario, dp)
-    zero, shard = _zero_sharding(scenario, dp)
+    zero, shard = _zero_sharding(scenario, dp, ep, etp)
     num_microbatches = _num_microbatches(scenario, dp)
     chains = stage_chains(plan.schedule, plan.pp, plan.vpp) if chains is None else chains
     layers, split = _layers_per_chunk(scenario, chains)
@@ -220,14 +220,31 @@ def _expert_parallel_sizes(scenario: Scenario, dp: int) -> tuple[int, int]:
     return ep, etp
 
 
-def _zero_sharding(scenario: Scenario, dp: int) -> tuple[int, int]:
-    """(ZeRO stage, DP ranks a shard spans); Megatron's distributed optimizer is ZeRO-1."""
+def _zero_sharding(scenario: Scenario, dp: int, ep: int, etp: int) -> tuple[int, int]:
+    """(ZeRO stage, DP ranks a shard spans); Megatron's distributed optimizer is ZeRO-1.
+
+    A shard of one rank (dp x cp = 1, and every expert on one rank) shards nothing: the
+    rank holds and updates everything and gathers nothing, as without ZeRO, so the stage
+    is 0 (``zero_sharding_note`` says so where a command prints).
+    """
     plan = scenario.parallel
     zero = max(plan.zero_stage, 1 if scenario.training.distributed_optimizer else 0)
     shard = plan.zero_shard_size or dp
     if dp % shard:
         raise _fail("parallel.zero_shard_size", f"{shard} does not divide dp={dp}")
+    expert_replicas = plan.tp * plan.cp * dp // (ep * etp) if getattr(scenario.model, "moe", None) is not None else 1
+    if shard * plan.cp == 1 and expert_replicas == 1:
+        zero = 0
     return zero, shard
+
+
+def zero_sharding_note(scenario: Scenario, layout: Layout) -> str | None:
+    """One line for stderr when the scenario asks for ZeRO that has nothing to shard, or None."""
+    asked = scenario.parallel.zero_stage
+    if asked and layout.zero_stage == 0:
+        return (f"note: ZeRO-{asked} shards over the data- and context-parallel ranks, and here there is one "
+                f"(dp x cp = {layout.dp * layout.cp}): nothing is sharded, so the step is priced as without ZeRO")
+    return None
 
 
 def _num_microbatches(scenario: Scenario, dp: int) -> int:
