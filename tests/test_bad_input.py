@@ -39,6 +39,12 @@ CASES = [
     ("not a mapping", "- a\n- b\n", [], ["must be a mapping"]),
     ("tp not dividing heads", BASE.replace("tp: 8", "tp: 5"), ["--set", "cluster.nodes=5"],
      ["parallel.tp", "does not divide", "num_attention_heads=96"]),
+    # the sizes it suggests split the key/value heads too (Llama 3 70B: 64 query heads, 8 key/value)
+    ("tp suggestion fits the kv heads", BASE.replace("tp: 8", "tp: 3").replace("model: gpt3-175b", "model: llama3-70b"),
+     ["--set", "cluster.nodes=3"], ["parallel.tp", "num_attention_heads=64", "use one of 1, 2, 4, 8"]),
+    # a model file's own check that fails on a value a --set put into it names the --set too
+    ("model check after --set", BASE, ["--set", "model.hidden_size=12287"],
+     ["gpt3_175b.yaml", "not divisible by num_attention_heads", "(with --set model.hidden_size=12287)"]),
     ("tp across nodes", BASE.replace("tp: 8", "tp: 16").replace("nodes: 1", "nodes: 2"), [],
      ["parallel.tp", "more than one", "allow_tp_across_nodes"]),
     ("too few devices", BASE.replace("pp: 1", "pp: 2"), [], ["parallel", "does not divide the cluster's 8 devices"]),
@@ -104,3 +110,14 @@ def test_bad_hardware_file_names_that_file(tmp_path, edit, fragments):
     assert line.startswith("error: system.yaml: "), line
     for fragment in fragments:
         assert fragment in line, line
+
+
+def test_plan_names_the_pinned_field_that_no_layout_can_take(tmp_path):
+    # a --set that breaks a model rule: the plan says which rule, not "check --devices"
+    result = run_cli("plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "512",
+                     "--set", "parallel.tp=3", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --set parallel.tp: no layout with the --set values: tp=3 does not divide")
+    # only sizes that split the 32 query heads, the 8 key/value heads and the FFN are offered
+    assert line.endswith("use one of 1, 2, 4, 8")

@@ -360,7 +360,9 @@ def test_collective_command_prints_nccl_tests_columns(capsys):
     (["--system", "dgx-a1000", "--ranks", "8"], "unknown system 'dgx-a1000'"),
     (["--system", "dgx-a100", "--ranks", "eight"], "--ranks: expected a whole number"),
     (["--system", "dgx-a100", "--ranks", "16", "--nodes", "1"], "--nodes: 16 ranks per node"),
-    (["--system", "dgx-a100", "--ranks", "12", "--nodes", "5"], "do not split evenly"),
+    (["--system", "dgx-a100", "--ranks", "12", "--nodes", "5"], "--nodes: 12 ranks do not split evenly"),
+    # no --nodes given: the rank count is what to change, and the message says so
+    (["--system", "dgx-a100", "--ranks", "9"], "--ranks: 9 ranks do not split evenly over the 2 dgx-a100 nodes"),
     (["--system", "dgx-a100", "--ranks", "8", "--size", "1GB..1MB"], "ends below its start"),
     (["--system", "dgx-a100", "--ranks", "8", "--algorithm", "nvls"], "'nvls' does not apply here"),
     (["--system", "dgx-a100", "--ranks", "8", "--set", "scale_out.nic_bandwidth=fast"], "scale_out.nic_bandwidth"),

@@ -100,9 +100,14 @@ def _run(args: argparse.Namespace) -> int:
     ranks = _positive_int(args.ranks, "--ranks")
     assert ranks is not None
     per_node_max = system.devices_per_node
-    nodes = _positive_int(args.nodes, "--nodes") or -(-ranks // per_node_max)
+    given = _positive_int(args.nodes, "--nodes")
+    nodes = given or -(-ranks // per_node_max)
     if ranks % nodes:
-        raise InputError(f"{ranks} ranks do not split evenly over {nodes} nodes", field="--nodes")
+        if given:
+            raise InputError(f"{ranks} ranks do not split evenly over {nodes} nodes", field="--nodes")
+        raise InputError(f"{ranks} ranks do not split evenly over the {nodes} {system.name} nodes of "
+                         f"{per_node_max} devices that hold them; give a rank count that divides {per_node_max} or "
+                         f"is a multiple of it, or --nodes", field="--ranks")
     per_node = ranks // nodes
     if per_node > per_node_max:
         raise InputError(f"{per_node} ranks per node, but a {system.name} node has {per_node_max} devices; "

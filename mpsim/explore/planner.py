@@ -291,6 +291,21 @@ def _not_a_candidate(record: dict) -> bool:
     return record.get("status") != "fits"
 
 
+def _why_no_layout(scenario: Scenario, pinned: Sequence[str]) -> InputError:
+    """The error when nothing was enumerated: a pinned field's own rule where one breaks it (a
+    ``--set parallel.tp=3`` that does not divide the heads), else the sizes to check."""
+    from mpsim.specs.layout import resolve_layout
+
+    if pinned:
+        try:
+            resolve_layout(scenario)
+        except InputError as exc:
+            if exc.field in pinned:
+                return InputError(f"no layout with the --set values: {exc.message}", f"--set {exc.field}")
+    return InputError("no layout satisfies the model's and the cluster's divisibility rules; check --devices "
+                      "and --global-batch")
+
+
 def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_microbatch_size: int = 8,
          max_vpp: int = 8, schedules: Sequence[str] = (), max_cp: int = 1, zero_stages: Sequence[int] = (0, 1),
          engine: str = "fast", prune: bool = True,
@@ -301,8 +316,7 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
     ctx = PlanContext(scenario, max_microbatch_size, max_vpp, tuple(schedules), max_cp, tuple(zero_stages))
     points: list[Point] = [tuple(layout.items()) for layout in enumerate_layouts(ctx, pinned)]
     if not points:
-        raise InputError("no layout satisfies the model's and the cluster's divisibility rules; check --devices "
-                         "and --global-batch")
+        raise _why_no_layout(scenario, pinned)
     identity = plan_identity(scenario)
     keep = max(1, top)
     with Session(backend, workers, ray_address) as session:

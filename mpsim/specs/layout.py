@@ -388,14 +388,19 @@ def _check_transformer(scenario: Scenario) -> None:
     plan, model, tp = scenario.parallel, scenario.model, scenario.parallel.tp
     fail = _fail
 
+    # the sizes to suggest split the query heads, the key/value heads and the FFN alike
+    fitting = [d for d in range(1, model.kv_heads + 1)
+               if model.num_attention_heads % d == 0 and model.kv_heads % d == 0 and model.ffn_hidden_size % d == 0]
+    suggestion = ", ".join(map(str, fitting))
     if model.num_attention_heads % tp:
         raise fail("parallel.tp", f"tp={tp} does not divide model.num_attention_heads={model.num_attention_heads}; "
-                                  f"use one of {_divisors(model.num_attention_heads)}")
+                                  f"use one of {suggestion}")
     if model.kv_heads % tp:
         raise fail("parallel.tp", f"tp={tp} does not divide the model's {model.kv_heads} key/value heads "
-                                  f"(num_query_groups); use one of {_divisors(model.kv_heads)}")
+                                  f"(num_query_groups); use one of {suggestion}")
     if model.ffn_hidden_size % tp:
-        raise fail("parallel.tp", f"tp={tp} does not divide model.ffn_hidden_size={model.ffn_hidden_size}")
+        raise fail("parallel.tp", f"tp={tp} does not divide model.ffn_hidden_size={model.ffn_hidden_size}; "
+                                  f"use one of {suggestion}")
     if plan.sequence_parallel and model.seq_length % tp:
         raise fail("parallel.sequence_parallel",
                    f"sequence parallelism splits the sequence over tp={tp}, but seq_length={model.seq_length} "

@@ -306,6 +306,11 @@ def validation_error(exc: ValidationError, origins: Origins, root: type[BaseMode
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     source, rest = origins.file_for(loc)
+    # a file's own check that failed on a value a --set put into it: name the --set too
+    changed = sorted({src for key, src in origins.sources.items()
+                      if key[:len(loc)] == loc and len(key) > len(loc) and src.startswith("--set ")})
+    if source and not source.startswith("--set ") and changed:
+        message += f" (with {', '.join(changed)})"
     return InputError(message, source or None, ".".join(rest) or None)
 
 
