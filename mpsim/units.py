@@ -99,6 +99,10 @@ def parse_quantity(value: object, dimension: Dimension) -> float:
         raise ValueError(f"expected a {dimension} such as {_EXAMPLES[dimension]}, got {value!r}")
     if not math.isfinite(number):
         raise ValueError(f"expected a finite {dimension}, got {value!r}")
+    if number < 0:
+        # no size, rate or duration is below zero; said here, in the user's own units, before a
+        # field's bound would report the number converted to bytes or seconds
+        raise ValueError(f"a {dimension} cannot be negative, got {value!r}")
     return number
 
 

@@ -45,6 +45,11 @@ CASES = [
     # a model file's own check that fails on a value a --set put into it names the --set too
     ("model check after --set", BASE, ["--set", "model.hidden_size=12287"],
      ["gpt3_175b.yaml", "not divisible by num_attention_heads", "(with --set model.hidden_size=12287)"]),
+    # a list item given by --set is named with its list, and a negative quantity in the user's unit
+    ("list item of a --set", BASE, ["--set", "faults.slow_gpu=[{rank: 1, speed: 2}]"],
+     ["--set faults.slow_gpu=", ": slow_gpu.0.speed: ", "less than or equal to 1"]),
+    ("negative bandwidth in a --set", BASE, ["--set", "cluster.system.scale_out.nic_bandwidth=-400 Gb/s"],
+     ["scale_out.nic_bandwidth", "a bandwidth cannot be negative, got '-400 Gb/s'"]),
     ("tp across nodes", BASE.replace("tp: 8", "tp: 16").replace("nodes: 1", "nodes: 2"), [],
      ["parallel.tp", "more than one", "allow_tp_across_nodes"]),
     ("too few devices", BASE.replace("pp: 1", "pp: 2"), [], ["parallel", "does not divide the cluster's 8 devices"]),
@@ -98,7 +103,7 @@ def test_bad_scenario(tmp_path, case):
     (lambda s: s.replace('bandwidth_per_device: "300 GB/s"', 'bandwidth_per_device: "300 GB"'),
      ["scale_up.bandwidth_per_device", "is a bytes"]),
     (lambda s: s.replace('bandwidth_per_device: "300 GB/s"', 'bandwidth_per_device: "-300 GB/s"'),
-     ["scale_up.bandwidth_per_device", "greater than 0"]),
+     ["scale_up.bandwidth_per_device", "a bandwidth cannot be negative, got '-300 GB/s'"]),
     (lambda s: s.replace("efficiency: 0.80", "efficiency: 1.8"), ["scale_up.efficiency", "less than or equal"]),
 ])
 def test_bad_hardware_file_names_that_file(tmp_path, edit, fragments):

@@ -204,6 +204,9 @@ def test_summary_command_prints_and_writes_json(tmp_path, capsys):
     assert main(["trace", "summary", CNN, "--json", str(out), "--top", "3"]) == 0
     text = capsys.readouterr().out
     assert "all-reduce" in text and "busbw" in text and "step 5" in text
+    # the extract has no GEMM kernels: one line says so where an empty table would stand
+    [gemm_line] = [line for line in text.splitlines() if "GEMM shapes" in line]
+    assert gemm_line.strip() == "GEMM shapes: no GEMM kernels in the step"
     [data] = json.loads(out.read_text())
     assert data["rank"] == 0 and data["steps"] == [5]
     assert main(["trace", "summary", CNN, "--step", "4"]) == 2

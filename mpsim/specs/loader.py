@@ -311,7 +311,17 @@ def validation_error(exc: ValidationError, origins: Origins, root: type[BaseMode
                       if key[:len(loc)] == loc and len(key) > len(loc) and src.startswith("--set ")})
     if source and not source.startswith("--set ") and changed:
         message += f" (with {', '.join(changed)})"
-    return InputError(message, source or None, ".".join(rest) or None)
+    return InputError(message, source or None, _field_text(loc, rest) or None)
+
+
+def _field_text(loc: Path_, rest: Path_) -> str:
+    """``rest`` (the end of ``loc``) as a dotted field path, list items by their index as in
+    ``--set`` paths; one that starts inside a list names the list first (``slow_gpu.0.rank``,
+    not ``0.rank``)."""
+    parts = list(rest)
+    if parts and parts[0].isdigit() and len(loc) > len(rest):
+        parts.insert(0, loc[len(loc) - len(rest) - 1])
+    return ".".join(parts)
 
 
 def read_scenario_file(path: str | Path) -> tuple[Path, dict]:

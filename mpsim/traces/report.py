@@ -58,8 +58,15 @@ def format_summary(summary: TraceSummary, top: int = 10) -> str:
     shaped = sum(row.count for row in summary.gemms)
     where = "in the step" if len(summary.steps) == 1 else f"in {len(summary.steps)} steps" \
         if summary.steps != (None,) else "in the trace"
-    lines.append(f"  GEMM shapes ({shaped} of the {summary.gemm_kernels} GEMM kernels {where} have one; "
-                 f"largest total first):")
+    if not summary.gemm_kernels:
+        lines.append(f"  GEMM shapes: no GEMM kernels {where}")
+    elif not shaped:
+        # an empty table would read as a fault of the reader: say why there is none
+        lines.append(f"  GEMM shapes: none of the {summary.gemm_kernels} GEMM kernels {where} has one (no op linked "
+                     f"to them records its operands' shapes; torch.profiler records them with record_shapes=True)")
+    else:
+        lines.append(f"  GEMM shapes ({shaped} of the {summary.gemm_kernels} GEMM kernels {where} have one; "
+                     f"largest total first):")
     if summary.gemms:
         lines.append(f"    {'op':<12} {'B':>4} {'M':>7} {'N':>7} {'K':>7} {'dtype':<5} {'count':>6} {'mean':>10} "
                      f"{'TFLOP/s':>8}")
