@@ -42,6 +42,9 @@ FABRICS = {
     "NVLink 5 NVLS (hgx-b200 in_switch_reduction)": (["8x B200 (P6-B200)"], None, "plateau: the 16 GiB point"),
     "400G per GPU network (hgx-b200 scale_out)": (["4x 8 B200 (P6-B200)"], 8 * 50 * 0.97,
                                                   "8 NICs x 50 GB/s x 0.97 (SIMAI's CX-7 constant)"),
+    # the same rule (a 4-node sweep of the system's own GPUs over its NICs, the same peak)
+    "400G per GPU InfiniBand (dgx-h100 scale_out)": (["4x 8 H100 (NDR InfiniBand)"], 8 * 50 * 0.97,
+                                                     "8 NICs x 50 GB/s x 0.97 (SIMAI's CX-7 constant)"),
     "Infinity Fabric ring (mi300x-platform scale_up)": (["8x MI300X (AMD acceptance guide)"], None,
                                                         "plateau: the 8 GiB point"),
 }
