@@ -90,3 +90,27 @@ def test_zero_with_one_data_parallel_rank_shards_nothing(capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["zero_stage"] == 3 and "note: ZeRO" not in captured.err
     assert json.loads(captured.out)["peak_memory_bytes"] < two["peak_memory_bytes"]
+
+
+def test_long_stage_lists_and_notes_are_shortened_whole():
+    from mpsim.explore.sweep import short_note
+    from mpsim.results.report import stage_list
+
+    # a run with a fixed step keeps its ends; other lists keep whole numbers only
+    assert stage_list((0, 16, 32, 48, 64, 80, 96, 112)) == "0,16..112"
+    assert stage_list((14, 30, 46, 62)) == "14,30,46,62"
+    assert stage_list((1, 5, 9, 200, 3000, 40000)) == "1,5,9,200.."
+    note = "invalid: " + "word " * 60
+    short = short_note(note)
+    assert len(short) <= 160 and short.endswith(" ...") and short[:-4].endswith("word")
+    assert short_note("invalid: short") == "invalid: short"
+
+
+def test_hfu_below_mfu_says_why(capsys):
+    # Llama 3 70B at 8K with no recompute: causal attention runs half of the score matrix
+    assert main(["run", SCENARIO, "--set", "parallel.recompute=none"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "HFU" in line]
+    assert "below MFU" in line
+    assert main(["run", SCENARIO, "--set", "parallel.recompute=full"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "HFU" in line]
+    assert "below MFU" not in line  # full recompute adds more than causal attention saves

@@ -36,6 +36,15 @@ class SweepResult:
     report: RunReport
 
 
+
+def short_note(note: str, width: int = 160) -> str:
+    """A failed point's note for the table: whole when short, else cut at a word with " ..."
+    (the results file, --csv and --json keep all of it)."""
+    if len(note) <= width:
+        return note
+    cut = note.rfind(" ", 0, width - 4)
+    return note[:cut if cut > 0 else width - 4] + " ..."
+
 def sweep_points(scenario: str, grid: Sequence[str] = (), zip_: Sequence[str] = ()) -> tuple[list[Axis], list[Point]]:
     """The axes and points of a sweep (file block plus command line)."""
     file = scenario_file(scenario)
@@ -109,7 +118,7 @@ def format_sweep(result: SweepResult, sort: str | None = None, top: int | None =
             error = record.get("error") or ""
             prefix = f"{result.scenario}: "
             note = f"{record['status']}: {error[len(prefix):] if error.startswith(prefix) else error}"
-            body.append(values + ["-", "-", "-", "-", "-", "-", note[:120]])
+            body.append(values + ["-", "-", "-", "-", "-", "-", short_note(note)])
     table = render_table(short + ["step", rate_heading(units), "MFU", "bubble", "peak memory", "fits", "note"], body)
     return table + "\n" + summary_line(result)
 

@@ -17,6 +17,25 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole > 0 else "-"
 
 
+def stage_list(stages: tuple[int, ...], width: int = 12) -> str:
+    """A rank's stages in ``width`` characters: all of them, or a run with a fixed step as its
+    first two and its last (``0,16..112``), or as many whole numbers as fit and ``..``."""
+    text = ",".join(map(str, stages))
+    if len(text) <= width:
+        return text
+    step = stages[1] - stages[0]
+    if all(b - a == step for a, b in zip(stages, stages[1:])):
+        text = f"{stages[0]},{stages[1]}..{stages[-1]}"
+        if len(text) <= width:
+            return text
+    kept = ""
+    for number in map(str, stages):
+        if len(kept) + len(number) + 3 > width:  # room for the comma and the ".."
+            break
+        kept += ("," if kept else "") + number
+    return kept + ".."
+
+
 def _memory_rows(summary: Summary) -> list[str]:
     memory = summary.memory
     shown = list(range(len(memory)))
@@ -36,9 +55,7 @@ def _memory_rows(summary: Summary) -> list[str]:
         if r != previous + 1:
             rows.append("    ...")
         m = memory[r]
-        stages = ",".join(str(s) for s in m.stages)
-        if len(stages) > 12:
-            stages = stages[:10] + ".."
+        stages = stage_list(m.stages)
         flag = "" if m.fits else f"  OUT OF MEMORY (largest: {m.largest_category})"
         rows.append(f"    {m.rank:>4}  {stages:<12} {format_bytes(m.weights_bytes):>11} {format_bytes(m.grads_bytes):>11} "
                     f"{format_bytes(m.optimizer_bytes):>11} {format_bytes(m.activations_peak_bytes):>11} "
@@ -98,7 +115,10 @@ def format_summary(summary: Summary) -> str:
           if len(s.layers_per_stage) > 1 else []),
         f"  step time    {format_seconds(step)}   {_throughput(s)}",
         f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
-        f"HFU {100 * s.hfu:.1f} %",
+        f"HFU {100 * s.hfu:.1f} %"
+        # below MFU when causal attention skips more score blocks than recompute adds work
+        + (" (below MFU: model FLOPs count attention's whole score matrix, as the usual formula "
+           "does; hardware FLOPs what the causal kernels run)" if s.hfu < s.mfu else ""),
         f"  bubble       {100 * s.bubble_fraction:.1f} % of the pipeline time ({format_seconds(s.bubble_s)} idle per "
         f"rank; Zero Bubble's rate {100 * s.bubble_rate_zb:.1f} %)",
         f"    by cause: schedule fill/drain {format_seconds(s.bubble_schedule_s)}, stage imbalance "
