@@ -74,8 +74,10 @@ def test_a_misspelled_schedule_or_system_is_refused_before_any_point_runs():
     assert str(caught.value).startswith("--sweep parallel.schedule: unknown schedule")
     with pytest.raises(InputError, match="unknown system 'hgx-h20'; did you mean hgx-h200"):
         expand(axes_from_args([], ["cluster.system=dgx-h100,hgx-h20", "cluster.nodes=4,4"]))
-    # known names, aliases, torch's class names and schedule files pass
+    # known names, aliases, torch's class names and schedule files pass; systems by the names
+    # every command takes (a file's own name: gaudi2-node is in gaudi2_hls.yaml)
     assert len(expand(axes_from_args(["parallel.schedule=1f1b,ZB1P,ScheduleGPipe,file:my.txt"]))) == 4
+    assert len(expand(axes_from_args(["cluster.system=gaudi2-node,dgx-2,dgx-h100"]))) == 3
 
 
 def test_override_text_reads_back_as_the_value():

@@ -203,13 +203,12 @@ def _check_name(field: str, value: Any) -> None:
         if problem:
             raise InputError(problem, f"--sweep {field}")
     if field == "cluster.system" and isinstance(value, str):
-        from mpsim.errors import did_you_mean
-        from mpsim.specs.catalog import system_names
+        from mpsim.specs.loader import find_reference
 
-        names = system_names()
-        if value not in names:
-            hint = did_you_mean(value, names) or f"known: {', '.join(names)}"
-            raise InputError(f"unknown system {value!r}; {hint}", f"--sweep {field}")
+        try:  # the names every command takes: a system's own name, its file's, or a path
+            find_reference(value, "system", None)
+        except InputError as exc:
+            raise InputError(exc.message, f"--sweep {field}") from None
 
 
 def expand(axes: list[Axis]) -> list[Point]:
