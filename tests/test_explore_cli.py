@@ -80,3 +80,14 @@ def test_plan_unknown_model_is_one_line_exit_2(capsys):
     assert main(["plan", "gpt-nonexistent", "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def test_an_empty_heatmap_cell_is_oom_only_when_none_of_its_layouts_fits():
+    from mpsim.explore.plots import empty_cell_reason
+
+    # a cell whose layouts include one that fits but was cut by the plan's bound is not OOM
+    assert empty_cell_reason({"OOM", "bound"}) == "bound"
+    # layouts that could run and do not fit say more than those that cannot run
+    assert empty_cell_reason({"OOM", "invalid"}) == "OOM"
+    assert empty_cell_reason({"invalid"}) == "invalid"
+    assert empty_cell_reason({"OOM"}) == "OOM"

@@ -56,6 +56,16 @@ def _ok(records: Sequence[dict | None]) -> list[dict]:
     return [r for r in records if r is not None and r["status"] == "ok"]
 
 
+# the reason an empty heatmap cell shows, first of those its layouts have
+CELL_REASONS = ("bound", "dominated", "error", "failed", "OOM", "invalid")
+
+
+def empty_cell_reason(found: set[str]) -> str:
+    """What a heatmap cell without a value says, from the statuses of its layouts: OOM only
+    when none of those that could run fits, else the first of ``CELL_REASONS`` among them."""
+    return next((reason for reason in CELL_REASONS if reason in found), min(found))
+
+
 def out_of_memory(record: dict) -> bool:
     """True for a layout that does not fit: cut by the memory check, or simulated and over capacity."""
     return record["status"] == "oom" or bool((record.get("metrics") or {}).get("out_of_memory"))
@@ -93,14 +103,17 @@ def heatmap(records: Sequence[dict | None], x_field: str, y_field: str, path: st
         raise InputError(f"the results have no values for {x_field} and {y_field}; pick two swept fields",
                          "--heatmap-axes")
     best: dict[tuple, float] = {}
-    why: dict[tuple, str] = {}
+    reasons: dict[tuple, set[str]] = {}
     for r in present:
         cell = (value_of(r, x_field), value_of(r, y_field))
         m = r.get("metrics") or {}
         if r["status"] == "ok" and not m.get("out_of_memory") and metric_of(m) is not None:
             best[cell] = max(best.get(cell, float("-inf")), metric_of(m))
         else:
-            why.setdefault(cell, "OOM" if out_of_memory(r) else r["status"])
+            reasons.setdefault(cell, set()).add("OOM" if out_of_memory(r) else r["status"])
+    # an empty cell is OOM only when none of its layouts fits; else the reason of one that
+    # fits and was not run (a plan's bound, a lighter recompute that fits), then the others
+    why = {cell: empty_cell_reason(found) for cell, found in reasons.items()}
     grid = np.full((len(ys), len(xs)), np.nan)
     for (x, y), v in best.items():
         grid[ys.index(y), xs.index(x)] = v
@@ -128,6 +141,10 @@ def heatmap(records: Sequence[dict | None], x_field: str, y_field: str, path: st
     if metric == "tokens_per_s":
         name = rate_heading(record_rate(r["metrics"])[1] for r in present if r["status"] == "ok")
     ax.set_title(title or f"{name} (best over the other fields; OOM: no layout fits)")
+    if "bound" in why.values():  # a plan's cells whose layouts fit but could not beat the ones shown
+        ax.text(0.5, -0.02, "bound: fits, but its lower bound on the step time is slower than the best shown "
+                            "(not simulated)", transform=fig.transFigure, ha="center", va="bottom", fontsize=8,
+                color="#555555")
     fig.colorbar(image, ax=ax, label=name)
     _save(fig, path)
 
