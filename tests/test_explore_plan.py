@@ -96,6 +96,12 @@ def test_report_names_the_reasons(tiny):
     reasons = {loss.reason: loss for loss in explain_losses(result, 5)}
     assert "more recompute than needed" in reasons  # everything fits, so recompute never pays
     assert sum(loss.count for loss in reasons.values()) == len(result.points) - 5
+    # a cut layout is compared with #1 in the same terms, the lower bounds', and says so
+    for loss in reasons.values():
+        if loss.example["status"] == "bound":
+            assert "in the lower bounds:" in loss.detail and "in #1's" in loss.detail
+        if loss.reason == "bubble" and loss.example["status"] == "ok":
+            assert "bubble (idle, transfer waits apart)" in loss.detail
 
 
 def test_report_notes_winners_that_fit_only_without_fragmentation(tiny):

@@ -72,7 +72,10 @@ def loss_reason(record: dict, best: dict) -> tuple[str, str]:
         mine, theirs = {"compute": (m["compute_s"], b["compute_s"]), "bubble": (m["bubble_s"], b["bubble_s"]),
                         "communication": (_comm(m), _comm(b)),
                         "optimizer": (m["optimizer_s"], b["optimizer_s"])}[reason]
-        return reason, (f"step {fmt_seconds(m['step_time_s'])}: {reason} {fmt_seconds(mine)} "
+        # the bubble of the breakdown is the idle time less the waits for pipeline transfers
+        # (those count as communication), so it can be below the idle time the summary prints
+        part = "bubble (idle, transfer waits apart)" if reason == "bubble" else reason
+        return reason, (f"step {fmt_seconds(m['step_time_s'])}: {part} {fmt_seconds(mine)} "
                         f"vs {fmt_seconds(theirs)} in #1")
     if status == "bound" and "bound_busy_s" in m and "bound_busy_s" in b:
         mine, theirs = _bound_parts(m), _bound_parts(b)
@@ -80,8 +83,8 @@ def loss_reason(record: dict, best: dict) -> tuple[str, str]:
         part = "pipeline fill and drain" if reason == "bubble" else reason
         return reason, (f"not simulated: its fill and drain plus its busiest rank's own work, "
                         f"{fmt_seconds(m['lower_bound_s'])}, "
-                        f"already exceeds the last shown step time ({part} {fmt_seconds(mine[reason])} "
-                        f"vs {fmt_seconds(theirs[reason])} in #1)")
+                        f"already exceeds the last shown step time (in the lower bounds: {part} "
+                        f"{fmt_seconds(mine[reason])} vs {fmt_seconds(theirs[reason])} in #1's)")
     return "not reached", record.get("error") or status
 
 
