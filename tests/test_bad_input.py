@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +128,12 @@ def test_plan_names_the_pinned_field_that_no_layout_can_take(tmp_path):
     assert line.startswith("error: --set parallel.tp: no layout with the --set values: tp=3 does not divide")
     # only sizes that split the 32 query heads, the 8 key/value heads and the FFN are offered
     assert line.endswith("use one of 1, 2, 4, 8")
+
+
+def test_a_plan_where_nothing_can_run_does_not_blame_memory(tmp_path):
+    # V100s have no bf16: every layout is invalid, and the one error line says why
+    result = run_cli("plan", "llama3-8b", "--cluster", "dgx-2", "--devices", "16", "--global-batch", "64", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "no layout fits in memory" not in result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert re.search(r"all [0-9,]+ points are invalid", line) and "bf16 has no peak_flops entry" in line

@@ -291,7 +291,7 @@ def _not_a_candidate(record: dict) -> bool:
     return record.get("status") != "fits"
 
 
-def _why_no_layout(scenario: Scenario, pinned: Sequence[str]) -> InputError:
+def _why_no_layout(scenario: Scenario, pinned: Sequence[str], schedules: Sequence[str] = ()) -> InputError:
     """The error when nothing was enumerated: a pinned field's own rule where one breaks it (a
     ``--set parallel.tp=3`` that does not divide the heads), else the sizes to check."""
     from mpsim.specs.layout import resolve_layout
@@ -302,8 +302,10 @@ def _why_no_layout(scenario: Scenario, pinned: Sequence[str]) -> InputError:
         except InputError as exc:
             if exc.field in pinned:
                 return InputError(f"no layout with the --set values: {exc.message}", f"--set {exc.field}")
-    return InputError("no layout satisfies the model's and the cluster's divisibility rules; check --devices "
-                      "and --global-batch")
+    checks = ["--devices", "--global-batch"] + (["the --set values"] if pinned else []) \
+        + (["--schedules"] if schedules else [])
+    return InputError("no layout satisfies the model's and the cluster's divisibility rules; check "
+                      + (", ".join(checks[:-1]) + " and " + checks[-1]))
 
 
 def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_microbatch_size: int = 8,
@@ -316,7 +318,7 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
     ctx = PlanContext(scenario, max_microbatch_size, max_vpp, tuple(schedules), max_cp, tuple(zero_stages))
     points: list[Point] = [tuple(layout.items()) for layout in enumerate_layouts(ctx, pinned)]
     if not points:
-        raise _why_no_layout(scenario, pinned)
+        raise _why_no_layout(scenario, pinned, schedules)
     identity = plan_identity(scenario)
     keep = max(1, top)
     with Session(backend, workers, ray_address) as session:

@@ -176,8 +176,9 @@ def format_plan(result: PlanResult, shown: int) -> str:
                  + ")")
     winners = ranked(result)
     if not winners:
-        lines.append("\nno layout fits in memory; try more devices, a larger --set parallel.global_batch_size "
-                     "split, or a smaller model")
+        if counts["oom"] or counts["ok"]:  # where nothing could run at all, the error line after this says why
+            lines.append("\nno layout fits in memory; try more devices, a larger --set parallel.global_batch_size "
+                         "split, or a smaller model")
         losses = explain_losses(result, 0)
     else:
         lines += ["", f"best {min(shown, len(winners))} layouts", top_table(winners[:shown])]
