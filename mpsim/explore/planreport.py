@@ -186,8 +186,9 @@ def format_plan(result: PlanResult, shown: int) -> str:
                  if tight_fit(record["metrics"]["peak_memory_bytes"], record["metrics"]["capacity_bytes"],
                               scenario.training.memory_fragmentation)]
         if tight:
-            lines.append(f"note: {', '.join(tight)} leave less than {100 * LEAST_MEASURED_FRAGMENTATION:.1f} % of "
-                         f"their peak free; {TIGHT_FIT_ADVICE}")
+            verb, whose = ("leaves", "its") if len(tight) == 1 else ("leave", "their")
+            lines.append(f"note: {', '.join(tight)} {verb} less than {100 * LEAST_MEASURED_FRAGMENTATION:.1f} % of "
+                         f"{whose} peak free; {TIGHT_FIT_ADVICE}")
         searched = sorted({record["metrics"]["schedule"] for record in winners[:shown]} & set(SEARCHED))
         if searched:
             verb = "is" if len(searched) == 1 else "are"
