@@ -137,3 +137,19 @@ def test_a_plan_where_nothing_can_run_does_not_blame_memory(tmp_path):
     assert "no layout fits in memory" not in result.stdout + result.stderr
     [line] = result.stderr.strip().splitlines()
     assert re.search(r"all [0-9,]+ points are invalid", line) and "bf16 has no peak_flops entry" in line
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    # a pinned schedule that --schedules leaves out would silently narrow the search to nothing
+    (["--set", "parallel.schedule=zbv", "--schedules", "1f1b"],
+     "--schedules: does not include zbv, which --set parallel.schedule pins"),
+    # what pricing the whole run needs is checked before the search, and named by plan's own option
+    (["--tokens", "1e12"], "--tokens needs reliability.storage_bandwidth"),
+])
+def test_plan_refuses_before_searching(tmp_path, extra, fragment):
+    result = run_cli("plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "512",
+                     *extra, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stdout == ""  # nothing of a search was printed
+    [line] = result.stderr.strip().splitlines()
+    assert fragment in line

@@ -140,3 +140,15 @@ def test_plan_is_the_same_with_one_worker_or_two(tiny):
     assert two.workers == 2
     assert [(r["key"], r["status"], r["metrics"]) for r in one.records] == \
         [(r["key"], r["status"], r["metrics"]) for r in two.records]
+
+
+def test_a_pinned_recompute_mode_is_never_dominated(tmp_path):
+    # --set parallel.recompute=full pins the mode: no lighter one is enumerated, so none can
+    # dominate it, and every layout that fits is checked further
+    path = tmp_path / "gpt_1_3b.yaml"
+    path.write_text(TINY_MODEL)
+    pinned = base_scenario(str(path), "dgx-a100", 8, 16, overrides=["parallel.recompute=full"])
+    result = plan(pinned, pinned=["parallel.recompute"], **SMALL)
+    statuses = [r["status"] for r in result.records if r is not None]
+    assert "dominated" not in statuses and "ok" in statuses
+    assert all(r["point"]["parallel.recompute"] == "full" for r in result.records if r is not None)

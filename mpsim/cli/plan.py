@@ -103,6 +103,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise InputError("expected stages among 0,1,2,3", "--zero-stages")
     if args.max_cp < 1:
         raise InputError("must be 1 or more", "--max-cp")
+    _check_before_planning(args, scenario, pinned, schedules)
     try:
         result = plan(scenario, top=args.top, pinned=pinned, max_microbatch_size=args.max_microbatch,
                       max_vpp=args.max_vpp, schedules=schedules, max_cp=args.max_cp, zero_stages=zero_stages,
@@ -141,6 +142,26 @@ def _plan(args: argparse.Namespace) -> int:
 # the layouts re-simulated to rank by time to train: the fastest by step time, this many
 # times --top (a slower step can win only through its data-parallel tail)
 TRAIN_POOL = 3
+
+
+def _check_before_planning(args: argparse.Namespace, scenario, pinned: list[str], schedules: list[str]) -> None:
+    """What would fail after the search, or quietly narrow it, refused before it starts: a
+    pinned schedule that --schedules leaves out, and what --tokens and --samples need."""
+    from mpsim.schedules import canonical_name
+
+    if "parallel.schedule" in pinned and schedules:
+        chosen = canonical_name(scenario.parallel.schedule)
+        if chosen not in {canonical_name(name) for name in schedules}:
+            raise InputError(f"does not include {chosen}, which --set parallel.schedule pins; give one of the two",
+                             "--schedules")
+    if args.tokens is not None:
+        from mpsim.reliability.goodput import check_goodput_inputs
+
+        check_goodput_inputs(scenario, args.tokens, option="--tokens")
+    if args.samples is not None:
+        from mpsim.reliability.op_variation import op_cvs
+
+        op_cvs(scenario)
 
 
 def _time_to_train(args: argparse.Namespace, result) -> list[dict]:

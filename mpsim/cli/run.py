@@ -37,6 +37,7 @@ def _run_step(args: argparse.Namespace) -> int:
     # (mpsim/engine/excise.py); --full-timeline runs every action, the check of that shortcut
     engine = {"engine": engine_simulate} if args.full_timeline else {}
     try:
+        _check_whole_run_inputs(args, loaded.scenario)  # before the step is simulated, not after
         result = simulate(loaded.scenario, loaded.path.parent if loaded.path else None, **engine)
         extras = _whole_run(args, result)
     except InputError as exc:
@@ -104,6 +105,18 @@ def _check_run_options(args: argparse.Namespace) -> None:
         raise InputError("needs --tokens T, the tokens to train", field="--goodput")
     if args.goodput_plot and not args.goodput:
         raise InputError("needs --goodput", field="--goodput-plot")
+
+
+def _check_whole_run_inputs(args: argparse.Namespace, scenario) -> None:
+    """What --samples and --goodput need from the scenario (variations, reliability fields)."""
+    if args.samples is not None:
+        from mpsim.reliability.op_variation import op_cvs
+
+        op_cvs(scenario)
+    if args.goodput:
+        from mpsim.reliability.goodput import check_goodput_inputs
+
+        check_goodput_inputs(scenario, args.tokens)
 
 
 def _whole_run(args: argparse.Namespace, result) -> dict:

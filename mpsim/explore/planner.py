@@ -78,6 +78,9 @@ class PlanEvaluator:
     mode: str = "check"
     engine: str = "fast"
     identity: str = ""
+    # the recompute modes the plan enumerates: a lighter mode dominates a heavier one only when
+    # it is among them (a --set parallel.recompute pin leaves one, which nothing dominates)
+    recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
 
     def _scenario(self, fields: dict[str, Any]) -> tuple[Scenario, Prepared]:
         group = self._key(fields, SCHEDULE_FIELD)
@@ -154,6 +157,8 @@ class PlanEvaluator:
         if mode not in RECOMPUTE_MODES:
             return None
         for lighter in RECOMPUTE_MODES[:RECOMPUTE_MODES.index(mode)]:
+            if lighter not in self.recompute_modes:
+                continue
             try:
                 peak, capacity, _, _ = self._memory({**fields, RECOMPUTE_FIELD: lighter})
             except InputError:
@@ -322,7 +327,8 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
     identity = plan_identity(scenario)
     keep = max(1, top)
     with Session(backend, workers, ray_address) as session:
-        checked = run_points(PlanEvaluator(scenario, "check", engine, identity), points, session,
+        modes = tuple(m for m in RECOMPUTE_MODES if any(dict(p).get(RECOMPUTE_FIELD) == m for p in points))
+        checked = run_points(PlanEvaluator(scenario, "check", engine, identity, modes), points, session,
                              RunControl(out=out, progress=progress, label="plan: check"))
         result = PlanResult(scenario, points, list(checked.records), keep, workers=checked.workers,
                             backend=checked.backend, reused=checked.reused, passes=[checked])

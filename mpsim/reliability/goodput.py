@@ -136,6 +136,20 @@ def checkpoint_bytes(result: SimulationResult) -> float:
     return params * per_param
 
 
+def check_goodput_inputs(scenario, tokens: float, option: str = "--goodput") -> None:
+    """What pricing a whole run needs beyond the step, checked before anything is simulated:
+    the ``reliability`` fields without a default and a positive token count. ``option`` is the
+    command-line option that asked for it."""
+    spec = scenario.reliability
+    for name in ("storage_bandwidth", "restart_time"):
+        if spec is None or getattr(spec, name) is None:
+            raise InputError(f"{option} needs reliability.{name} in the scenario (or --set "
+                             f"reliability.{name}=...); it has no default (docs/reliability.md)",
+                             field=f"reliability.{name}")
+    if not tokens > 0 or not math.isfinite(tokens):
+        raise InputError(f"must be a positive number of tokens, got {tokens!r}", field="--tokens")
+
+
 def goodput(result: SimulationResult, tokens: float, step_time_s: float | None = None) -> GoodputReport:
     """Expected time to train ``tokens`` with the scenario's ``reliability`` block.
 
@@ -143,14 +157,8 @@ def goodput(result: SimulationResult, tokens: float, step_time_s: float | None =
     Storage bandwidth and restart time have no default: missing ones are input errors.
     """
     scenario, layout = result.scenario, result.layout
+    check_goodput_inputs(scenario, tokens)
     spec = scenario.reliability
-    for name in ("storage_bandwidth", "restart_time"):
-        if spec is None or getattr(spec, name) is None:
-            raise InputError(f"--goodput needs reliability.{name} in the scenario (or --set "
-                             f"reliability.{name}=...); it has no default (docs/reliability.md)",
-                             field=f"reliability.{name}")
-    if not tokens > 0 or not math.isfinite(tokens):
-        raise InputError(f"must be a positive number of tokens, got {tokens!r}", field="--tokens")
     step_s = result.timeline.step_time_s if step_time_s is None else step_time_s
     tokens_per_step = layout.global_batch_size * scenario.model.seq_length
     steps = math.ceil(tokens / tokens_per_step)
