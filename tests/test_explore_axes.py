@@ -110,3 +110,13 @@ def test_bad_sweep_block_names_the_file(tmp_path):
     with pytest.raises(InputError) as error:
         axes_from_yaml(yaml.safe_load(path.read_text())["sweep"], str(path))
     assert "bad.yaml" in str(error.value)
+
+
+def test_a_malformed_range_is_refused_not_taken_as_a_value():
+    with pytest.raises(InputError, match=r"range '2\^a\.\.3'"):
+        axes_from_args(["parallel.tp=2^a..3"])
+    with pytest.raises(InputError, match=r"range '1\.\.x'"):
+        axes_from_args(["parallel.tp=1..x"])
+    # a path with ".." is a value
+    [axis] = axes_from_args(["parallel.schedule=file:../mine.txt"])
+    assert axis.values == (("file:../mine.txt",),)

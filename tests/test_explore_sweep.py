@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from mpsim.errors import InputError
 from mpsim.explore import evaluate
 from mpsim.explore.pools import Session
 from mpsim.explore.runner import run_points
@@ -33,6 +34,15 @@ def test_invalid_combinations_are_skipped_and_counted(tmp_path):
     assert "parallel.tp" in invalid["error"] and "num_attention_heads" in invalid["error"]
     text = format_sweep(result)
     assert "3 invalid (skipped)" in text and "3 simulated" in text
+
+
+def test_a_misspelled_field_stops_the_sweep_before_any_point(tmp_path):
+    # a value a point cannot take is that point's "invalid" (above); a field the scenario has
+    # not is a typo in the sweep: one error naming --sweep, and nothing is written
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(InputError, match="unknown field; did you mean 'tp'") as caught:
+        run_sweep(SCENARIO, ["parallel.tpp=1,2"], workers=1, out=str(out))
+    assert str(caught.value).startswith("--sweep parallel.tpp:") and not out.exists()
 
 
 def test_zipped_points_and_their_records(tmp_path):

@@ -79,6 +79,15 @@ def _split_top_level(text: str) -> list[str]:
     return [part.strip() for part in parts]
 
 
+def _meant_as_range(text: str) -> bool:
+    """Text with ``..`` between numbers or after a power that the range forms did not take
+    (``2^a..3``, ``1..x``): a malformed range, not a value; a path such as ``file:../a.txt`` is not."""
+    if text.count("..") != 1 or any(char in text for char in "/\\[]{},'\" "):
+        return False
+    left, right = text.split("..")
+    return ":" not in left and ("^" in left or left[-1:].isdigit() or right[:1].isdigit())
+
+
 def parse_values(text: str, label: str) -> list[Any]:
     """Values of one axis from text: a range, powers, or a comma-separated list of YAML scalars."""
     text = text.strip()
@@ -104,6 +113,9 @@ def parse_values(text: str, label: str) -> list[Any]:
         if (high - low) // step + 1 > MAX_RANGE_VALUES:
             raise InputError(f"range {text!r} has more than {MAX_RANGE_VALUES} values", label)
         return list(range(low, high + 1, step))
+    if _meant_as_range(text):
+        raise InputError(f"range {text!r}: write LOW..HIGH, LOW..HIGH:STEP or BASE^LOW..HIGH with whole numbers",
+                         label)
     values = []
     for part in _split_top_level(text):
         if not part:

@@ -60,6 +60,22 @@ def sweep_points(scenario: str, grid: Sequence[str] = (), zip_: Sequence[str] = 
     return axes, expand(axes)
 
 
+def check_swept_fields(scenario: str, axes, overrides: Sequence[str] = ()) -> None:
+    """A swept field the scenario has no such field for is a typo in the sweep: one line
+    naming ``--sweep`` before any point runs (a value a point cannot take stays that point's
+    "invalid")."""
+    from mpsim.explore.axes import override_text
+    from mpsim.specs import load_scenario
+
+    for axis in axes:
+        for index, name in enumerate(axis.fields):
+            try:
+                load_scenario(scenario, [*overrides, override_text(name, axis.values[0][index])])
+            except InputError as exc:
+                if exc.message.startswith("unknown field"):
+                    raise InputError(exc.message, f"--sweep {name}") from None
+
+
 def run_sweep(scenario: str, grid: Sequence[str] = (), zip_: Sequence[str] = (), overrides: Sequence[str] = (), *,
               engine: str = "fast", backend: str = "local", workers: int | None = None,
               ray_address: str | None = None, out: str | None = None, limit: int | None = None,
@@ -67,6 +83,7 @@ def run_sweep(scenario: str, grid: Sequence[str] = (), zip_: Sequence[str] = (),
               retry_failed: bool = False) -> SweepResult:
     """Evaluate every point of the sweep; records already in ``out`` are reused."""
     axes, points = sweep_points(scenario, grid, zip_)
+    check_swept_fields(scenario, axes, overrides)
     file = scenario_file(scenario)
     identity = {"scenario": display_path(file), "content": file_digest(file), "set": list(overrides)}
     evaluator = SweepEvaluator(str(file), tuple(overrides), engine, identity)
