@@ -91,3 +91,21 @@ def test_an_empty_heatmap_cell_is_oom_only_when_none_of_its_layouts_fits():
     assert empty_cell_reason({"OOM", "invalid"}) == "OOM"
     assert empty_cell_reason({"invalid"}) == "invalid"
     assert empty_cell_reason({"OOM"}) == "OOM"
+
+
+def test_heatmap_options_are_checked_before_the_sweep_runs(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    picture = str(tmp_path / "h.png")
+    for extra, fragment in ((["--heatmap-metric", "foo"], "--heatmap-metric: unknown metric 'foo'"),
+                            ([], "--heatmap: needs two swept fields (swept: parallel.tp)"),
+                            (["--heatmap-axes", "parallel.tp,parallel.zz"], "'parallel.zz' is neither swept")):
+        assert main(["sweep", SCENARIO, "--sweep", "parallel.tp=4,8", "--workers", "1", "--out", str(out),
+                     "--heatmap", picture, *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and fragment in captured.err  # no table: nothing ran
+        assert not out.exists()
+    # a layout number the points report (dp, from tp and pp) is an axis; points without metrics
+    # (invalid ones) have no cell rather than stopping the picture
+    assert main(["sweep", SCENARIO, "--sweep", "parallel.tp=2,4,8", "--sweep", "parallel.pp=2,4,8", "--workers", "1",
+                 "--heatmap", picture, "--heatmap-axes", "parallel.tp,parallel.dp"]) in (0, 3)
+    assert (tmp_path / "h.png").read_bytes()[:8] == PNG

@@ -10,6 +10,8 @@ from mpsim.cli.common import (add_csv_arg, add_scenario_args, csv_to_stdout, no_
 from mpsim.errors import EXIT_INTERRUPTED, InputError
 
 # the table's metric columns, as the records' metrics (docs/explore.md)
+# layout numbers every simulated point's metrics carry, which a heatmap may take as an axis
+LAYOUT_METRICS = ("tp", "pp", "dp", "vpp", "microbatch_size", "num_microbatches", "global_batch_size", "devices")
 METRIC_COLUMNS = ["step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_bytes", "out_of_memory"]
 
 
@@ -50,6 +52,7 @@ def _sweep(args: argparse.Namespace) -> int:
     check_backend(args)
     if args.limit is not None and args.limit < 0:
         raise InputError("must be 0 or more", "--limit")
+    _check_heatmap_args(args)
     try:
         result = run_sweep(args.scenario, args.sweep, args.zip, args.overrides, engine=args.engine,
                            backend=args.backend, workers=args.workers, ray_address=args.ray_address, out=args.out,
@@ -107,6 +110,29 @@ def _cell(value):
     import json
 
     return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def _check_heatmap_args(args: argparse.Namespace) -> None:
+    """The heatmap's two fields are swept and its metric exists: said before the sweep runs,
+    not after it (or in an empty picture)."""
+    if not args.heatmap:
+        return
+    from mpsim.explore.evaluate import NUMERIC_METRICS
+    from mpsim.explore.sweep import sweep_points
+
+    if args.heatmap_metric not in NUMERIC_METRICS:
+        raise InputError(f"unknown metric {args.heatmap_metric!r}; use one of {', '.join(NUMERIC_METRICS)}",
+                         "--heatmap-metric")
+    axes, _ = sweep_points(args.scenario, args.sweep, args.zip)
+    fields = [name for axis in axes for name in axis.fields]
+    chosen = args.heatmap_axes.split(",") if args.heatmap_axes else fields[:2]
+    if len(chosen) != 2:
+        raise InputError(f"needs two swept fields (swept: {', '.join(fields)}): give --heatmap-axes X,Y", "--heatmap")
+    for name in chosen:
+        # a swept field, or a layout number every simulated point reports (dp when tp and pp are swept)
+        if name.strip() not in fields and name.strip().rsplit(".", 1)[-1] not in LAYOUT_METRICS:
+            raise InputError(f"{name.strip()!r} is neither swept nor a layout number of the results; swept: "
+                             f"{', '.join(fields)}", "--heatmap-axes")
 
 
 def _plots(args: argparse.Namespace, result) -> None:

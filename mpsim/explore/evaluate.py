@@ -114,6 +114,11 @@ def summary_metrics(summary: Any) -> dict[str, Any]:
     }
 
 
+# the numbers of summary_metrics a heatmap can colour its cells by
+NUMERIC_METRICS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "throughput_per_s",
+                   "model_tflops_per_device", "mfu", "hfu", "bubble_fraction", "compute_s", "exposed_tp_comm_s",
+                   "exposed_pp_comm_s", "bubble_s", "exposed_dp_comm_s", "optimizer_s", "peak_memory_bytes")
+
 BREAKDOWN = (("compute_s", "compute"), ("exposed_tp_comm_s", "TP comm"), ("exposed_pp_comm_s", "PP comm"),
              ("bubble_s", "bubble"), ("exposed_dp_comm_s", "DP comm"), ("optimizer_s", "optimizer"))
 

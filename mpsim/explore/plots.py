@@ -96,10 +96,12 @@ def heatmap(records: Sequence[dict | None], x_field: str, y_field: str, path: st
         # tokens_per_s is the throughput: shown in the model's own unit (images/s of a ViT)
         return record_rate(m)[0] if metric == "tokens_per_s" and "tokens_per_s" in m else m.get(metric)
 
-    present = [r for r in records if r is not None]
+    # a point that was not simulated has no metrics, so no derived axis value (dp): it has no cell
+    present = [r for r in records if r is not None
+               and value_of(r, x_field) is not None and value_of(r, y_field) is not None]
     xs = sorted({value_of(r, x_field) for r in present}, key=_sort_key)
     ys = sorted({value_of(r, y_field) for r in present}, key=_sort_key)
-    if not xs or not ys or None in xs or None in ys:
+    if not xs or not ys:
         raise InputError(f"the results have no values for {x_field} and {y_field}; pick two swept fields",
                          "--heatmap-axes")
     best: dict[tuple, float] = {}
