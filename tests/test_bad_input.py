@@ -153,3 +153,11 @@ def test_plan_refuses_before_searching(tmp_path, extra, fragment):
     assert result.stdout == ""  # nothing of a search was printed
     [line] = result.stderr.strip().splitlines()
     assert fragment in line
+
+
+def test_plan_find_with_an_unknown_name_is_one_line(tmp_path):
+    result = run_cli("plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "512",
+                     "--find", "tpp=8", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --find tpp=8: no layout has a 'tpp'") and "did you mean tp" in line
