@@ -161,3 +161,13 @@ def test_plan_find_with_an_unknown_name_is_one_line(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: --find tpp=8: no layout has a 'tpp'") and "did you mean tp" in line
+
+
+@pytest.mark.parametrize("args, line", [
+    (["nosuchfile.txt"], "error: nosuchfile.txt: schedule file not found"),
+    (["zbv", "--pp", "4", "--microbatches", "8"], "error: zbv: zbv runs exactly 2 chunk(s) per rank; set --vpp to 2"),
+    (["zbx", "--pp", "4", "--microbatches", "8"], "error: zbx: unknown schedule 'zbx'; did you mean zbv?"),
+])
+def test_schedule_command_names_the_real_problem(tmp_path, args, line):
+    result = run_cli("schedule", *args, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == line

@@ -29,12 +29,20 @@ def _schedule(args: argparse.Namespace) -> int:
         print(f"{path}: valid: {schedule.num_ranks} ranks, {pipelines}{schedule.num_stages} stages, "
               f"{schedule.num_microbatches} microbatches, {actions} actions")
         return 0
+    from mpsim.schedules import unknown_schedule
+
+    problem = unknown_schedule(args.name)
+    if problem:
+        # a name no schedule has, or a file path that is not there
+        looks_like_file = args.name.endswith((".txt", ".yaml", ".json")) or "/" in args.name
+        raise InputError("schedule file not found" if looks_like_file else problem, args.name)
     if args.pp is None or args.microbatches is None:
         raise InputError("give --pp and --microbatches to generate a schedule", args.name)
     try:
         schedule = build_schedule(args.name, args.pp, args.vpp, args.microbatches, check=True, timer=rank_spans)
     except ScheduleError as exc:
-        raise InputError(str(exc), args.name) from None
+        # the registry speaks of the scenario's field; here the option sets it
+        raise InputError(str(exc).replace("parallel.vpp", "--vpp"), args.name) from None
     text = schedule.to_text()
     if args.out:
         Path(args.out).write_text(text)
