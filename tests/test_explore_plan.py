@@ -152,3 +152,11 @@ def test_a_pinned_recompute_mode_is_never_dominated(tmp_path):
     statuses = [r["status"] for r in result.records if r is not None]
     assert "dominated" not in statuses and "ok" in statuses
     assert all(r["point"]["parallel.recompute"] == "full" for r in result.records if r is not None)
+
+
+def test_the_invalid_example_is_one_the_most_common_reason_refused(tiny):
+    # DualPipeV needs at least 2 x pp microbatches: with the tiny batch many layouts are refused
+    result = plan(tiny, **{**SMALL, "schedules": ("1f1b", "dualpipev")})
+    invalid = {loss.reason: loss for loss in explain_losses(result, 5)}["invalid"]
+    assert invalid.example["status"] == "invalid" and invalid.example["error"] in invalid.detail
+    assert invalid.detail.startswith("most common (")

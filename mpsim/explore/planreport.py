@@ -124,8 +124,10 @@ def explain_losses(result: PlanResult, shown: int) -> list[Loss]:
             continue
         _, example, detail = min(members, key=lambda item: item[0])
         if reason == "invalid":
+            # the example is one of the layouts the most common reason refused
             common, count = Counter(d for _, _, d in members).most_common(1)[0]
-            detail = f"most common ({count}): {common}"
+            _, example, _ = min((item for item in members if item[2] == common), key=lambda item: item[0])
+            detail = f"most common ({count:,}): {common}"
         losses.append(Loss(reason, len(members), example, detail))
     return losses
 
