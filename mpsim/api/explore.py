@@ -108,16 +108,27 @@ def _axis_text(name: Any, values: Any) -> str:
 class Exploration:
     """The records of a sweep or a plan: one per point, in point order (None where not reached)."""
 
-    def __init__(self, outcome: Any, records: list[dict | None], text: str):
+    def __init__(self, outcome: Any, records: list[dict | None], text: str, ranking: list[dict] | None = None):
         self.outcome = outcome  # the explore layer's SweepResult or PlanResult
         self.records = records
         self._text = text
+        self._ranking = ranking  # a plan's winners, best first
 
     def to_dataframe(self) -> Any:
-        """One row per point reached: its fields, status, error and metrics (needs pandas)."""
-        rows = [{**dict(r["point"]), "status": r["status"], "error": r.get("error"), **(r.get("metrics") or {})}
-                for r in self.records if r is not None]
-        return dataframe(rows)
+        """One row per point reached: its fields, status, error and metrics (needs pandas). A
+        plan's rows carry their ``rank`` (1 for the best; none for layouts that did not rank) and
+        come best first, then the others in the order they were enumerated."""
+        def row(r: dict) -> dict:
+            return {**dict(r["point"]), "status": r["status"], "error": r.get("error"), **(r.get("metrics") or {})}
+
+        reached = [r for r in self.records if r is not None]
+        if self._ranking is None:
+            return dataframe([row(r) for r in reached])
+        position = {id(r): i for i, r in enumerate(self._ranking, 1)}
+        ordered = list(self._ranking) + [r for r in reached if id(r) not in position]
+        frame = dataframe([{"rank": position.get(id(r)), **row(r)} for r in ordered])
+        frame["rank"] = frame["rank"].astype("Int64")  # whole numbers, empty where a layout did not rank
+        return frame
 
     def __repr__(self) -> str:
         return self._text
@@ -157,7 +168,7 @@ def plan(model: str | os.PathLike, *, cluster: str | os.PathLike, devices: int, 
     planner's own (``max_microbatch_size``, ``max_vpp``, ``max_cp``, ``zero_stages``, ``prune``)."""
     from mpsim.explore.planbase import base_scenario
     from mpsim.explore.planner import plan as run_plan
-    from mpsim.explore.planreport import format_plan
+    from mpsim.explore.planreport import format_plan, ranked
     from mpsim.specs.loader import parse_override
 
     allowed = {"max_microbatch_size", "max_vpp", "max_cp", "zero_stages", "prune"}
@@ -177,4 +188,4 @@ def plan(model: str | os.PathLike, *, cluster: str | os.PathLike, devices: int, 
     names = _schedule_names(schedules, allow_none=True)
     result = run_plan(scenario, top=top, pinned=pinned, schedules=names, engine=engine, workers=workers,
                       progress=False, **options)
-    return Exploration(result, result.records, format_plan(result, top))
+    return Exploration(result, result.records, format_plan(result, top), ranking=ranked(result))
