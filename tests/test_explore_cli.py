@@ -109,3 +109,15 @@ def test_heatmap_options_are_checked_before_the_sweep_runs(tmp_path, capsys):
     assert main(["sweep", SCENARIO, "--sweep", "parallel.tp=2,4,8", "--sweep", "parallel.pp=2,4,8", "--workers", "1",
                  "--heatmap", picture, "--heatmap-axes", "parallel.tp,parallel.dp"]) in (0, 3)
     assert (tmp_path / "h.png").read_bytes()[:8] == PNG
+
+
+def test_a_resumed_plan_writes_the_same_report(tmp_path, capsys):
+    # records read back from the results file have their keys sorted; the report keeps the
+    # plan's field order (with dp beside pp) either way
+    args = ["plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "512",
+            "--workers", "1", "--out", str(tmp_path / "r.jsonl")]
+    assert main([*args, "--report", str(tmp_path / "fresh.html")]) == 0
+    assert main([*args, "--report", str(tmp_path / "resumed.html")]) == 0
+    capsys.readouterr()
+    fresh = (tmp_path / "fresh.html").read_bytes()
+    assert fresh == (tmp_path / "resumed.html").read_bytes() and b"parallel.dp" in fresh

@@ -221,8 +221,19 @@ def _report(args: argparse.Namespace, result) -> None:
         return simulate_for_report(apply_fields(result.scenario, point), [])
 
     counts = ", ".join(f"{count:,} {status}" for status, count in sorted(status_counts(result).items()))
-    fields = list(dict.fromkeys(name for record in result.records if record is not None for name in record["point"]))
-    listed = [r for r in result.records if r is not None and r["status"] in ("ok", "oom")]
+    # the fields in the order the plan enumerates them (records read back from a results file
+    # have their keys sorted), with the data-parallel size each layout leaves beside pp
+    fields = list(dict.fromkeys(name for point in result.points for name, _ in point))
+    if "parallel.pp" in fields:
+        fields.insert(fields.index("parallel.pp") + 1, "parallel.dp")
+    devices = result.scenario.cluster.devices
+
+    def with_dp(record: dict) -> dict:
+        point = record["point"]
+        width = point.get("parallel.tp", 1) * point.get("parallel.cp", 1) * point.get("parallel.pp", 1)
+        return {**record, "point": {**point, "parallel.dp": devices // width}}
+
+    listed = [with_dp(r) for r in result.records if r is not None and r["status"] in ("ok", "oom")]
     scenario = result.scenario
     write_records_report(
         args.report, f"plan: {scenario.model.name} on {scenario.cluster.devices:,} x {scenario.cluster.system.name}",
