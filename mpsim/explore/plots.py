@@ -34,11 +34,16 @@ COLORS = {"compute": "#4878a8", "TP comm": "#d1495b", "PP comm": "#edae49", "bub
 
 
 def _pyplot():
+    import logging
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # the log axes' tick labels look for a STIX font for a glyph and fall back to DejaVu Sans,
+    # with a warning line per label on stderr that says nothing about the picture
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     return plt
 
 
