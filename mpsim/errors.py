@@ -35,10 +35,14 @@ EXIT_INTERRUPTED = 130
 
 def closest_names(name: str, known: list[str], n: int = 3) -> list[str]:
     """The entries of ``known`` closest to ``name`` by difflib's ratio, best first (none
-    when nothing is close)."""
+    when nothing is close); a short name that is part of entries (``h100``) names those too."""
     import difflib
 
-    return difflib.get_close_matches(name, list(dict.fromkeys(known)), n=n)
+    names = list(dict.fromkeys(known))
+    close = difflib.get_close_matches(name, names, n=n)
+    if len(name) >= 3:
+        close += [entry for entry in names if name.lower() in entry.lower() and entry not in close]
+    return close[:n]
 
 
 def did_you_mean(name: str, known: list[str], n: int = 3) -> str:

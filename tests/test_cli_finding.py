@@ -88,6 +88,8 @@ def test_unknown_kind_suggests_the_right_one(capsys):
     (["run", SMALL, "--set", "model=validation-8x51"], "validation-8x512"),
     (["run", "scenarios/llama3_70b_32xh10.yaml"], "scenarios/llama3_70b_32xh100.yaml"),
     (["hardware", "show", "h100-sxm-80g"], "h100-sxm-80gb"),
+    # a short name that is part of several names gets those names, not only the nearest spelling
+    (["hardware", "show", "h100"], "h100-pcie-server"),
 ])
 def test_misspelt_name_gets_a_suggestion(argv, suggestion, capsys):
     assert main(argv) == 2
