@@ -1,10 +1,10 @@
 """``mpsim list KIND``: what the library ships, one line each, so a name can be found
 without opening folders.
 
-KIND is ``scenarios``, ``models``, ``systems`` or ``accelerators``. Each row is the file's
-``name`` (what a scenario or a command line refers to a model, system or accelerator by;
-a scenario is named by its file), the file, and its description, cut to one line in the
-table; ``--json`` prints the same rows as a list of objects and ``--csv`` as CSV, both
+KIND is ``scenarios``, ``models``, ``systems`` or ``accelerators``. Each row is the name
+a command takes (a model's, system's or accelerator's own ``name``; a scenario's file name,
+its own name, a title, leading its description), the file, and its description, cut to
+one line in the table; ``--json`` prints the same rows as a list of objects and ``--csv`` as CSV, both
 with the whole description.
 """
 

@@ -69,6 +69,10 @@ def shipped_files(kind: str) -> list[ShippedFile]:
                 name = data.get("name") if isinstance(data.get("name"), str) else path.stem
                 description = data.get("description")
                 text = " ".join(description.split()) if isinstance(description, str) else ""
+                if kind == "scenarios":
+                    # a scenario is run by its file's name; its own name is a title, put before its description
+                    title, name = name, normalize_name(path.stem)
+                    text = f"{title}: {text}" if text else title
                 found.append((order, ShippedFile(name=name, path=path, description=text)))
     return [item for _, item in sorted(found, key=lambda pair: (pair[0], pair[1].file))]
 
