@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from mpsim.cli import main
 from tests.conftest import SCENARIOS
@@ -114,3 +115,14 @@ def test_hfu_below_mfu_says_why(capsys):
     assert main(["run", SCENARIO, "--set", "parallel.recompute=full"]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if "HFU" in line]
     assert "below MFU" not in line  # full recompute adds more than causal attention saves
+
+
+def test_a_step_of_hours_says_so(capsys):
+    # a what-if far from a real run: 65,536 sequences a step on 64 V100s
+    assert main(["run", str(SCENARIOS / "gpt3_175b_64xa100.yaml"), "--set", "cluster.system=dgx-2",
+                 "--set", "training.dtype=fp16", "--set", "parallel.global_batch_size=65536"]) in (0, 3)
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "step time" in line]
+    assert re.search(r"step time +[0-9.]+ s \([0-9.]+ h\)", line)
+    assert main(["run", SCENARIO]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "step time" in line]
+    assert " h)" not in line
