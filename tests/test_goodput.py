@@ -41,6 +41,18 @@ def test_run_time_equals_dalys_closed_form_and_its_parts_add_up():
     assert min(run.lost_work_s, run.restart_s) > 0
 
 
+def test_a_run_that_never_gets_through_is_one_clear_error():
+    # a restart 100 times the mean time between failures completes once in about e^100 tries:
+    # an input error naming the failure rates, not an overflow (or a wall time of 1e150 days)
+    with pytest.raises(InputError, match="the run never finishes: a restart takes") as caught:
+        expected_run(86400.0, 2000.0, 300.0, 100 * 60.0, 60.0)
+    assert caught.value.field == "reliability.failure_rates"
+    with pytest.raises(InputError, match="a checkpoint interval and its write"):
+        expected_run(86400.0, 1e7, 300.0, 10.0, 60.0)
+    # at 40 times the run is long but finite, and priced
+    assert math.isfinite(expected_run(86400.0, 2000.0, 300.0, 40 * 60.0, 60.0).wall_s)
+
+
 def test_daly_interval_is_the_optimum_of_the_run_time():
     work, delta, restart, mtbf = 86400.0, 120.0, 600.0, 2 * 3600.0
     best = expected_run(work, daly_interval_s(delta, mtbf), delta, restart, mtbf).wall_s

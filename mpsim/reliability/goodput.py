@@ -61,6 +61,10 @@ def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * checkpoint_s * mtbf_s) * (1.0 + math.sqrt(ratio) / 3.0 + ratio / 9.0) - checkpoint_s
 
 
+# a span this many times the mean time between failures completes once in about e^50 tries
+MAX_SPANS_PER_MTBF = 50.0
+
+
 @dataclass(frozen=True)
 class RunTime:
     """The expected wall-clock time of a run and where it went, in seconds."""
@@ -90,6 +94,14 @@ def expected_run(training_s: float, interval_s: float, checkpoint_s: float, rest
         return RunTime(training_s, segments * checkpoint_s, 0.0, 0.0, 0.0, interval_s)
     segments = training_s / interval_s
     attempt_s = interval_s + checkpoint_s
+    for what, seconds in (("a checkpoint interval and its write", attempt_s), ("a restart", restart_s)):
+        if seconds / mtbf_s > MAX_SPANS_PER_MTBF:
+            # e^50 failed tries per segment: the expected run is finite only on paper (and past
+            # e^709 not even there); the inputs describe a job that never gets through
+            raise InputError(f"the run never finishes: {what} takes {seconds:.4g} s, {seconds / mtbf_s:.3g} times "
+                             f"the job's mean time between failures ({mtbf_s:.4g} s), so it is interrupted about "
+                             f"e^{seconds / mtbf_s:.0f} times before it completes once; lower the failure rates, "
+                             f"the restart time or the checkpoint interval", field="reliability.failure_rates")
     failed = math.expm1(attempt_s / mtbf_s)  # expected failed attempts per segment
     lost = mtbf_s * failed - attempt_s
     restarts = failed * mtbf_s * math.expm1(restart_s / mtbf_s)
