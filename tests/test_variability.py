@@ -13,7 +13,7 @@ import pytest
 from mpsim.cli import main
 from mpsim.errors import InputError
 from mpsim.reliability.op_variation import OP_KINDS, op_cvs
-from mpsim.reliability.order_stats import Lognormal, PointMass, max_of_replicas, replica_distribution
+from mpsim.reliability.order_stats import Lognormal, PointMass, Spliced, max_of_replicas, replica_distribution
 from mpsim.reliability.report import step_distribution
 from mpsim.reliability.sampling import action_shares, lognormal_factors, sample_replica
 from mpsim.simulate import simulate
@@ -93,14 +93,36 @@ def test_same_seed_same_samples_other_seed_other_samples(small_result):
 
 
 def test_real_replica_order_statistics_match_explicit_replicas(small_result):
-    """The fitted replica distribution of a real scenario: order statistics against n explicit replicas."""
+    """The replica distribution of a real scenario: order statistics against n explicit replicas
+    drawn from the same distribution (inverse transform of uniform draws)."""
     samples = sample_replica(small_result, CV, 30, seed=3)
     fitted = replica_distribution(np.asarray(samples.step_time_s))
-    assert isinstance(fitted, Lognormal) and fitted.sigma > 0
+    assert isinstance(fitted, Spliced) and fitted.tail_fit.sigma > 0
     dp = small_result.layout.dp
     drawn = max_of_replicas(fitted, dp, 40_000, np.random.default_rng(21))
-    explicit = np.random.default_rng(22).lognormal(fitted.mu, fitted.sigma, size=(40_000, dp)).max(axis=1)
+    uniform = np.random.default_rng(22).uniform(size=40_000 * dp)
+    explicit = fitted.upper_quantile(1.0 - uniform).reshape(40_000, dp).max(axis=1)
     assert np.all(np.abs(_percentiles(drawn) / _percentiles(explicit) - 1.0) < 0.01)
+
+
+def test_the_slowest_of_several_replicas_is_never_faster_than_one(small_result):
+    # a heavy variation (cv 1 on GEMMs) makes the replica's tail heavier than a lognormal's: a
+    # lognormal fitted to all of it put the job's p99 below the replica's
+    heavy = {**CV, "gemm": 1.0}
+    distribution = step_distribution(sample_replica(small_result, heavy, 400, seed=7), small_result.layout.dp)
+    for name in ("p50_s", "p90_s", "p99_s", "mean_s", "max_s"):
+        assert getattr(distribution.job, name) >= getattr(distribution.replica, name), name
+    # one replica's job is that replica, exactly
+    one = step_distribution(sample_replica(small_result, heavy, 50, seed=7), 1)
+    assert one.job == one.replica
+
+
+def test_the_spliced_tail_is_the_samples_inside_and_the_lognormal_beyond():
+    values = np.array([1.0, 1.1, 1.2, 1.3, 2.0])
+    fitted = replica_distribution(values)
+    assert fitted.upper_quantile(np.array([0.5]))[0] == pytest.approx(np.quantile(values, 0.5))
+    far = fitted.upper_quantile(np.array([1e-6, 1e-9]))
+    assert far[0] >= 2.0 and far[1] >= far[0]  # never below the largest sample, growing further out
 
 
 def test_missing_cv_is_an_input_error_naming_the_field():

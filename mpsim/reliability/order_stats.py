@@ -8,10 +8,13 @@ with U uniform on (0, 1), F^-1(U^(1/n)) has exactly the maximum's distribution (
 transform). Near the top the quantile is taken from the upper tail 1 - U^(1/n),
 computed as -expm1(log(U) / n) so that it keeps its digits when n is in the thousands.
 
-F itself is estimated from the simulated replica samples. The maximum of thousands of
-replicas sits far in the tail, beyond what a few hundred samples show, so F is a
-lognormal fitted to the samples (mean and standard deviation of their logarithms);
-samples that are all equal give a distribution of that one value.
+F itself is estimated from the simulated replica samples: their own distribution as far
+as they reach (the quantiles the replica's percentiles are read from), and beyond the
+largest of them, where the maximum of thousands of replicas sits, the tail of a lognormal
+fitted to them (mean and standard deviation of their logarithms), never below that largest
+sample. Taking both from one F keeps every quantile of the maximum at or above the
+replica's; a lognormal for the whole of F did not, where the samples' tail is heavier than
+a lognormal's. Samples that are all equal give a distribution of that one value.
 """
 
 from __future__ import annotations
@@ -58,7 +61,32 @@ class PointMass:
         return np.full(len(tail), self.value)
 
 
-def replica_distribution(samples: np.ndarray) -> Lognormal | PointMass:
+@dataclass(frozen=True)
+class Spliced:
+    """The samples' own distribution up to their largest, a fitted lognormal's tail beyond it."""
+
+    samples: tuple[float, ...]  # sorted
+    tail_fit: Lognormal
+
+    @classmethod
+    def fit(cls, samples: np.ndarray) -> Spliced:
+        return cls(tuple(sorted(float(v) for v in samples)), Lognormal.fit(samples))
+
+    def upper_quantile(self, tail: np.ndarray) -> np.ndarray:
+        """The value exceeded with probability ``tail``: the samples' quantile (numpy's linear one,
+        as the percentiles of a sample set are read) where ``tail`` is at least one sample's share,
+        else the lognormal's, never below the largest sample."""
+        values = np.asarray(self.samples)
+        tail = np.asarray(tail, dtype=float)
+        inside = tail >= 1.0 / len(values)
+        out = np.empty(len(tail))
+        out[inside] = np.quantile(values, 1.0 - tail[inside])
+        if not inside.all():
+            out[~inside] = np.maximum(values[-1], self.tail_fit.upper_quantile(tail[~inside]))
+        return out
+
+
+def replica_distribution(samples: np.ndarray) -> Spliced | PointMass:
     """F of one replica estimated from its samples (see the module doc)."""
     if len(samples) == 0:
         raise ValueError("no samples")
@@ -66,7 +94,7 @@ def replica_distribution(samples: np.ndarray) -> Lognormal | PointMass:
         return PointMass(float(samples[0]))
     if len(samples) < 2:
         raise ValueError("a varying distribution needs at least two samples")
-    return Lognormal.fit(samples)
+    return Spliced.fit(samples)
 
 
 def max_of_replicas(distribution, replicas: int, draws: int, rng: np.random.Generator) -> np.ndarray:

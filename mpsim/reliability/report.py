@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpsim.reliability.goodput import SECONDS_PER_DAY, GoodputReport
-from mpsim.reliability.order_stats import Lognormal, Percentiles, max_of_replicas, replica_distribution
+from mpsim.reliability.order_stats import Percentiles, Spliced, max_of_replicas, replica_distribution
 from mpsim.reliability.sampling import ReplicaSamples
 from mpsim.units import format_bytes, format_seconds
 
@@ -44,9 +44,11 @@ def step_distribution(samples: ReplicaSamples, replicas: int) -> StepDistributio
     distribution = replica_distribution(values)
     # a stream of its own, so the job's draws do not shift when the replica draws change in number
     rng = np.random.default_rng([samples.seed, 1])
-    job = max_of_replicas(distribution, replicas, JOB_DRAWS, rng)
-    if isinstance(distribution, Lognormal):
-        fit = f"lognormal (log-mean {distribution.mu:.6g}, log-sd {distribution.sigma:.6g})"
+    # one replica's job is that replica: its samples themselves, not draws again from them
+    job = values if replicas == 1 else max_of_replicas(distribution, replicas, JOB_DRAWS, rng)
+    if isinstance(distribution, Spliced):
+        fit = (f"the samples, a lognormal tail beyond the largest (log-mean {distribution.tail_fit.mu:.6g}, "
+               f"log-sd {distribution.tail_fit.sigma:.6g})")
     else:
         fit = "point mass (no variation)"
     return StepDistribution(len(values), samples.seed, samples.cv, replicas, Percentiles.of(values),
