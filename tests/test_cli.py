@@ -126,3 +126,22 @@ def test_a_step_of_hours_says_so(capsys):
     assert main(["run", SCENARIO]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if "step time" in line]
     assert " h)" not in line
+
+
+def test_a_calibration_profile_is_named_and_a_link_what_if_it_absorbs_is_noted(tmp_path, capsys):
+    # a profile fitted from an A100 trace extract prices the collectives it saw from its own lines;
+    # the summary says a profile priced the step, and a slow NVLink what-if is told it does not reach them
+    profile = tmp_path / "a100.yaml"
+    trace = SCENARIOS.parent / "tests" / "data" / "traces" / "recsys16_step551.json.gz"
+    assert main(["calibrate", "--from-trace", str(trace), "--system", "dgx-a100", "--accelerator", "a100-sxm-80gb",
+                 "-o", str(profile)]) == 0
+    capsys.readouterr()
+    megatron = str(SCENARIOS / "megatron_22b_8xa100.yaml")
+    assert main(["run", megatron, "--json", "--set", f"calibration={profile}"]) == 0
+    assert "NVIDIA A100-SXM4-80GB" in json.loads(capsys.readouterr().out)["calibration"]
+    assert main(["run", megatron, "--set", f"calibration={profile}", "--set", "faults.slow_link=0:nvlink@0.01"]) == 0
+    captured = capsys.readouterr()
+    assert "  calibration  a profile fitted from profiler traces on NVIDIA A100-SXM4-80GB" in captured.out
+    assert "note: the calibration profile prices" in captured.err and "faults.slow_link" in captured.err
+    assert main(["run", megatron, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"] is None

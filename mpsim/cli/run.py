@@ -51,7 +51,8 @@ def _run_step(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     for note in (resized_by_system(args.scenario, args.overrides, loaded.scenario),
-                 zero_sharding_note(result.scenario, result.layout)):
+                 zero_sharding_note(result.scenario, result.layout),
+                 _profile_links_note(args.overrides, result.scenario)):
         if note:
             print(note, file=sys.stderr)
     if args.trace:
@@ -105,6 +106,21 @@ def _check_run_options(args: argparse.Namespace) -> None:
         raise InputError("needs --tokens T, the tokens to train", field="--goodput")
     if args.goodput_plot and not args.goodput:
         raise InputError("needs --goodput", field="--goodput-plot")
+
+
+def _profile_links_note(overrides: list[str], scenario) -> str | None:
+    """A note when a link what-if meets a profile that prices collectives from its own fitted lines:
+    those lines are the measured links, which the what-if does not reach."""
+    profile = scenario.calibration
+    kinds = sorted({fit.kind for fit in profile.links.collectives}) if profile and profile.links else []
+    touched = [o.split("=", 1)[0] for o in overrides
+               if o.replace(" ", "").startswith(("cluster.system.scale_up", "cluster.system.scale_out"))]
+    if scenario.faults.slow_link:
+        touched.append("faults.slow_link")
+    if not kinds or not touched:
+        return None
+    return (f"note: the calibration profile prices {', '.join(kinds)} from the links it measured; "
+            f"{', '.join(touched)} changes only what it does not price (other collectives, pipeline sends)")
 
 
 def _check_whole_run_inputs(args: argparse.Namespace, scenario) -> None:

@@ -108,6 +108,7 @@ class Summary:
     throughput_unit: str = "tokens"  # what throughput_per_s counts: tokens, images, samples or audio seconds
     throughput_per_s: float = 0.0  # the step's rate in that unit (results/throughput.py)
     host_wait_s: float = 0.0  # mean over pipeline ranks of their actions' waits for kernel launches
+    calibration: str | None = None  # the calibration profile that priced the step, in words; None: the datasheets
 
 
 def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
@@ -218,4 +219,15 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         throughput_unit=unit.name,
         throughput_per_s=layout.global_batch_size * unit.per_sample / step,
         host_wait_s=mean([r.host_wait_s for r in ranks]),
+        calibration=calibration_text(scenario.calibration),
     )
+
+
+def calibration_text(profile) -> str | None:
+    """What prices the step instead of the datasheets, in words, or None."""
+    if profile is None:
+        return None
+    how = "fitted from profiler traces" if profile.source == "trace" else "measured"
+    kinds = sorted({fit.kind for fit in profile.links.collectives}) if profile.links else []
+    lines = f"; collectives ({', '.join(kinds)}) from its fitted lines" if kinds else ""
+    return f"a profile {how} on {profile.device.name}{lines}"

@@ -109,6 +109,7 @@ def format_summary(summary: Summary) -> str:
     lines = [
         s.scenario,
         f"  cluster      {s.devices} x {s.accelerator} ({s.system})",
+        *([f"  calibration  {s.calibration}"] if s.calibration else []),
         f"  layout       TP {s.tp}{cp} x PP {s.pp}{vpp} x DP {s.dp}{extras}; {s.num_microbatches} microbatch{'es' if s.num_microbatches != 1 else ''} of "
         f"{s.microbatch_size} per pipeline; schedule {s.schedule}",
         *([f"  stages       layers per stage {format_split(s.layers_per_stage)} ({s.layer_split} split)"]
