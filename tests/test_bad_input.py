@@ -171,3 +171,11 @@ def test_plan_find_with_an_unknown_name_is_one_line(tmp_path):
 def test_schedule_command_names_the_real_problem(tmp_path, args, line):
     result = run_cli("schedule", *args, cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.strip() == line
+
+
+@pytest.mark.parametrize("option, value", [("--system", "dgx-a100"), ("--accelerator", "a100-sxm-40gb")])
+def test_calibrate_refuses_trace_options_without_a_trace(tmp_path, option, value):
+    # measuring this machine would ignore them silently (20 s of measurement, a CPU profile)
+    result = run_cli("calibrate", option, value, "-o", str(tmp_path / "x.yaml"), cwd=tmp_path)
+    assert result.returncode == 2 and not (tmp_path / "x.yaml").exists()
+    assert result.stderr.strip() == f"error: {option}: only with --from-trace: measuring this machine prices its own device"

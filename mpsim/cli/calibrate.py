@@ -42,6 +42,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     from mpsim.calibrate.check.report import format_calibration
     from mpsim.calibrate.runner import calibrate
 
+    for option, given in (("--system", args.system), ("--accelerator", args.accelerator)):
+        if given is not None:  # they say what a trace's kernels ran on; a measurement finds its own device
+            raise InputError("only with --from-trace: measuring this machine prices its own device", option)
     require_torch()
     if args.ranks is not None and args.ranks < 1:
         raise InputError("must be 1 or more", "--ranks")
