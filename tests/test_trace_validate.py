@@ -206,8 +206,10 @@ def test_predicted_categories_add_up_to_the_compute_of_each_rank():
 
 def test_category_plot_is_written(tmp_path):
     """Pass mode is drawn by the command-line test below; this draws the kernel categories."""
+    # the trace ran on the 40 GB board (A100-PG509-200): the scenario names that part
     loaded = load_scenario(str(SCENARIOS / "vit_h14_32xa100.yaml"), [
-        "cluster.nodes=null", "cluster.num_devices=2", "parallel.global_batch_size=64"])
+        "cluster.nodes=null", "cluster.num_devices=2", "parallel.global_batch_size=64",
+        "cluster.system.accelerator=a100-sxm-40gb"])
     comparison = compare_traces(load_traces([str(DATA / "cnn_allreduce_step5.json.gz")], cpu_only=True),
                                 simulate(loaded.scenario, loaded.path.parent))
     assert comparison.mode == "categories"
@@ -272,6 +274,16 @@ def test_bad_traces_exit_2_with_one_line(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_trace_of_another_device_is_refused(capsys):
+    # the extract ran on the 40 GB A100 board; the scenario's system has the 80 GB part
+    extract = str(DATA / "cnn_allreduce_step5.json.gz")
+    vit = str(SCENARIOS / "vit_h14_32xa100.yaml")
+    assert main(["validate", "--trace", extract, vit, "--set", "cluster.nodes=null", "--set", "cluster.num_devices=2",
+                 "--set", "parallel.global_batch_size=64"]) == 2
+    err = capsys.readouterr().err
+    assert "the trace ran on 'NVIDIA A100-PG509-200', which the scenario's accelerator a100-sxm-80gb" in err
+
+
 def test_trace_of_another_schedule_is_refused():
     """A zero-bubble scenario's rank 1 runs I and W, not the B the 1F1B trace recorded."""
     with pytest.raises(Exception) as caught:
@@ -280,11 +292,12 @@ def test_trace_of_another_schedule_is_refused():
 
 
 def test_category_mode_on_a_real_gpu_extract(capsys):
-    """The 2-rank A100 CNN extract (no pass annotations) against ViT-H/14 on 2 A100: categories."""
+    """The 2-rank A100 CNN extract (no pass annotations) against ViT-H/14 on 2 A100 of its board
+    (the 40 GB part): categories."""
     extract = str(DATA / "cnn_allreduce_step5.json.gz")
     vit = str(SCENARIOS / "vit_h14_32xa100.yaml")
     assert main(["validate", "--trace", extract, vit, "--set", "cluster.nodes=null", "--set", "cluster.num_devices=2",
-                 "--set", "parallel.global_batch_size=64"]) == 0
+                 "--set", "parallel.global_batch_size=64", "--set", "cluster.system.accelerator=a100-sxm-40gb"]) == 0
     out = capsys.readouterr().out
     assert "mode         categories: no microbatch pass annotations" in out
     rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("   0  ")}

@@ -101,6 +101,13 @@ def pipeline_ranks(traces: list[Trace], result: SimulationResult) -> dict[int, T
     schedule, layout = result.schedule, result.layout
     found: dict[int, Trace] = {}
     for trace in traces:
+        accelerator = result.scenario.cluster.system.accelerator
+        if trace.device_name and not accelerator.matches_device("cuda", trace.device_name) \
+                and not accelerator.matches_device("cpu", trace.device_name):
+            # another part's kernels say nothing about this one's prediction
+            raise InputError(f"the trace ran on {trace.device_name!r}, which the scenario's accelerator "
+                             f"{accelerator.name} does not describe; compare it with a scenario on that device "
+                             f"(--set cluster.system=... or cluster.system.accelerator=...)", trace.source)
         if trace.world_size is not None and trace.world_size != layout.devices:
             raise InputError(f"distributedInfo: a run of {trace.world_size} ranks, but the scenario runs on "
                              f"{layout.devices} devices (pp {layout.pp}); the traces must be of the run it describes",
