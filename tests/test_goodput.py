@@ -11,6 +11,7 @@ import pytest
 
 from mpsim.cli import main
 from mpsim.errors import InputError
+from mpsim.results import summarize
 from mpsim.reliability.failures import PUBLISHED_RATES_PER_HOUR, job_failures
 from mpsim.reliability.goodput import checkpoint_bytes, daly_interval_s, expected_run, goodput, young_interval_s
 from mpsim.simulate import simulate
@@ -145,3 +146,16 @@ def test_a_job_without_failures_has_valid_json_and_no_lost_time(capsys):
     assert main(["run", SCENARIO, "--json", "--goodput", "--tokens", "1e11", *sets]) == 0
     data = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
     assert data["goodput"]["mtbf_s"] is None and data["goodput"]["effective_training_time"] == 1.0
+
+
+@pytest.mark.parametrize("scenario, unit", [("vit_h14_32xa100.yaml", "images"),
+                                            ("deepspeech2_8xa100.yaml", "audio seconds")])
+def test_tokens_count_in_the_models_own_unit(scenario, unit):
+    # --tokens of an image model counts images, of a speech model audio seconds: what its
+    # throughput line counts, so a step holds global batch x that many
+    loaded = load_scenario(str(SCENARIOS / scenario), RELIABLE)
+    result = simulate(loaded.scenario)
+    report = goodput(result, 1e9)
+    summary_rate = summarize(result).throughput_per_s
+    per_step = summary_rate * result.timeline.step_time_s
+    assert report.unit == unit and report.steps == math.ceil(1e9 / per_step - 1e-9)

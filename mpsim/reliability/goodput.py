@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from mpsim.errors import InputError
+from mpsim.results.throughput import throughput_unit
 from mpsim.reliability.failures import FailureModel, job_failures
 from mpsim.simulate import SimulationResult
 from mpsim.workload.memory import OPTIMIZER_BYTES_PER_PARAM
@@ -125,6 +126,7 @@ class GoodputReport:
     failures: FailureModel
     young_interval_s: float
     run: RunTime
+    unit: str = "tokens"  # what ``tokens`` counts: the model's throughput unit (images, audio seconds, ...)
 
     @property
     def days(self) -> float:
@@ -172,7 +174,10 @@ def goodput(result: SimulationResult, tokens: float, step_time_s: float | None =
     check_goodput_inputs(scenario, tokens)
     spec = scenario.reliability
     step_s = result.timeline.step_time_s if step_time_s is None else step_time_s
-    tokens_per_step = layout.global_batch_size * scenario.model.seq_length
+    # "tokens" counts in the model's throughput unit: tokens of a language model, images of a
+    # ViT, audio seconds of a speech model (what its tokens/s line counts)
+    unit = throughput_unit(scenario.model)
+    tokens_per_step = layout.global_batch_size * unit.per_sample
     steps = math.ceil(tokens / tokens_per_step)
     size = checkpoint_bytes(result)
     bandwidth = spec.storage_bandwidth
@@ -184,4 +189,4 @@ def goodput(result: SimulationResult, tokens: float, step_time_s: float | None =
     restart = spec.restart_time + load_s
     run = expected_run(steps * step_s, interval, write_s, restart, mtbf)
     return GoodputReport(tokens, steps, step_s, size, bandwidth, write_s, load_s, spec.restart_time, failures,
-                         young_interval_s(write_s, mtbf), run)
+                         young_interval_s(write_s, mtbf), run, unit.name)

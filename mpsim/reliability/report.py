@@ -79,7 +79,7 @@ def _finite(value: float) -> float | None:
 def goodput_dict(g: GoodputReport) -> dict:
     run = g.run
     return {
-        "tokens": g.tokens, "steps": g.steps, "step_time_s": g.step_time_s,
+        "tokens": g.tokens, "unit": g.unit, "steps": g.steps, "step_time_s": g.step_time_s,
         "checkpoint_bytes": g.checkpoint_bytes, "storage_bandwidth_bytes_per_s": g.storage_bandwidth_bytes_per_s,
         "checkpoint_write_s": g.checkpoint_write_s, "checkpoint_load_s": g.checkpoint_load_s,
         "restart_time_s": g.restart_time_s, "mtbf_s": _finite(g.failures.mtbf_s),
@@ -102,7 +102,7 @@ def format_goodput(g: GoodputReport) -> str:
 
     by = ", ".join(f"{c} {rate * 24:.2f}" for c, rate in g.failures.per_hour.items())
     return "\n".join([
-        f"time to train {g.tokens:.4g} tokens ({g.steps} steps of {format_seconds(g.step_time_s)})",
+        f"time to train {g.tokens:.4g} {g.unit} ({g.steps} steps of {format_seconds(g.step_time_s)})",
         f"  expected wall time {g.days:.2f} days; effective training time {run.effective_fraction:.1%}",
         f"  interruptions      {g.interruptions_per_day:.2f} a day ({by}); MTBF {g.failures.mtbf_s / 3600:.2f} h; "
         f"{run.interruptions:.0f} over the run",
