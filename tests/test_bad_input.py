@@ -52,6 +52,10 @@ CASES = [
      ["--set faults.slow_gpu=", ": slow_gpu.0.speed: ", "less than or equal to 1"]),
     ("negative bandwidth in a --set", BASE, ["--set", "cluster.system.scale_out.nic_bandwidth=-400 Gb/s"],
      ["scale_out.nic_bandwidth", "a bandwidth cannot be negative, got '-400 Gb/s'"]),
+    # a bare rank says which GPU but not how slow; a GPU named twice has two speeds
+    ("slow GPU without a speed", BASE, ["--set", "faults.slow_gpu=3"],
+     ["faults.slow_gpu=3", "3 is not a rank with its speed: write '12@0.5'"]),
+    ("slow GPU twice", BASE, ["--set", "faults.slow_gpu=[3@0.5, 3@0.7]"], ["rank 3 is given twice"]),
     ("tp across nodes", BASE.replace("tp: 8", "tp: 16").replace("nodes: 1", "nodes: 2"), [],
      ["parallel.tp", "more than one", "allow_tp_across_nodes"]),
     ("too few devices", BASE.replace("pp: 1", "pp: 2"), [], ["parallel", "does not divide the cluster's 8 devices"]),

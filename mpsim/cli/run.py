@@ -100,12 +100,12 @@ def _check_run_options(args: argparse.Namespace) -> None:
         for option, given in (("--seed", args.seed is not None), ("--distribution-plot", args.distribution_plot)):
             if given:
                 raise InputError("needs --samples N to draw the step-time distribution", field=option)
+    if args.goodput_plot and not args.goodput:  # before --tokens: the option given that asks for more
+        raise InputError("needs --goodput (and --tokens T)", field="--goodput-plot")
     if args.tokens is not None and not args.goodput:
         raise InputError("needs --goodput", field="--tokens")
     if args.goodput and args.tokens is None:
         raise InputError("needs --tokens T, the tokens to train", field="--goodput")
-    if args.goodput_plot and not args.goodput:
-        raise InputError("needs --goodput", field="--goodput-plot")
 
 
 def _profile_links_note(overrides: list[str], scenario) -> str | None:

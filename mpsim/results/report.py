@@ -118,8 +118,8 @@ def format_summary(summary: Summary) -> str:
         f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
         f"HFU {100 * s.hfu:.1f} %"
         # below MFU when causal attention skips more score blocks than recompute adds work
-        + (" (below MFU: model FLOPs count attention's whole score matrix, as the usual formula "
-           "does; hardware FLOPs what the causal kernels run)" if s.hfu < s.mfu else ""),
+        + (" (below MFU: the model's FLOP count includes work its kernels skip, such as the masked "
+           "half of causal attention)" if s.hfu < s.mfu else ""),
         f"  bubble       {100 * s.bubble_fraction:.1f} % of the pipeline time ({format_seconds(s.bubble_s)} idle per "
         f"rank; Zero Bubble's rate {100 * s.bubble_rate_zb:.1f} %)",
         f"    by cause: schedule fill/drain {format_seconds(s.bubble_schedule_s)}, stage imbalance "

@@ -54,12 +54,15 @@ _SHORT = re.compile(r"^\s*(\d+)\s*(?::\s*([a-z]+)\s*)?@\s*([0-9.eE+-]+)\s*$")
 
 
 def _short_form(value: Any, key: str, with_link: bool) -> Any:
-    """``"12@0.5"`` (or ``"1:nic@0.5"`` for a link) as the mapping it stands for; anything else unchanged."""
-    if not isinstance(value, str):
+    """``"12@0.5"`` (or ``"1:nic@0.5"`` for a link) as the mapping it stands for; a mapping unchanged."""
+    example = "1:nic@0.5" if with_link else "12@0.5"
+    if isinstance(value, dict):
         return value
+    if not isinstance(value, str):  # a bare number says which part but not how slow
+        raise ValueError(f"{value!r} is not a {key} with its speed: write {example!r} or "
+                         f"{{{key}: ..., {'link: ..., ' if with_link else ''}speed: ...}}")
     match = _SHORT.match(value)
     if match is None or bool(match.group(2)) != with_link:
-        example = "1:nic@0.5" if with_link else "12@0.5"
         raise ValueError(f"{value!r} is not of the form {example!r} ({key}{':link' if with_link else ''}@speed)")
     try:
         speed = float(match.group(3))
@@ -72,9 +75,18 @@ def _short_form(value: Any, key: str, with_link: bool) -> Any:
 
 
 def _as_list(value: Any, key: str, with_link: bool) -> Any:
-    """One entry or a list of entries, each a mapping or its short form."""
+    """One entry or a list of entries, each a mapping or its short form; a part named twice is
+    refused (which of its two speeds would hold?)."""
     items = value if isinstance(value, list) else [value]
-    return [_short_form(item, key, with_link) for item in items]
+    entries = [_short_form(item, key, with_link) for item in items]
+    seen: set = set()
+    for entry in entries:
+        part = (entry.get(key), entry.get("link")) if isinstance(entry, dict) else None
+        if part is not None and part in seen:
+            what = f"{key} {part[0]}" + (f" {part[1]}" if with_link else "")
+            raise ValueError(f"{what} is given twice; give each once with its speed")
+        seen.add(part)
+    return entries
 
 
 class FaultsSpec(Spec):
