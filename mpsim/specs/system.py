@@ -258,7 +258,8 @@ class ClusterSpec(Spec):
         parts = data["parts"]
         given = [key for key in ("system", "nodes", "num_devices") if data.get(key) is not None]
         if given and not _restates_parts(data, parts):
-            raise ValueError(f"give either parts or {'/'.join(given)}, not both (parts sets the system and size)")
+            raise ValueError(f"give either parts or {'/'.join(given)}, not both (parts sets the system and size; "
+                             f"on the command line: {' '.join(f'--set cluster.{key}=null' for key in given)})")
         if not isinstance(parts, list) or not parts:
             raise ValueError("parts must be a non-empty list of parts, each {system: NAME, nodes: N}")
         for index, part in enumerate(parts):
