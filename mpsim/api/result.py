@@ -70,10 +70,13 @@ class Result:
         return self.simulation.timeline
 
     def to_dict(self) -> dict[str, Any]:
-        """The summary as the JSON object ``mpsim run --json`` prints (docs/json.md)."""
+        """The summary as the JSON object ``mpsim run --json`` prints (docs/json.md), equal to it:
+        lists where the summary holds tuples, as JSON has them."""
+        import json
+
         from mpsim.results import summary_dict
 
-        return summary_dict(self.summary)
+        return json.loads(json.dumps(summary_dict(self.summary)))
 
     def plot(self, path: str | os.PathLike) -> None:
         """The timeline picture of ``mpsim run --plot`` (.png, .svg, .pdf)."""
