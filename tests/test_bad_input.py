@@ -183,3 +183,13 @@ def test_calibrate_refuses_trace_options_without_a_trace(tmp_path, option, value
     result = run_cli("calibrate", option, value, "-o", str(tmp_path / "x.yaml"), cwd=tmp_path)
     assert result.returncode == 2 and not (tmp_path / "x.yaml").exists()
     assert result.stderr.strip() == f"error: {option}: only with --from-trace: measuring this machine prices its own device"
+
+
+def test_a_profile_is_written_only_where_a_scenario_can_read_it(tmp_path):
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "recsys16_step551.json.gz"
+    result = run_cli("calibrate", "--from-trace", str(trace), "--system", "dgx-a100", "--accelerator", "a100-sxm-80gb",
+                     "-o", str(tmp_path / "x.txt"), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --out: ") and "written as .yaml or .json" in line
+    assert not (tmp_path / "x.txt").exists()

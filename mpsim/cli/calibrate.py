@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpsim.cli.common import positive_int
+from mpsim.cli.common import check_profile_path, positive_int
 from mpsim.errors import InputError
 
 
@@ -31,6 +31,7 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    check_profile_path(args.out, "--out")
     if args.from_trace is not None:  # fitting profiler traces measures nothing and needs no torch
         from mpsim.calibrate.from_trace import run_from_trace
 

@@ -197,3 +197,15 @@ def resized_by_system(scenario_path: str, overrides: list[str], scenario) -> str
             f"({cluster.system.devices_per_node} per node), where the scenario's {before.system.name} gave "
             f"{before.devices:,}; to keep {before.devices:,}, add --set cluster.nodes=null "
             f"--set cluster.num_devices={before.devices}")
+
+
+def check_profile_path(path: str | None, option: str) -> None:
+    """A calibration profile's file name: .yaml, .yml or .json, the names a scenario's
+    ``calibration:`` reads as a file (another would be taken for the name of a shipped one)."""
+    from pathlib import Path
+
+    from mpsim.errors import InputError
+
+    if path is not None and Path(path).suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise InputError(f"{path!r}: a calibration profile is written as .yaml or .json, the files a scenario's "
+                         f"calibration: field reads", option)

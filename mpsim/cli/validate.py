@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from mpsim.cli.calibrate import add_measure_args
-from mpsim.cli.common import non_negative_int, positive_int
+from mpsim.cli.common import check_profile_path, non_negative_int, positive_int
 from mpsim.errors import InputError
 
 
@@ -15,6 +15,7 @@ def _validate(args: argparse.Namespace) -> int:
         from mpsim.cli.validate_trace import validate_trace
 
         return validate_trace(args)
+    check_profile_path(args.out, "--out")
     from mpsim.calibrate import require_torch
     from mpsim.calibrate.measure.jobs import MeasureSettings
     from mpsim.calibrate.measure.launch import JobError
