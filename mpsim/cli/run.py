@@ -231,7 +231,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--distribution-plot", metavar="FILE", help="write a histogram of the step-time distribution")
     run.add_argument("--goodput", action="store_true",
                      help="expected days to train --tokens with failures, checkpoints and restarts (reliability)")
-    run.add_argument("--tokens", type=token_count, metavar="T", help="tokens to train, for --goodput (e.g. 15.6e12); in the model's throughput unit: images of an image "
-                          "model, audio seconds of a speech model")
+    run.add_argument("--tokens", type=token_count, metavar="T",
+                     help="tokens to train, for --goodput (e.g. 15.6e12); in the model's throughput unit: images of "
+                          "an image model, audio seconds of a speech model")
     run.add_argument("--goodput-plot", metavar="FILE", help="write the run's expected time as a stacked bar")
     run.set_defaults(handler=_run)
