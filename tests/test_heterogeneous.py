@@ -148,3 +148,15 @@ def test_a_part_number_out_of_range_is_one_line(tmp_path, field, capsys):
     assert main(["run", halves(tmp_path), "--set", field]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "list of 2 item(s)" in err and "Traceback" not in err
+
+
+def test_each_rank_reserves_what_its_own_part_does(tmp_path):
+    # A100 nodes run 24 NCCL channels, H100 nodes 16 (their system files): each pipeline rank's
+    # reserved memory follows its own part, not the first part's
+    from mpsim.specs.catalog import load_system
+
+    _, summary = run(halves(tmp_path))
+    channels = [load_system(name).collective_channels for name in ("dgx-a100", "dgx-a100", "dgx-h100", "dgx-h100")]
+    for memory, count in zip(summary.memory, channels):
+        assert f"; {count} channels each)" in memory.reserved_parts[-1][0]
+    assert summary.memory[0].reserved_bytes != summary.memory[-1].reserved_bytes

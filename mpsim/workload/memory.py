@@ -88,7 +88,7 @@ def communicators(layout: Layout, moe: bool) -> tuple[tuple[str, int], ...]:
     return tuple((name, size) for name, size in groups if size > 1)
 
 
-def reserved_parts(scenario: Scenario, layout: Layout) -> tuple[tuple[str, float], ...]:
+def reserved_parts(scenario: Scenario, layout: Layout, system=None) -> tuple[tuple[str, float], ...]:
     """The memory a training process holds outside its tensors, part by part (name, bytes).
 
     ``training.memory_reserved`` set to a size is one part of that size. ``auto``: on
@@ -97,9 +97,10 @@ def reserved_parts(scenario: Scenario, layout: Layout) -> tuple[tuple[str, float
     connection of LL, LL128 and Simple buffers per channel for each communicator the layout
     uses (a ring: each rank receives from one peer per channel). All-to-all groups connect
     to more peers and NVLink SHARP adds buffers of its own, so this is a floor for them.
-    TPUs and other devices without such measurements get 0.
+    TPUs and other devices without such measurements get 0. ``system``: the part of a
+    cluster of parts whose ranks are asked about (default: the cluster's first system).
     """
-    training, system = scenario.training, scenario.cluster.system
+    training, system = scenario.training, system or scenario.cluster.system
     if training.memory_reserved != "auto":
         return (("memory_reserved", float(training.memory_reserved)),)
     parts: list[tuple[str, float]] = []
