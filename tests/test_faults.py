@@ -110,3 +110,13 @@ def test_a_bad_fault_gets_one_line_and_exit_code_2(override, words, capsys):
     assert main(["run", PIPELINE, "--set", override]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err and "faults" in err
+
+
+def test_fault_entries_built_in_python_are_taken_as_they_are():
+    # the short forms and mappings of a file, and entries built already: the same spec either way
+    from mpsim.specs.faults import FaultsSpec, SlowGpu
+
+    built = FaultsSpec(slow_gpu=[SlowGpu(rank=1, speed=0.5)])
+    assert built == FaultsSpec(slow_gpu=["1@0.5"]) == FaultsSpec.model_validate(built.model_dump())
+    with pytest.raises(ValueError, match="rank 1 is given twice"):
+        FaultsSpec(slow_gpu=[SlowGpu(rank=1, speed=0.5), "1@0.7"])

@@ -56,7 +56,7 @@ _SHORT = re.compile(r"^\s*(\d+)\s*(?::\s*([a-z]+)\s*)?@\s*([0-9.eE+-]+)\s*$")
 def _short_form(value: Any, key: str, with_link: bool) -> Any:
     """``"12@0.5"`` (or ``"1:nic@0.5"`` for a link) as the mapping it stands for; a mapping unchanged."""
     example = "1:nic@0.5" if with_link else "12@0.5"
-    if isinstance(value, dict):
+    if isinstance(value, (dict, Spec)):  # a mapping, or an entry built already (from Python)
         return value
     if not isinstance(value, str):  # a bare number says which part but not how slow
         raise ValueError(f"{value!r} is not a {key} with its speed: write {example!r} or "
@@ -81,7 +81,8 @@ def _as_list(value: Any, key: str, with_link: bool) -> Any:
     entries = [_short_form(item, key, with_link) for item in items]
     seen: set = set()
     for entry in entries:
-        part = (entry.get(key), entry.get("link")) if isinstance(entry, dict) else None
+        fields = entry if isinstance(entry, dict) else vars(entry)
+        part = (fields.get(key), fields.get("link"))
         if part is not None and part in seen:
             what = f"{key} {part[0]}" + (f" {part[1]}" if with_link else "")
             raise ValueError(f"{what} is given twice; give each once with its speed")
