@@ -13,21 +13,18 @@ from mpsim.cli.sweep import add_execution_args, add_plot_args, check_backend, in
 from mpsim.errors import InputError
 
 
-# the short names a layout answers to (explore.planreport.short_fields)
-FIND_NAMES = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "schedule", "sp", "zero", "recompute")
-
-
 def _find_filter(text: str) -> dict[str, str]:
     """``tp=8,pp=16`` (or spaces) -> {'tp': '8', 'pp': '16'}."""
     from mpsim.errors import did_you_mean
+    from mpsim.explore.planreport import SHORT_NAMES
 
     wanted = {}
     for part in text.replace(",", " ").split():
         if "=" not in part:
             raise InputError("expected NAME=VALUE pairs like tp=8,pp=16,dp=128", f"--find {text}")
         name, value = part.split("=", 1)
-        if name.strip() not in FIND_NAMES:
-            hint = did_you_mean(name.strip(), list(FIND_NAMES)) or f"use one of {', '.join(FIND_NAMES)}"
+        if name.strip() not in SHORT_NAMES:
+            hint = did_you_mean(name.strip(), list(SHORT_NAMES)) or f"use one of {', '.join(SHORT_NAMES)}"
             raise InputError(f"no layout has a {name.strip()!r}; {hint}", f"--find {text}")
         wanted[name.strip()] = value.strip()
     return wanted

@@ -229,8 +229,12 @@ def matching(result: PlanResult, wanted: dict[str, Any]) -> list[tuple[str, dict
     return found
 
 
+# the short names a layout answers to (``short_fields``; ``mpsim plan --find`` takes them)
+SHORT_NAMES = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "schedule", "sp", "zero", "recompute")
+
+
 def short_fields(record: dict, devices: int) -> dict[str, Any]:
-    """A record's layout under short names (tp, cp, pp, dp, ep, vpp, mbs, schedule, sp, zero, recompute)."""
+    """A record's layout under short names (:data:`SHORT_NAMES`)."""
     out = {name.rsplit(".", 1)[-1]: value for name, value in record["point"].items()}
     out["mbs"] = out.pop("microbatch_size", None)
     out["sp"] = out.pop("sequence_parallel", None)

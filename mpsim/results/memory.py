@@ -267,11 +267,13 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
     ``peak_of`` is ``walk_peak`` or a function that returns the same; without
     ``layer_peaks`` the layers-only peak is left at 0 (only reports show it).
     """
-    reserved = reserved_parts(scenario, layout)
     # a cluster of parts: each pipeline rank reserves what its own part's devices and NCCL do
     parts = scenario.cluster.parts
-    part_of = part_of_pp_ranks(scenario, layout) if parts else ()
-    reserved_of = {index: reserved_parts(scenario, layout, part.system) for index, part in enumerate(parts or ())}
+    if parts:
+        of_part = [reserved_parts(scenario, layout, part.system) for part in parts]
+        reserved_of_rank = [of_part[index] for index in part_of_pp_ranks(scenario, layout)]
+    else:
+        reserved_of_rank = [reserved_parts(scenario, layout)] * schedule.num_ranks
     fragmentation = scenario.training.memory_fragmentation
     hold = held_params(layout)
     result = []
@@ -279,6 +281,5 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
                                              workload)):
         walk = peak_of(schedule, rank, workload, hold_params=hold)
         layer_peak = activation_walk(schedule, rank, workload, layers_only=True)[0] if layer_peaks else 0.0
-        own = reserved_of[part_of[rank]] if part_of else reserved
-        result.append(rank_at_peak(rank, state, walk, own, fragmentation, layer_peak))
+        result.append(rank_at_peak(rank, state, walk, reserved_of_rank[rank], fragmentation, layer_peak))
     return result

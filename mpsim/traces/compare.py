@@ -99,9 +99,9 @@ class TraceComparison:
 def pipeline_ranks(traces: list[Trace], result: SimulationResult) -> dict[int, Trace]:
     """Each trace's pipeline rank in the scenario (input errors for traces that do not fit it)."""
     schedule, layout = result.schedule, result.layout
+    accelerator = result.scenario.cluster.system.accelerator
     found: dict[int, Trace] = {}
     for trace in traces:
-        accelerator = result.scenario.cluster.system.accelerator
         if trace.device_name and not accelerator.matches_device("cuda", trace.device_name) \
                 and not accelerator.matches_device("cpu", trace.device_name):
             # another part's kernels say nothing about this one's prediction
