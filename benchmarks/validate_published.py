@@ -79,11 +79,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+from mpsim.explore.pools import process_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published_zero_bubble  # noqa: E402,F401 (its tables' shapes, for the tests)
@@ -226,15 +227,15 @@ def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: boo
     """Predict the rows of ``tables`` (the --quick subset with ``quick``), on ``jobs`` processes.
 
     The rows are independent and deterministic, so the results are the same, in the same
-    order, however many processes run them; more than one needs the ``fork`` start method
-    (Linux), else they run in this process.
+    order, however many processes run them. The workers fork where this process runs one
+    thread and start afresh (spawn) where others run (mpsim.explore.pools.process_context says
+    why); either way each builds the rows itself and runs them by index.
     """
     cases = cases_of(tables, quick, data)
     pool = None
-    if jobs > 1 and len(cases) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        pool = multiprocessing.get_context("fork").Pool(min(jobs, len(cases)), initializer=_start_worker,
-                                                        initargs=(tables, quick, data,
-                                                                  list(published_common.WHAT_IF)))
+    if jobs > 1 and len(cases) > 1:
+        pool = process_context("spawn").Pool(min(jobs, len(cases)), initializer=_start_worker,
+                                             initargs=(tables, quick, data, list(published_common.WHAT_IF)))
     try:
         timed = pool.imap(_run_index, range(len(cases))) if pool is not None else map(_timed, cases)
         results = []

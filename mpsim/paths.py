@@ -34,7 +34,11 @@ def data_roots() -> list[Path]:
 def display_path(path: Path) -> str:
     """A path as the user should read it: relative to the working directory or a data root."""
     path = path.resolve()
-    for base in [Path.cwd(), *data_roots()]:
+    try:
+        bases = [Path.cwd()]
+    except FileNotFoundError:  # the working folder was removed under us: name the file another way
+        bases = []
+    for base in [*bases, *data_roots()]:
         try:
             return str(path.relative_to(base.resolve()))
         except ValueError:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import gc
+import multiprocessing
 import os
 import signal
 import sys
@@ -106,11 +107,17 @@ class _SerialPool:
         self._pace.__exit__(None, None, None)
 
 
-def _worker_start(parent: int) -> None:
+def _worker_start(parent: int, start_method: str) -> None:
     """Set up a pool worker: Ctrl-C is the main process's to handle (it saves what is done
     and stops the workers), and the worker dies with its parent, however the parent ends
-    (SIGKILL included), instead of waiting forever for work that will not come."""
+    (SIGKILL included), instead of waiting forever for work that will not come.
+
+    ``parent`` is the pool's process. A forked worker's parent is that process; one from a
+    fork server is the server's, which ends when the pool's process does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watched = os.getppid()
+    if (watched != parent if start_method == "fork" else not _alive(parent)):
+        os._exit(1)  # the pool's process ended before this worker began
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -118,11 +125,21 @@ def _worker_start(parent: int) -> None:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the kernel kills us when the parent dies
         except (OSError, AttributeError):
-            _watch_parent(parent)
+            _watch_parent(watched)
     else:
-        _watch_parent(parent)
-    if os.getppid() != parent:  # the parent died before the line above took effect
+        _watch_parent(watched)
+    if os.getppid() != watched:  # the parent died before the line above took effect
         os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, but another user's: not ours, so ours has ended
+        return False
+    return True
 
 
 def _watch_parent(parent: int) -> None:
@@ -137,14 +154,40 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="mpsim-parent-watch").start()
 
 
+# Runtimes that keep threads of their own running after their own shutdown (Ray leaves a dozen,
+# gRPC's among them, after ray.shutdown()), which take locks at any moment
+FORK_UNSAFE_MODULES = ("ray", "grpc")
+
+
+def process_context(threaded: str = "forkserver") -> multiprocessing.context.BaseContext:
+    """How worker processes start: ``fork`` (the workers begin at once, with everything
+    imported) unless this process has loaded a runtime of ``FORK_UNSAFE_MODULES``, then
+    ``threaded``. A fork copies only the thread that called it, with every lock the other
+    threads held at that moment held for good, so a worker forked beside such threads can stop
+    forever on its first use of one. ``forkserver`` forks from a clean single-threaded server
+    (the mpsim modules it preloads are imported once); ``spawn`` starts a fresh interpreter per
+    worker. Idle thread pools (OpenBLAS, OpenMP, torch) reset themselves across a fork and do
+    not count. Platforms without ``fork`` keep their default (spawn)."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" not in methods:
+        return multiprocessing.get_context()
+    if not any(name in sys.modules for name in FORK_UNSAFE_MODULES):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context(threaded if threaded in methods else "spawn")
+
+
 class _LocalPool:
     """A process pool; the evaluator travels with each chunk (a few kB, pickled once per chunk)."""
 
     def __init__(self, workers: int):
         self.workers = workers
         self.in_flight = workers * CHUNKS_IN_FLIGHT_PER_WORKER
-        self.executor = futures.ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
-                                                    initargs=(os.getpid(),))
+        context = process_context()
+        if context.get_start_method() == "forkserver":
+            # the server imports the evaluation once; each worker forks from it with that done
+            context.set_forkserver_preload(["mpsim.explore.evaluate", "mpsim.explore.planner"])
+        self.executor = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_start,
+                                                    initargs=(os.getpid(), context.get_start_method()))
 
     def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
         return self.executor.submit(evaluate_chunk, evaluator, chunk)
@@ -178,6 +221,9 @@ class _RayPool:
             raise InputError(RAY_INSTALL_HINT) from None
         self.ray = ray
         self.started_here = not ray.is_initialized()
+        # ray.init installs its own SIGTERM handler (sys.exit) and ray.shutdown leaves it: an
+        # instance started here gives the process its handlers back when it shuts down
+        self.handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
         if self.started_here:
             options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address is None and workers:
@@ -203,6 +249,12 @@ class _RayPool:
         self.refs.clear()
         if self.started_here:  # a cluster we only connected to keeps running
             self.ray.shutdown()
+            for number, handler in self.handlers.items():
+                if handler is not None and signal.getsignal(number) is not handler:
+                    try:
+                        signal.signal(number, handler)
+                    except ValueError:  # only the main thread may set handlers; elsewhere Ray's stays
+                        pass
 
 
 class Session:
