@@ -1,12 +1,23 @@
-"""Workers evaluate points at a slower collector pace and always give the process's pace back."""
+"""Workers evaluate points at a slower collector pace and always give the process's pace back;
+they fork only where no runtime's threads would be copied mid-lock, and die with the command."""
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
 
 import pytest
 
-from mpsim.explore.pools import YOUNG_COLLECTION_ALLOCATIONS, Session, evaluate_chunk, fewer_collections
+from mpsim.explore.pools import (FORK_UNSAFE_MODULES, YOUNG_COLLECTION_ALLOCATIONS, Session, evaluate_chunk,
+                                 fewer_collections, process_context)
+from mpsim.paths import display_path
+from tests.conftest import ROOT, SCENARIOS
 
 
 class _Probe:
@@ -66,3 +77,71 @@ def test_records_without_a_results_file_carry_the_same_keys(tmp_path):
         stored = run_points(_Probe(), points, session, RunControl(out=str(tmp_path / "r.jsonl"), progress=False))
     assert [r["key"] for r in lazy.records] == [stable_key("probe", p) for p in points]
     assert [r["key"] for r in stored.records] == [r["key"] for r in lazy.records]
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
+def test_workers_fork_unless_a_runtime_that_keeps_threads_is_loaded(monkeypatch):
+    for name in FORK_UNSAFE_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert process_context().get_start_method() == "fork"
+    monkeypatch.setitem(sys.modules, "grpc", types.ModuleType("grpc"))
+    assert process_context().get_start_method() == "forkserver"
+    assert process_context("spawn").get_start_method() == "spawn"
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in os.listdir(f"/proc/{parent}/task") if os.path.isdir(f"/proc/{parent}/task") else []:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except OSError:
+                continue
+            found.update(children)
+            todo.extend(children)
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_from_a_fork_server_give_the_same_records_and_die_with_a_killed_command(tmp_path):
+    out = tmp_path / "results.jsonl"
+    # the command as a process with Ray loaded would run it: workers from a fork server
+    code = ("import sys, types; sys.modules['grpc'] = types.ModuleType('grpc'); "
+            "from mpsim.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    sweep = ["sweep", str(SCENARIOS / "megatron_22b_8xa100.yaml"), "--sweep", "parallel.global_batch_size=4..480:4",
+             "--engine", "simpy", "--workers", "2", "--no-progress"]
+    process = subprocess.Popen([sys.executable, "-c", code, *sweep, "--out", str(out)], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.stat().st_size == 0) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    workers = _descendants(process.pid)
+    assert len(workers) >= 3  # the fork server and two workers
+    saved = out.read_text().splitlines()
+    process.kill()
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")
+                and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    # the records they wrote are those a forked pool writes for the same points
+    forked = tmp_path / "forked.jsonl"
+    subprocess.run([sys.executable, "-m", "mpsim", *sweep, "--limit", str(len(saved)), "--out", str(forked)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    assert forked.read_text().splitlines()[:len(saved)] == saved
+
+
+def test_a_file_is_named_even_where_the_working_folder_was_removed(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    before = os.getcwd()
+    os.chdir(gone)
+    try:
+        gone.rmdir()
+        assert display_path(SCENARIOS / "megatron_22b_8xa100.yaml") == "scenarios/megatron_22b_8xa100.yaml"
+    finally:
+        os.chdir(before)

@@ -112,23 +112,24 @@ def _worker_start(parent: int, start_method: str) -> None:
     and stops the workers), and the worker dies with its parent, however the parent ends
     (SIGKILL included), instead of waiting forever for work that will not come.
 
-    ``parent`` is the pool's process. A forked worker's parent is that process; one from a
-    fork server is the server's, which ends when the pool's process does."""
+    ``parent`` is the pool's process. A forked worker asks the kernel to kill it when its
+    parent dies. A worker from a fork server is the server's child, and the server lives as
+    long as any of its children does (each holds the pipe whose end it waits for), so such a
+    worker watches ``parent`` itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watched = os.getppid()
-    if (watched != parent if start_method == "fork" else not _alive(parent)):
-        os._exit(1)  # the pool's process ended before this worker began
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
+    if start_method != "fork" or not sys.platform.startswith("linux"):
+        if not _alive(parent):  # the pool's process ended before this worker began
+            os._exit(1)
+        _watch(parent)
+        return
+    try:
+        import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the kernel kills us when the parent dies
-        except (OSError, AttributeError):
-            _watch_parent(watched)
-    else:
-        _watch_parent(watched)
-    if os.getppid() != watched:  # the parent died before the line above took effect
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the kernel kills us when the parent dies
+    except (OSError, AttributeError):
+        _watch(parent)
+    if os.getppid() != parent:  # the parent died before the line above took effect
         os._exit(1)
 
 
@@ -139,15 +140,19 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # there, but another user's: not ours, so ours has ended
         return False
-    return True
+    try:  # a killed process stays a zombie until its own parent reaps it: ended all the same
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc here
+        return True
 
 
-def _watch_parent(parent: int) -> None:
-    """Where the kernel cannot be asked: a thread that ends the worker once the parent is gone."""
+def _watch(parent: int) -> None:
+    """Where the kernel cannot be asked: a thread that ends the worker once ``parent`` is gone."""
     import threading
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while _alive(parent):
             time.sleep(PARENT_POLL_S)
         os._exit(1)
 
