@@ -160,3 +160,16 @@ def test_each_rank_reserves_what_its_own_part_does(tmp_path):
     for memory, count in zip(summary.memory, channels):
         assert f"; {count} channels each)" in memory.reserved_parts[-1][0]
     assert summary.memory[0].reserved_bytes != summary.memory[-1].reserved_bytes
+
+
+def test_the_summary_gives_each_parts_reserved_memory(tmp_path, capsys):
+    # A100 nodes run 24 NCCL channels per communicator and H100 nodes 16 (their systems'
+    # files): each pipeline rank's line names what its own part reserves
+    assert main(["run", halves(tmp_path)]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "reserved per device" in line]
+    assert [line.split(":")[0] for line in lines] == ["reserved per device, ranks 0,1", "reserved per device, ranks 2,3"]
+    assert "24 channels each" in lines[0] and "16 channels each" in lines[1]
+    # one line, without ranks, where every rank reserves the same
+    assert main(["run", str(HOMOGENEOUS)]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "reserved per device" in line]
+    assert len(lines) == 1 and lines[0].startswith("reserved per device: ")

@@ -64,9 +64,14 @@ def _memory_rows(summary: Summary) -> list[str]:
                     f"{format_bytes(m.reserved_bytes):>10} {format_bytes(m.fragmentation_bytes):>10} "
                     f"{format_bytes(m.peak_memory_bytes):>11}{flag}")
         previous = r
-    parts = memory[0].reserved_parts if memory else ()
-    if parts:
-        rows.append("    reserved per device: " + " + ".join(f"{name} {format_bytes(size)}" for name, size in parts))
+    # a cluster of parts reserves per rank what its own part's devices and channels do
+    ranks_of: dict[tuple, list[int]] = {}
+    for m in memory:
+        if m.reserved_parts:
+            ranks_of.setdefault(tuple(m.reserved_parts), []).append(m.rank)
+    for parts, ranks in ranks_of.items():
+        which = "" if len(ranks_of) == 1 else f", rank{'s' if len(ranks) > 1 else ''} {stage_list(ranks)}"
+        rows.append(f"    reserved per device{which}: " + " + ".join(f"{name} {format_bytes(size)}" for name, size in parts))
     return rows
 
 
