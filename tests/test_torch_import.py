@@ -210,3 +210,19 @@ def test_torchvision_models_import_one_unit_per_block_with_torchs_flops(name, un
         assert main(["run", str(EXAMPLE / "cnn_transformer_scenario.yaml"), "--set", f"model={target}", "--set",
                      f"parallel.tp={tp}", "--json"]) == 0
         assert sum(json.loads(capsys.readouterr().out)["layers_per_stage"]) == len(stack.layers)
+
+
+def test_token_ids_into_a_first_linear_layer_are_refused(tmp_path):
+    pytest.importorskip("torch")
+    factory = tmp_path / "mlp.py"
+    factory.write_text("import torch.nn as nn\n\ndef build():\n"
+                       "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))\n")
+    made = run_cli("import-torch", f"{factory}:build", "--input-shape", "16", "--token-ids", "-o",
+                   str(tmp_path / "mlp.yaml"), cwd=ROOT)
+    assert made.returncode == 2 and not (tmp_path / "mlp.yaml").exists()
+    assert made.stderr.strip().splitlines() == [
+        "error: --token-ids: the model's first layer '0' is a linear layer, which takes numbers, not token ids "
+        "(an embedding takes them); leave --token-ids out"]
+    # without the flag the same model imports
+    assert run_cli("import-torch", f"{factory}:build", "--input-shape", "16", "-o", str(tmp_path / "mlp.yaml"),
+                   cwd=ROOT).returncode == 0

@@ -120,6 +120,8 @@ def import_model(spec: str, input_shape: tuple[int, ...], *, name: str | None = 
     if extra:  # no glue step to hold them: a zero-cost layer after the first keeps the count right
         layers.insert(1, {"kind": "custom", "name": "model_parameters", "forward_flops": 0.0, "bytes": 0.0,
                           "params": extra})
+    if token_ids:
+        _check_takes_token_ids(layers)
     # a measured layer has no known split: under tensor parallelism it runs whole on every
     # rank, as a framework runs the modules it does not shard
     layers = [{"kind": "custom", "name": layer["name"], "tp": "replicate",
@@ -144,6 +146,19 @@ def import_model(spec: str, input_shape: tuple[int, ...], *, name: str | None = 
         **({"tokens_per_sample": int(input_shape[-1])} if token_ids else {}),
         "layers": layers,
     }
+
+
+def _check_takes_token_ids(layers: list[dict[str, Any]]) -> None:
+    """Token ids go into an embedding: a model whose first layer is a typed layer of another
+    kind (a Linear, a convolution) takes numbers, and would be costed as if it did (meta
+    tensors run a Linear on integer ids without complaint). A measured module may hold its
+    embedding inside, so it passes."""
+    first = layers[0] if layers else None
+    while first is not None and first["kind"] == "block" and first.get("layers"):
+        first = first["layers"][0]
+    if first is not None and first["kind"] not in ("embedding", "custom"):
+        raise InputError(f"the model's first layer {first['name']!r} is a {first['kind']} layer, which takes numbers, "
+                         f"not token ids (an embedding takes them); leave --token-ids out", "--token-ids")
 
 
 def _block(call: Call, batch: int) -> dict[str, Any] | None:
