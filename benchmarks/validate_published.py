@@ -227,9 +227,10 @@ def run(tables: list[str], quick: bool = False, data: Path = DATA, progress: boo
     """Predict the rows of ``tables`` (the --quick subset with ``quick``), on ``jobs`` processes.
 
     The rows are independent and deterministic, so the results are the same, in the same
-    order, however many processes run them. The workers fork where this process runs one
-    thread and start afresh (spawn) where others run (mpsim.explore.pools.process_context says
-    why); either way each builds the rows itself and runs them by index.
+    order, however many processes run them. The workers fork, or start afresh (spawn) where
+    this process has loaded a runtime whose threads make a fork unsafe
+    (``mpsim.explore.pools.process_context`` says why); either way each builds the rows
+    itself and runs them by index.
     """
     cases = cases_of(tables, quick, data)
     pool = None
