@@ -95,7 +95,7 @@ def scenarios_dir() -> Path:
     return SCENARIOS
 
 
-def _children(pid: int) -> list[int]:
+def child_processes(pid: int) -> list[int]:
     """Processes ``pid`` started that still run (Linux; none elsewhere)."""
     found: list[int] = []
     try:
@@ -114,7 +114,7 @@ def _children(pid: int) -> list[int]:
 def pytest_sessionfinish(session, exitstatus):
     """No process a test started outlives the run: one left would keep the run's output open
     (and CI waiting on it) after pytest ends. Those found are named and stopped."""
-    for pid in _children(os.getpid()):
+    for pid in child_processes(os.getpid()):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()

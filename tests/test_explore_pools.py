@@ -17,7 +17,7 @@ import pytest
 from mpsim.explore.pools import (FORK_UNSAFE_MODULES, YOUNG_COLLECTION_ALLOCATIONS, Session, evaluate_chunk,
                                  fewer_collections, process_context)
 from mpsim.paths import display_path
-from tests.conftest import ROOT, SCENARIOS
+from tests.conftest import ROOT, SCENARIOS, child_processes
 
 
 class _Probe:
@@ -92,15 +92,9 @@ def test_workers_fork_unless_a_runtime_that_keeps_threads_is_loaded(monkeypatch)
 def _descendants(pid: int) -> set[int]:
     found, todo = set(), [pid]
     while todo:
-        parent = todo.pop()
-        for task in os.listdir(f"/proc/{parent}/task") if os.path.isdir(f"/proc/{parent}/task") else []:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as handle:
-                    children = [int(child) for child in handle.read().split()]
-            except OSError:
-                continue
-            found.update(children)
-            todo.extend(children)
+        children = child_processes(todo.pop())
+        found.update(children)
+        todo.extend(children)
     return found
 
 
