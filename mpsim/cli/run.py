@@ -111,8 +111,9 @@ def _check_run_options(args: argparse.Namespace) -> None:
 def _profile_links_note(overrides: list[str], scenario) -> str | None:
     """A note when a link what-if meets a profile that prices collectives from its own fitted lines:
     those lines are the measured links, which the what-if does not reach."""
-    profile = scenario.calibration
-    kinds = sorted({fit.kind for fit in profile.links.collectives}) if profile and profile.links else []
+    from mpsim.results.metrics import profiled_collectives
+
+    kinds = profiled_collectives(scenario.calibration)
     touched = [o.split("=", 1)[0] for o in overrides
                if o.replace(" ", "").startswith(("cluster.system.scale_up", "cluster.system.scale_out"))]
     if scenario.faults.slow_link:

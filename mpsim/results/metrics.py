@@ -223,11 +223,16 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
     )
 
 
+def profiled_collectives(profile) -> list[str]:
+    """The collective kinds a calibration profile prices from its own fitted lines (none without one)."""
+    return sorted({fit.kind for fit in profile.links.collectives}) if profile and profile.links else []
+
+
 def calibration_text(profile) -> str | None:
     """What prices the step instead of the datasheets, in words, or None."""
     if profile is None:
         return None
     how = "fitted from profiler traces" if profile.source == "trace" else "measured"
-    kinds = sorted({fit.kind for fit in profile.links.collectives}) if profile.links else []
+    kinds = profiled_collectives(profile)
     lines = f"; collectives ({', '.join(kinds)}) from its fitted lines" if kinds else ""
     return f"a profile {how} on {profile.device.name}{lines}"

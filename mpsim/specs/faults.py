@@ -83,7 +83,7 @@ def _as_list(value: Any, key: str, with_link: bool) -> Any:
     for entry in entries:
         fields = entry if isinstance(entry, dict) else vars(entry)
         part = (fields.get(key), fields.get("link"))
-        if part is not None and part in seen:
+        if part in seen:
             what = f"{key} {part[0]}" + (f" {part[1]}" if with_link else "")
             raise ValueError(f"{what} is given twice; give each once with its speed")
         seen.add(part)
