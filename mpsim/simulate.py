@@ -156,15 +156,29 @@ def final_reductions(workload: Workload, schedule: Schedule, model: CostModel, c
     As Megatron-Core does, only the first model chunk of pipeline rank 0 (stage 0) is split
     into buckets; every other stage reduces its gradients as one bucket (``cost/step.py``).
     """
-    specs: dict[tuple, tuple] = {}  # stages of equal work (one object) have the same reductions
+    # stages of equal work (one object) on one device have the same reductions, and on one rank
+    # the same links too
+    specs: dict[tuple, tuple] = {}
+    made: dict[tuple, tuple[GradBucket, ...]] = {}
     buckets = {}
     for stage, work in enumerate(workload.stages):
-        here = model.on_rank(schedule.stage_to_rank[stage])
-        key = (work, copies[stage], stage == 0, id(here))
-        if key not in specs:
-            specs[key] = final_grad_buckets(work, here, copies[stage], bucketed=stage == 0)
-        buckets[stage] = tuple(bucket(spec, schedule.stage_to_rank[stage]) for spec in specs[key])
+        rank = schedule.stage_to_rank[stage]
+        here = model.on_rank(rank)
+        key = (id(work), copies[stage], stage == 0, id(here))
+        found = made.get((key, rank))
+        if found is None:
+            spec = specs.get(key)
+            if spec is None:
+                spec = specs[key] = final_grad_buckets(work, here, copies[stage], bucketed=stage == 0)
+            found = made[(key, rank)] = tuple(bucket(one, rank) for one in spec)
+        buckets[stage] = found
     return buckets
+
+
+def stage_grad_buckets(workload: Workload, schedule: Schedule, model: CostModel) -> dict[int, tuple[GradBucket, ...]]:
+    """``final_reductions`` with no link shared with pipeline sends: their durations alone, as
+    the planner's lower bound reads them (``explore/bounds.py``)."""
+    return final_reductions(workload, schedule, model, block_copy_ranks(schedule), _BucketMaker(model, {}))
 
 
 def action_reductions(workload: Workload, schedule: Schedule, model: CostModel, costs: dict[tuple, ActionCost],

@@ -109,12 +109,20 @@ def _loop_distinct_and_counts(schedule):
                 kept.append(item)
         ranks.append(tuple(kept))
     counts = []
-    for items in schedule.actions:
+    for rank, items in enumerate(schedule.actions):
         keys = [duration_key(item) for item in items]
         backward = [i for i, key in enumerate(keys) if key[-1] in ("B", "I")]
         last = backward[-1] if backward else -1
+        # each stage's last backward or weight pass on the rank, latest first
+        completing, done = [], set()
+        for position in reversed(range(len(items))):
+            for action in flat([items[position]]):
+                if action.kind in ("B", "W") and schedule.stage_to_rank[action.stage] == rank \
+                        and action.stage not in done:
+                    done.add(action.stage)
+                    completing.append((action.stage, keys[position], Counter(keys[position + 1:])))
         counts.append((items[0] if items else None, items[last] if backward else None, Counter(keys[last + 1:]),
-                       Counter(keys)))
+                       Counter(keys), tuple(completing)))
     return ranks, counts
 
 
@@ -125,8 +133,9 @@ def _agree_with_the_loops(schedule):
     ranks, counts = _loop_distinct_and_counts(schedule)
     assert distinct_items(schedule).actions == tuple(ranks)
     # in the same order too: the bound sums its busy time in the Counter's order
-    assert [(first, last, after, list(per_key.items())) for first, last, after, per_key in rank_counts(schedule)] \
-        == [(first, last, after, list(per_key.items())) for first, last, after, per_key in counts]
+    assert [(first, last, after, list(per_key.items()), made) for first, last, after, per_key, made
+            in rank_counts(schedule)] == [(first, last, after, list(per_key.items()), made)
+                                          for first, last, after, per_key, made in counts]
 
 
 @settings(max_examples=300, deadline=None)

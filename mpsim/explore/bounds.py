@@ -17,8 +17,13 @@ rank's own items after that backward (weight-gradient passes) run meanwhile:
 with the tail the backward chain's passes and transfers, and ``after`` the rank's items
 after its last backward. For 1F1B with uniform stages and free transfers the last rank's
 bound is then (p - 1)(F + B) + m(F + B): the step itself.
-Waiting on other ranks (the bubble), blocking sends, link contention and exposed DP
-communication only add to this, so the bound holds for every schedule the engine runs.
+The optimizer step also waits for the rank's gradient reductions. A stage's final DP
+buckets become ready while the item that makes its gradients final runs, and the rank's
+DP stream sends them one at a time, so what the rest of that item (and the items after
+it) cannot hide of them comes before the optimizer: ``exposed_reduction_s``. The chain's
+first stage pays the same after the drain.
+Waiting on other ranks (the bubble), blocking sends, link contention and the rest of the
+DP communication only add to this, so the bound holds for every schedule the engine runs.
 A chain stage whose backward runs inside a forward+backward pair (DualPipe) adds the pair:
 it cannot start before the gradient it takes has come. The planner simulates layouts in increasing
 order of this bound and stops once the bound alone exceeds the step time of the layouts
@@ -46,6 +51,7 @@ class StepBound:
     tp_exposed_s: float  # of which TP communication not hidden under compute
     optimizer_s: float
     tail_s: float = 0.0  # beyond its optimizer: the backward chain still to run after its items (the drain)
+    dp_s: float = 0.0  # beyond its optimizer and drain: gradient reductions no compute can hide
 
 
 def _carries_gradient(key: tuple) -> bool:
@@ -54,10 +60,12 @@ def _carries_gradient(key: tuple) -> bool:
 
 
 def rank_counts(schedule: Schedule, keys: list[list[tuple]] | None = None
-                ) -> list[tuple[Any, Any, Counter, Counter]]:
+                ) -> list[tuple[Any, Any, Counter, Counter, tuple]]:
     """Per rank: its first item, its last item that runs a backward (or input-gradient) pass,
-    the duration keys of the items after that one, and how many items of each duration key it
-    runs (the planner keeps it per schedule key in ``plancache.Short``)."""
+    the duration keys of the items after that one, how many items of each duration key it
+    runs, and per stage whose gradients an item of it makes final (its last backward or
+    weight-gradient pass, as the engine finds it), ``(stage, that item's key, the keys of
+    the items after it)`` (the planner keeps it per schedule key in ``plancache.Short``)."""
     found = []
     for rank, items in enumerate(schedule.actions):
         here = item_keys(items) if keys is None else keys[rank]
@@ -65,8 +73,61 @@ def rank_counts(schedule: Schedule, keys: list[list[tuple]] | None = None
         while position >= 0 and not _carries_gradient(here[position]):
             position -= 1
         last_backward = items[position] if position >= 0 else None
-        found.append((items[0] if items else None, last_backward, Counter(here[position + 1:]), Counter(here)))
+        found.append((items[0] if items else None, last_backward, Counter(here[position + 1:]), Counter(here),
+                      _completing(schedule, rank, here)))
     return found
+
+
+def _completing(schedule: Schedule, rank: int, here: list[tuple]) -> tuple:
+    """``(stage, key, keys after it)`` per stage of ``rank`` with a last backward or weight pass."""
+    left = {stage for stage, holder in enumerate(schedule.stage_to_rank) if holder == rank}
+    completing = []
+    for position in range(len(here) - 1, -1, -1):
+        if not left:
+            break
+        for action in parts(schedule.actions[rank][position]):
+            if action.kind in ("B", "W") and action.stage in left:
+                left.discard(action.stage)
+                completing.append((action.stage, here[position], Counter(here[position + 1:])))
+    return tuple(completing)
+
+
+def _reductions_after(ranked: list, action_s: Mapping[tuple, float], grad_buckets: Mapping[int, Sequence[Any]],
+                      overlap_grad_sync: bool) -> list[dict[int, tuple[float, Counter]]]:
+    """Per rank, per stage whose gradients it reduces: (least time its DP stream needs after the
+    item that made them final, the keys of the rank's items after that item).
+
+    The engine queues a stage's final buckets as that item runs (``overlap_grad_sync``), or all
+    of a rank's after its last item, where none of it can hide (then every stage of the rank
+    maps to the whole sum, with no item after).
+    """
+    found = []
+    for entry in ranked:
+        made = entry[4]
+        if not grad_buckets:
+            found.append({})
+        elif overlap_grad_sync:
+            found.append({stage: (exposed_reduction_s(grad_buckets.get(stage, ()), action_s[key]), later)
+                          for stage, key, later in made})
+        else:
+            total = sum(bucket.duration_s for stage, _, _ in made for bucket in grad_buckets.get(stage, ()))
+            found.append({stage: (total, Counter()) for stage, _, _ in made})
+    return found
+
+
+def exposed_reduction_s(buckets: Sequence[Any], item_s: float) -> float:
+    """Least time a rank's DP stream still needs after the item that makes these buckets ready ends.
+
+    A bucket is ready ``ready_fraction`` into the item; the stream sends one bucket at a
+    time, each taking at least its ``duration_s`` (sharing a link only slows it). So the
+    buckets ready at or after a fraction ``f`` still need their summed time from there, of
+    which at most ``(1 - f) x item_s`` fits under the item.
+    """
+    least, remaining = 0.0, 0.0
+    for bucket in sorted(buckets, key=lambda b: b.ready_fraction, reverse=True):
+        remaining += bucket.duration_s
+        least = max(least, remaining - (1.0 - bucket.ready_fraction) * item_s)
+    return least
 
 
 def forward_heads(schedule: Schedule, action_s: Mapping[tuple, float],
@@ -119,11 +180,15 @@ def backward_tails(schedule: Schedule, action_s: Mapping[tuple, float],
 
 def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transfer_s: Mapping[tuple[int, int], float],
                      finalize_s: Sequence[float] = (), tp_exposed_s: Mapping[tuple, float] | None = None,
-                     counts: list[tuple[Any, Any, Counter, Counter]] | None = None) -> StepBound:
+                     counts: list[tuple[Any, Any, Counter, Counter, tuple]] | None = None,
+                     grad_buckets: Mapping[int, Sequence[Any]] | None = None,
+                     overlap_grad_sync: bool = True) -> StepBound:
     """The largest per-rank bound (see the module doc); ``tp_exposed_s`` splits the busy time.
 
     The arguments are the fields of the same names of ``engine.EngineInput``, so the
-    bound can be taken before the rest of the engine input (DP buckets) is priced.
+    bound can be taken before the rest of the engine input (the links sends and buckets
+    share, the buckets actions start each time they run) is priced; without
+    ``grad_buckets`` it leaves the reductions out.
     ``counts`` is ``rank_counts(schedule)`` when the caller kept it and passes a shorter
     schedule with the same stages, ranks and chains.
     """
@@ -131,8 +196,9 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
     ranked = counts if counts is not None else rank_counts(schedule)
     tails = backward_tails(schedule, action_s, transfer_s)
     rank_of, chains = schedule.stage_to_rank, schedule.topology
+    reductions = _reductions_after(ranked, action_s, grad_buckets or {}, overlap_grad_sync)
     best: StepBound | None = None
-    for rank, (first, last_backward, after_it, per_key) in enumerate(ranked):
+    for rank, (first, last_backward, after_it, per_key, _) in enumerate(ranked):
         if first is None:
             continue
         head = 0.0
@@ -145,17 +211,28 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
         exposed = sum(count * tp_exposed_s.get(key, 0.0) for key, count in per_key.items()) if tp_exposed_s \
             else 0.0
         optimizer = finalize_s[rank] if finalize_s else 0.0
-        after = optimizer  # from the end of the rank's last item to the end of the step
+        after, reduced = optimizer, 0.0  # from the end of the rank's last item to the end of the step; DP of it
+        for reduction, later in reductions[rank].values():
+            # the item that made these gradients final ends head + busy - (the items after it) at
+            # the earliest, and the rank's optimizer waits for their reductions
+            if optimizer + reduction > after:  # else the items after it cannot make it count
+                reduction -= sum(count * action_s[key] for key, count in later.items())
+                if optimizer + reduction > after:
+                    after, reduced = optimizer + reduction, reduction
         if tails is not None and last_backward is not None:
             # the items up to the rank's last backward end head + busy - left at the earliest; its
-            # gradient then goes back down the chain while the rest of the rank's items run
+            # gradient then goes back down the chain while the rest of the rank's items run, and
+            # the chain's first stage reduces its gradients before its rank's optimizer step
             left = sum(count * action_s[key] for key, count in after_it.items())
             for action in parts(last_backward):
                 if action.kind in ("B", "I") and tails[action.stage] > 0:
                     head_stage = chains.first(action.stage)
                     then = finalize_s[rank_of[head_stage]] if finalize_s else 0.0
-                    after = max(after, tails[action.stage] + then - left)
-        bound = StepBound(head + busy + after, rank, head, busy, exposed, optimizer, after - optimizer)
+                    reduction = reductions[rank_of[head_stage]].get(head_stage, (0.0, 0.0))[0]
+                    if tails[action.stage] + reduction + then - left > after:
+                        after, reduced = tails[action.stage] + reduction + then - left, reduction
+        bound = StepBound(head + busy + after, rank, head, busy, exposed, optimizer, after - optimizer - reduced,
+                          reduced)
         if best is None or bound.lower_bound_s > best.lower_bound_s:
             best = bound
     return best or StepBound(0.0, 0, 0.0, 0.0, 0.0, 0.0)

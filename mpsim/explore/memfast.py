@@ -36,7 +36,7 @@ from dataclasses import replace
 import numpy as np
 
 from mpsim.results.memory import RankMemory, held_params, rank_at_peak, rank_memory, rank_states, WalkPeak
-from mpsim.explore.memwalk import KIND_CODE, kept_indexes, microbatches, rank_actions, read_actions
+from mpsim.explore.memwalk import KIND_CODE, kept_positions, microbatches, read_actions, read_lists
 from mpsim.schedules.actions import Action, Schedule
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -68,18 +68,18 @@ class ShortWalk:
     def of(cls, schedule: Schedule, shorten: bool = True) -> "ShortWalk":
         """The walk of ``schedule``: shortened as ``memwalk.memory_schedule`` shortens it (the
         same actions, read straight into arrays), or its lists as they are."""
-        codes, numbers = [], []
-        for rank, items in enumerate(schedule.actions):
-            actions = rank_actions(items)
-            stage, kind = read_actions(actions)
-            batch = microbatches(actions)
-            if shorten:
-                stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
-                keep = kept_indexes(stage, kind, stages, schedule.num_stages)
-                stage, kind, batch = stage[keep], kind[keep], batch[keep]
-            codes.append(4 * stage + kind)
-            numbers.append(batch)
-        return cls(replace(schedule, actions=tuple(() for _ in schedule.actions)), codes, numbers)
+        actions, starts, ends = read_lists(schedule)
+        stage, kind = read_actions(actions)
+        batch = microbatches(actions)
+        bounds = np.append(starts, ends[-1:])
+        if shorten:
+            keep = kept_positions(stage, kind, schedule.stage_to_rank, starts)
+            stage, kind, batch = stage[keep], kind[keep], batch[keep]
+            bounds = np.searchsorted(keep, bounds)
+        codes = 4 * stage + kind
+        rows = range(len(starts))
+        return cls(replace(schedule, actions=tuple(() for _ in schedule.actions)),
+                   [codes[bounds[r]:bounds[r + 1]] for r in rows], [batch[bounds[r]:bounds[r + 1]] for r in rows])
 
     def schedule(self) -> Schedule:
         """The schedule the walk was read from (its actions rebuilt, each item one action)."""

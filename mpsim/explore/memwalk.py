@@ -87,26 +87,66 @@ def _state_ids(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids.reshape(-1), first
 
 
-def kept_indexes(stage: np.ndarray, kind: np.ndarray, stages: tuple[int, ...], num_stages: int) -> np.ndarray:
-    """Which of a rank's actions the short walk keeps (module doc), in order.
+# rows x columns of one batch of lists' states: lists are shortened together (a call per list
+# costs more than its arithmetic) in batches of at most this many cells (64 MiB of int64)
+BATCH_CELLS = 1 << 23
 
-    ``stage`` and ``kind`` are ``read_actions``'s arrays; ``stages`` the rank's own. The
-    states are one running sum per column (a forward adds one activation of its stage, a
-    backward takes one, an input-gradient pass moves one to the stage's buffer column, a
-    weight-gradient pass takes one from it); equal states get one id. Walking the list, a
-    wanted state (one that some turning position reaches) is kept with the real path to it
-    the first time it is reached, from just after the last return, since the previous one,
-    to the state kept before it (at first: the empty state). The same actions as a loop
-    that follows the list one action at a time, with array operations only.
+
+def stage_slots(stage_to_rank: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Each stage's place among the stages of its rank, and the most stages a rank holds."""
+    held = [0] * (max(stage_to_rank, default=-1) + 1)
+    slots = np.zeros(len(stage_to_rank), dtype=np.int64)
+    for stage, rank in enumerate(stage_to_rank):
+        slots[stage] = held[rank]
+        held[rank] += 1
+    return slots, max(held, default=0)
+
+
+def kept_positions(stage: np.ndarray, kind: np.ndarray, stage_to_rank: tuple[int, ...],
+                   starts: np.ndarray) -> np.ndarray:
+    """Which actions the short walk keeps (module doc), as positions, ascending.
+
+    The ranks' lists are laid end to end: ``stage`` and ``kind`` are ``read_actions``'s
+    arrays of all of them, list ``r`` (rank ``r``'s) starting at ``starts[r]``. Lists are
+    shortened a batch at a time (``BATCH_CELLS``); each list on its own, as if alone.
     """
-    count, width = len(stage), len(stages)
+    slots, width = stage_slots(stage_to_rank)
+    owner = np.asarray(stage_to_rank, dtype=np.int64)
+    count, lists = len(stage), len(starts)
+    ends = np.append(starts[1:], count).astype(np.int64)
+    segment = np.repeat(np.arange(lists), ends - starts)
+    wrong = owner[stage] != segment
+    if wrong.any():
+        raise KeyError(f"an action of stage {int(stage[wrong][0])}, which the rank does not hold")
+    kept, first = [], 0
+    while first < lists:
+        last = first + 1  # one list at least, then as many as the batch holds
+        while last < lists and (ends[last] - starts[first]) * (2 * width + 1) <= BATCH_CELLS:
+            last += 1
+        rows = slice(int(starts[first]), int(ends[last - 1]))
+        found = _kept_in_batch(stage[rows], kind[rows], slots[stage[rows]], width,
+                               starts[first:last] - starts[first], segment[rows] - first)
+        kept.append(found + starts[first])
+        first = last
+    return np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+
+
+def _kept_in_batch(stage: np.ndarray, kind: np.ndarray, slot: np.ndarray, width: int, starts: np.ndarray,
+                   segment: np.ndarray) -> np.ndarray:
+    """``kept_positions`` of one batch of lists (``segment``: the list of each action).
+
+    The states are one running sum per column (a forward adds one activation of its stage,
+    a backward takes one, an input-gradient pass moves one to the stage's buffer column, a
+    weight-gradient pass takes one from it), each list's from zero; equal states of one
+    list get one id (the list is a column of the state). Walking a list, a wanted state (one
+    that some turning position reaches) is kept with the real path to it the first time it
+    is reached, from just after the last return, since the previous one, to the state kept
+    before it (at first: the empty state). The same actions as a loop that follows each
+    list one action at a time, with array operations only.
+    """
+    count, lists = len(stage), len(starts)
     if not count:
         return np.zeros(0, dtype=np.int64)
-    slot_of = np.full(num_stages, -1, dtype=np.int64)
-    slot_of[list(stages)] = np.arange(width)
-    slot = slot_of[stage]
-    if (slot < 0).any():
-        raise KeyError(f"an action of stage {int(stage[slot < 0][0])}, which the rank does not hold")
     deltas = np.zeros((count, 2 * width), dtype=np.int64)
     rows = np.arange(count)
     forward, full, split, weight = (kind == code for code in range(4))
@@ -116,15 +156,29 @@ def kept_indexes(stage: np.ndarray, kind: np.ndarray, stages: tuple[int, ...], n
     deltas[rows[split], width + slot[split]] = 1
     deltas[rows[weight], width + slot[weight]] = -1
     states = np.cumsum(deltas, axis=0)
-    ids, first = _state_ids(states)
+    if lists > 1:  # each list's sum from zero: less what the lists before it left
+        left = np.zeros((lists, 2 * width), dtype=np.int64)
+        begun = starts > 0
+        left[begun] = states[starts[begun] - 1]
+        states -= left[segment]
+    ids, first = _state_ids(np.column_stack((segment, states)))
     # the level rises only in F and I, and a state followed by an F is covered by the next
-    # one: the peak is at a state after F or I that is not followed by an F
-    turning = (forward | split) & ~np.append(forward[1:], False)
+    # one: the peak is at a state after F or I that is not followed by an F (of its own list)
+    followed = np.append(forward[1:], False)
+    followed[np.append(starts[1:], count) - 1] = False
+    turning = (forward | split) & ~followed
     reached = np.sort(first[np.unique(ids[turning])])  # where each wanted state is first reached
-    before = np.concatenate(([-1], reached[:-1]))  # the previous kept position (-1: none yet)
+    if not len(reached):
+        return np.zeros(0, dtype=np.int64)
+    owner = segment[reached]
+    opens = np.append(True, owner[1:] != owner[:-1])  # the first wanted state of its list
+    before = np.where(opens, starts[owner] - 1, np.append(-1, reached[:-1]))  # the previous kept position
     empty = np.flatnonzero(~states.any(axis=1))
-    anchor = np.concatenate(([ids[empty[0]] if len(empty) else -1], ids[reached[:-1]]))  # the state kept last
-    # each position up to the last reached one lies in the stretch of the first reached one at or after it
+    empty_id = np.full(lists, -1, dtype=np.int64)  # each list's empty state, where it passes one
+    empty_id[segment[empty]] = ids[empty]
+    anchor = np.where(opens, empty_id[owner], np.append(-1, ids[reached[:-1]]))  # the state kept last
+    # each position up to the last reached one lies in the stretch of the first reached one at or
+    # after it (past a list's last, a later list's, whose states, and so anchors, it never equals)
     upto = np.arange(int(reached[-1]) + 1)
     stretch = np.searchsorted(reached, upto)
     returns = np.flatnonzero((ids[upto] == anchor[stretch]) & (upto != reached[stretch]))
@@ -139,19 +193,25 @@ def kept_indexes(stage: np.ndarray, kind: np.ndarray, stages: tuple[int, ...], n
     return np.flatnonzero(np.cumsum(edges[:-1]) > 0)
 
 
+def read_lists(schedule: Schedule) -> tuple[list, np.ndarray, np.ndarray]:
+    """Every rank's compute actions laid end to end, and where each rank's begin and end."""
+    lists = [rank_actions(items) for items in schedule.actions]
+    lengths = np.array([len(actions) for actions in lists], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return [action for actions in lists for action in actions], ends - lengths, ends
+
+
 def memory_schedule(schedule: Schedule) -> Schedule:
     """The schedule with each rank's list shortened as the module doc describes.
 
     Not cached here: the planner keeps the short forms per schedule key (``plancache.Short``)
     and lets the full lists go, so the cycle collector never walks their actions again.
     """
-    ranks = []
-    for rank, items in enumerate(schedule.actions):
-        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
-        actions = rank_actions(items)
-        keep = kept_indexes(*read_actions(actions), stages, schedule.num_stages)
-        ranks.append(tuple(actions[i] for i in keep.tolist()))
-    return replace(schedule, actions=tuple(ranks))
+    actions, starts, ends = read_lists(schedule)
+    keep = kept_positions(*read_actions(actions), schedule.stage_to_rank, starts)
+    bounds = np.searchsorted(keep, np.append(starts, ends[-1:]))
+    return replace(schedule, actions=tuple(tuple(actions[i] for i in keep[bounds[r]:bounds[r + 1]].tolist())
+                                           for r in range(len(starts))))
 
 
 def distinct_items(schedule: Schedule, keys: list[list[tuple]] | None = None) -> Schedule:

@@ -61,7 +61,7 @@ from mpsim.explore.pools import Session
 from mpsim.explore.runner import RunControl, RunReport, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
-from mpsim.simulate import SimulationResult, engine_input, optimizer_steps, schedule_costs
+from mpsim.simulate import SimulationResult, engine_input, optimizer_steps, schedule_costs, stage_grad_buckets
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_need
 
@@ -224,26 +224,31 @@ class PlanEvaluator:
         schedule = short.distinct  # the full schedule's stages, ranks and chains; its counts are short.counts
         costs = self._costs(prepared, schedule)
         # the bound needs the durations, the chains' transfers (a gradient goes back over the
-        # cut its activation came through) and the optimizer steps of the engine input; its DP
-        # buckets (most of its price) wait for simulation
+        # cut its activation came through), the optimizer steps and each stage's final DP buckets
+        # of the engine input; the rest of it (the links that sends and buckets share, the
+        # buckets some actions start each time they run) waits for simulation
         rank_of, chains = schedule.stage_to_rank, schedule.topology
         hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
         transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
         transfer.update({(b, a): seconds for (a, b), seconds in list(transfer.items())})
         metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer,
-                              optimizer_steps(workload, schedule, model), costs, short.counts)
+                              optimizer_steps(workload, schedule, model), costs,
+                              stage_grad_buckets(workload, schedule, model), scenario.training.overlap_grad_reduce,
+                              short.counts)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
         return {"status": "fits", "error": None, "metrics": metrics}
 
     @staticmethod
     def _bound(schedule: Any, action_s: dict, transfer_s: dict, finalize_s: Sequence[float],
-               costs: dict, counts: list | None = None) -> dict[str, float]:
+               costs: dict, grad_buckets: dict, overlap_grad_sync: bool, counts: list | None = None
+               ) -> dict[str, float]:
         """The step-time lower bound and its busiest rank's split (``bounds.py``)."""
         bound = step_lower_bound(schedule, action_s, transfer_s, finalize_s,
-                                 {key: cost.tp_exposed_s for key, cost in costs.items()}, counts)
+                                 {key: cost.tp_exposed_s for key, cost in costs.items()}, counts, grad_buckets,
+                                 overlap_grad_sync)
         return {"lower_bound_s": bound.lower_bound_s, "bound_rank": bound.rank, "bound_head_s": bound.head_s,
                 "bound_busy_s": bound.busy_s, "bound_tp_exposed_s": bound.tp_exposed_s,
-                "bound_optimizer_s": bound.optimizer_s, "bound_tail_s": bound.tail_s}
+                "bound_optimizer_s": bound.optimizer_s, "bound_tail_s": bound.tail_s, "bound_dp_s": bound.dp_s}
 
     def _simulate(self, fields: dict[str, Any]) -> dict[str, Any]:
         from mpsim.results import summarize
@@ -262,7 +267,8 @@ class PlanEvaluator:
                 timeline = simulate_excised(inp)
             result = SimulationResult(scenario, prepared.layout, inp.schedule, prepared.workload, costs, timeline, inp)
             metrics = {**summary_metrics(summarize(result)),
-                       **self._bound(schedule, inp.action_s, inp.transfer_s, inp.finalize_s, costs)}
+                       **self._bound(schedule, inp.action_s, inp.transfer_s, inp.finalize_s, costs, inp.grad_buckets,
+                                     inp.overlap_grad_sync)}
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded; the plan goes on

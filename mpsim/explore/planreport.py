@@ -48,10 +48,10 @@ def _comm(m: dict) -> float:
 
 def _bound_parts(m: dict) -> dict[str, float]:
     """The bound split like the breakdown: the pipeline fill before the rank starts and the drain after
-    its work, its own work, its optimizer."""
+    its work, its own work, its exposed TP communication and DP reductions, its optimizer."""
     return {"bubble": m.get("bound_head_s", 0.0) + m.get("bound_tail_s", 0.0),
             "compute": m["bound_busy_s"] - m["bound_tp_exposed_s"],
-            "communication": m["bound_tp_exposed_s"], "optimizer": m["bound_optimizer_s"]}
+            "communication": m["bound_tp_exposed_s"] + m.get("bound_dp_s", 0.0), "optimizer": m["bound_optimizer_s"]}
 
 
 def loss_reason(record: dict, best: dict) -> tuple[str, str]:
@@ -81,7 +81,7 @@ def loss_reason(record: dict, best: dict) -> tuple[str, str]:
         mine, theirs = _bound_parts(m), _bound_parts(b)
         reason = max(mine, key=lambda k: mine[k] - theirs[k])
         part = "pipeline fill and drain" if reason == "bubble" else reason
-        return reason, (f"not simulated: its fill and drain plus its busiest rank's own work, "
+        return reason, (f"not simulated: its fill and drain plus its busiest rank's own work and reductions, "
                         f"{fmt_seconds(m['lower_bound_s'])}, "
                         f"already exceeds the last shown step time (in the lower bounds: {part} "
                         f"{fmt_seconds(mine[reason])} vs {fmt_seconds(theirs[reason])} in #1's)")
