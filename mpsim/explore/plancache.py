@@ -66,6 +66,15 @@ class Prepared:
         self._model: CostModel | None = None
         self._memory: LayoutMemory | None = None
         self.costs: dict = {}  # schedule name -> (duration key -> ActionCost), filled as schedules ask
+        self._scenarios: dict[str, Scenario] = {scenario.parallel.schedule: scenario}  # by schedule name
+
+    def with_schedule(self, name: str) -> Scenario:
+        """The group's validated scenario with schedule ``name``: only that name differs."""
+        found = self._scenarios.get(name)
+        if found is None:
+            plan = self.scenario.parallel.model_copy(update={"schedule": name})
+            found = self._scenarios[name] = self.scenario.model_copy(update={"parallel": plan})
+        return found
 
     @property
     def workload(self) -> Workload:

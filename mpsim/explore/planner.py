@@ -90,12 +90,9 @@ class PlanEvaluator:
             # a ZeRO stage below 3 changes no op of a stage: such layouts share one workload
             alike = self._key(fields, SCHEDULE_FIELD, ZERO_FIELD) if scenario.parallel.zero_stage < 3 else None
             prepared = remember(PREPARED, group, Prepared(scenario, resolve(scenario), alike))
-        scenario = prepared.scenario
-        if SCHEDULE_FIELD in fields and fields[SCHEDULE_FIELD] != scenario.parallel.schedule:
-            # only the schedule's name differs from the group's validated scenario
-            plan = scenario.parallel.model_copy(update={"schedule": fields[SCHEDULE_FIELD]})
-            scenario = scenario.model_copy(update={"parallel": plan})
-        return scenario, prepared
+        if SCHEDULE_FIELD in fields:
+            return prepared.with_schedule(fields[SCHEDULE_FIELD]), prepared
+        return prepared.scenario, prepared
 
     def _key(self, fields: dict[str, Any], *leaving: str) -> tuple:
         """The exact key of ``fields`` (but ``leaving``) in this plan, for the process's caches."""
