@@ -65,7 +65,8 @@ def _scenario(case_id: str, text: str | bytes, *expect: str, extra: tuple[str, .
 
 # --set FIELD=VALUE on the base scenario: (field, bad values); each line must name the field
 SET_CASES: list[tuple[str, tuple[str, ...]]] = [
-    ("parallel.tp", ("true", "0", "-1", "5", "four", "99999999999999999999999", ".inf", "[1, 2]", "{a: 1}")),
+    ("parallel.tp", ("true", "0", "-1", "5", "four", "99999999999999999999999", ".inf", "[1, 2]", "{a: 1}", "8.0",
+                     "'8'")),
     ("parallel.pp", ("0", "false", "7", "1000")),
     ("parallel.dp", ("0", "3", "yes")),
     ("parallel.microbatch_size", ("yes", "0", "3", "1.5")),
@@ -86,7 +87,7 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("training.grad_reduce_bucket_bytes", ("'80 GB/s'", "-1", "'lots'")),
     ("training.memory_reserved", ("abc",)),
     ("training.transformer_impl", ("megatron", "true")),
-    ("cluster.nodes", ("0", "1073741824", "0.5")),
+    ("cluster.nodes", ("0", "1073741824", "0.5", "1.0")),
     ("cluster.system", ("nope-system",)),
     ("cluster.system.accelerator", ("nope-gpu",)),
     ("cluster.system.accelerator.efficiency.gemm", ("1.5", "0", ".nan", ".inf", "true")),
@@ -144,6 +145,9 @@ def _file_cases() -> list[Case]:
         _scenario("scenario bool tp", BASE.replace("tp: 8", "tp: true"), "parallel.tp", "boolean"),
         _scenario("scenario yes microbatch", BASE.replace("microbatch_size: 1", "microbatch_size: yes"),
                   "microbatch_size", "boolean"),
+        _scenario("scenario decimal tp", BASE.replace("tp: 8", "tp: 8.0"), "parallel.tp", "whole number"),
+        _scenario("scenario text microbatch", BASE.replace("microbatch_size: 1", "microbatch_size: '1'"),
+                  "microbatch_size", "whole number"),
         _scenario("scenario missing model file", BASE.replace("model: megatron-22b", "model: nothere.yaml"),
                   "nothere.yaml"),
         _scenario("scenario unknown model name", BASE.replace("model: megatron-22b", "model: gpt-7"), "gpt-7"),
