@@ -149,6 +149,18 @@ def test_collective_csv_has_plain_units(tmp_path, capsys):
         assert float(printed[4]) == pytest.approx(time_s * 1e6, abs=0.006)  # the table's microseconds
 
 
+def test_collective_over_whole_nodes_needs_no_rank_count(capsys):
+    """--nodes alone is every device of those nodes, the same as giving the count; neither is one line."""
+    assert main(["collective", "--system", "dgx-h100", "--nodes", "4", "--size", "1GB"]) == 0
+    alone = capsys.readouterr().out
+    assert "32 ranks on 4 nodes (8 per node)" in alone
+    assert main(["collective", "--system", "dgx-h100", "--nodes", "4", "--ranks", "32", "--size", "1GB"]) == 0
+    assert capsys.readouterr().out == alone
+    assert main(["collective", "--system", "dgx-h100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --ranks") and "--nodes" in err[0]
+
+
 def test_csv_into_a_missing_folder_is_refused_before_any_work(tmp_path, capsys):
     assert main(["compare", SMALL, "--schedules", "1f1b", "--csv", str(tmp_path / "no" / "x.csv")]) == 2
     captured = capsys.readouterr()

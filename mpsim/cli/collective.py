@@ -10,7 +10,8 @@ B like ``all_reduce_perf -b A -e B -f 2``. ``algbw`` is size over time; ``busbw`
 it by the collective's factor (all-reduce ``2(n-1)/n``, the others ``(n-1)/n``) so it
 compares with a link's bandwidth.
 
-The group sits on ``--nodes`` consecutive nodes from ``--first-node`` (0 by default), and
+The group sits on ``--nodes`` consecutive nodes from ``--first-node`` (0 by default), every
+device of them when ``--ranks`` is left out, and
 is priced by the same functions as the simulator's collectives; the header says how many
 fat-tree levels it climbs and the oversubscription its traffic between nodes feels. In a
 simulation a group stands for all its copies and is priced as the slowest; with
@@ -97,10 +98,13 @@ def _run(args: argparse.Namespace) -> int:
     except InputError as exc:
         # an unknown name says which option it came from; a problem inside the file names the file
         raise (InputError(exc.message, field="--system") if exc.file is None and exc.field is None else exc) from None
-    ranks = _positive_int(args.ranks, "--ranks")
-    assert ranks is not None
     per_node_max = system.devices_per_node
     given = _positive_int(args.nodes, "--nodes")
+    # without --ranks, every device of the --nodes, as an nccl-tests run over whole nodes
+    ranks = _positive_int(args.ranks, "--ranks") or (given or 0) * per_node_max
+    if not ranks:
+        raise InputError("give --ranks (the ranks in the group), --nodes (every device of that many nodes) "
+                         "or both", field="--ranks")
     nodes = given or -(-ranks // per_node_max)
     if ranks % nodes:
         if given:
@@ -177,8 +181,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     system.completer = names_completer("system")  # type: ignore[attr-defined]
     parser.add_argument("--op", default="all-reduce", help="all-reduce, all-gather, reduce-scatter or all-to-all")
-    parser.add_argument("--ranks", required=True, help="ranks in the group")
-    parser.add_argument("--nodes", help="nodes the ranks spread over (default: as few as fit)")
+    parser.add_argument("--ranks", help="ranks in the group (default: every device of --nodes)")
+    parser.add_argument("--nodes", help="nodes the ranks spread over (default: as few as fit --ranks)")
     parser.add_argument("--first-node", help="index of the first of those nodes on the network (default 0)")
     parser.add_argument("--size", default="1MB..1GB", help="size, list (a,b) or doubling range (a..b), e.g. 1MiB..1GiB")
     parser.add_argument("--algorithm", help="force an algorithm (ring, tree, nvls, ...) like NCCL_ALGO")
