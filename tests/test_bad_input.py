@@ -61,7 +61,10 @@ CASES = [
     ("too few devices", BASE.replace("pp: 1", "pp: 2"), [], ["parallel", "does not divide the cluster's 8 devices"]),
     ("dp mismatch", BASE.replace("pp: 1", "pp: 1\n  dp: 2"), [], ["parallel.dp", "cluster has 8 devices"]),
     ("batch not divisible", BASE.replace("global_batch_size: 8", "global_batch_size: 7"), ["--set", "parallel.tp=4"],
-     ["parallel.global_batch_size", "not divisible", "dp=2 is the cluster's 8 devices over tp x cp x pp = 4"]),
+     ["parallel.global_batch_size", "not divisible", "dp=2 is the cluster's 1 node x 8 = 8 devices over tp x cp x pp = 4"]),
+    # a what-if on another system says how its nodes make the device count
+    ("batch not divisible on another system", BASE, ["--set", "cluster.system=gb200-nvl72"],
+     ["dp=9 is the cluster's 1 node x 72 = 72 devices over tp x cp x pp = 8"]),
     ("batch not divisible, dp given", BASE.replace("global_batch_size: 8", "global_batch_size: 7"),
      ["--set", "parallel.tp=4", "--set", "parallel.dp=2"], ["parallel.global_batch_size", "= 2 x 1 = 2"]),
     ("unknown schedule", BASE.replace("schedule: 1f1b", "schedule: zigzag"), [],

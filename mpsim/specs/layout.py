@@ -254,9 +254,12 @@ def _num_microbatches(scenario: Scenario, dp: int) -> int:
     if plan.global_batch_size % per_step:
         # a dp the scenario does not give comes from the cluster's size: say so, since a changed
         # system or node count shows up here first
+        cluster = scenario.cluster
+        nodes = cluster.nodes
+        count = f"{cluster.devices}" if cluster.num_devices is not None or nodes is None else (
+            f"{nodes} node{'s' if nodes > 1 else ''} x {cluster.system.devices_per_node} = {cluster.devices}")
         derived = "" if plan.dp is not None else (
-            f" (dp={dp} is the cluster's {scenario.cluster.devices} devices over tp x cp x pp = "
-            f"{plan.tp * plan.cp * plan.pp})")
+            f" (dp={dp} is the cluster's {count} devices over tp x cp x pp = {plan.tp * plan.cp * plan.pp})")
         raise _fail("parallel.global_batch_size",
                     f"global_batch_size={plan.global_batch_size} is not divisible by dp x microbatch_size = "
                     f"{dp} x {plan.microbatch_size} = {per_step}{derived}")
