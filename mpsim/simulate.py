@@ -271,10 +271,14 @@ def block_copy_ranks(schedule: Schedule) -> list[tuple[int, ...]]:
     return [tuple(ranks) if len(ranks) > 1 else () for ranks in ranks_of]
 
 
-def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel) -> dict[tuple, ActionCost]:
+def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel,
+                   stages: dict[tuple[int, str], ActionCost] | None = None) -> dict[tuple, ActionCost]:
     """Costs of every (stage, kind), plus every forward+backward pair the schedule runs (overlapped
-    only when ``training.overlap_paired_passes`` says the framework does it)."""
-    costs: dict[tuple, ActionCost] = dict(stage_costs(workload, model, schedule.stage_to_rank))
+    only when ``training.overlap_paired_passes`` says the framework does it). ``stages``: the
+    ``stage_costs`` of the schedule's placement, where the caller kept them."""
+    if stages is None:
+        stages = stage_costs(workload, model, schedule.stage_to_rank)
+    costs: dict[tuple, ActionCost] = dict(stages)
     for actions in schedule.actions:
         for item in actions:
             if isinstance(item, Overlapped):

@@ -66,6 +66,7 @@ class Prepared:
         self._model: CostModel | None = None
         self._memory: LayoutMemory | None = None
         self.costs: dict = {}  # schedule name -> (duration key -> ActionCost), filled as schedules ask
+        self.stage_costs: dict = {}  # stage_to_rank -> ((stage, kind) -> ActionCost): shared by its schedules
         self._scenarios: dict[str, Scenario] = {scenario.parallel.schedule: scenario}  # by schedule name
 
     def with_schedule(self, name: str) -> Scenario:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from math import gcd
 from typing import Any, Sequence
 
+from mpsim.cost.actions import stage_costs
 from mpsim.cost.shared_prices import sharing as sharing_prices
 from mpsim.cost.collectives import remembering
 from mpsim.cost.step import pipeline_transfer_s
@@ -100,13 +101,18 @@ class PlanEvaluator:
                                        for name, value in fields.items() if name not in leaving))
 
     @staticmethod
-    def _costs(prepared: Prepared, schedule: Any) -> dict:
-        """The schedule's costs, priced once per layout group and schedule name: a stage's passes cost
-        the same whatever order a schedule runs them in."""
+    def _costs(prepared: Prepared, schedule: Any, distinct: bool = False) -> dict:
+        """The schedule's costs, priced once per layout group and schedule name (``distinct``: the
+        schedule has one item per duration key already): a stage's passes cost the same whatever
+        order a schedule runs them in, so schedules that place stages alike share them."""
         costs = prepared.costs.get(schedule.name)
         if costs is None:
-            costs = prepared.costs[schedule.name] = schedule_costs(distinct_items(schedule), prepared.workload,
-                                                                   prepared.model)
+            placed = schedule.stage_to_rank
+            stages = prepared.stage_costs.get(placed)
+            if stages is None:
+                stages = prepared.stage_costs[placed] = stage_costs(prepared.workload, prepared.model, placed)
+            costs = prepared.costs[schedule.name] = schedule_costs(
+                schedule if distinct else distinct_items(schedule), prepared.workload, prepared.model, stages)
         return costs
 
     def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str, bool]:
@@ -219,7 +225,7 @@ class PlanEvaluator:
         layout, workload, model = prepared.layout, prepared.workload, prepared.model
         short = short_schedule(scenario, layout)
         schedule = short.distinct  # the full schedule's stages, ranks and chains; its counts are short.counts
-        costs = self._costs(prepared, schedule)
+        costs = self._costs(prepared, schedule, distinct=True)
         # the bound needs the durations, the chains' transfers (a gradient goes back over the
         # cut its activation came through), the optimizer steps and each stage's final DP buckets
         # of the engine input; the rest of it (the links that sends and buckets share, the
