@@ -227,23 +227,33 @@ def rank_states(scenario: Scenario, layout: Layout, stage_to_rank: tuple[int, ..
     # a heterogeneous cluster: each pipeline rank has its own part's memory
     part_of = part_of_pp_ranks(scenario, layout) if scenario.cluster.parts else ()
     kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.zero_stage, optimizer=training.optimizer)
+    held: list[list[int]] = [[] for _ in range(num_ranks)]
+    for stage, owner in enumerate(stage_to_rank):
+        held[owner].append(stage)
+    # ranks holding the same stage works (one object per kind of stage) on the same memory hold
+    # the same state: the middle ranks of a pipeline are computed once
+    alike: dict[tuple, tuple] = {}
     states = []
     for rank in range(num_ranks):
-        stages = tuple(s for s, owner in enumerate(stage_to_rank) if owner == rank)
+        stages = tuple(held[rank])
         works = [workload.stages[s] for s in stages]
-        dense = sum(w.params for w in works)
-        experts = sum(w.expert_params for w in works)
-        # dense parameters shard over DP x CP (Layout.shard_ranks), experts over their replicas
-        state = model_state_bytes(dense, shard=layout.shard_ranks, **kwargs)
-        expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
-        layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.shard_ranks, **kwargs)
         if part_of and scenario.cluster.parts:
             capacity = scenario.cluster.parts[part_of[rank]].system.accelerator.memory.capacity
-        states.append(RankState(
-            stages, dense + experts, state.weights_bytes + expert_state.weights_bytes,
-            state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,
-            state.total_bytes + expert_state.total_bytes, layers.total_bytes,
-            _buffers_bytes(works, workload, layout), capacity))
+        key = (tuple(map(id, works)), capacity)
+        found = alike.get(key)
+        if found is None:
+            dense = sum(w.params for w in works)
+            experts = sum(w.expert_params for w in works)
+            # dense parameters shard over DP x CP (Layout.shard_ranks), experts over their replicas
+            state = model_state_bytes(dense, shard=layout.shard_ranks, **kwargs)
+            expert_state = model_state_bytes(experts, shard=layout.expert_dp, **kwargs)
+            layers = model_state_bytes(sum(w.layer_params for w in works), shard=layout.shard_ranks, **kwargs)
+            found = alike[key] = (
+                dense + experts, state.weights_bytes + expert_state.weights_bytes,
+                state.grads_bytes + expert_state.grads_bytes, state.optimizer_bytes + expert_state.optimizer_bytes,
+                state.total_bytes + expert_state.total_bytes, layers.total_bytes,
+                _buffers_bytes(works, workload, layout), capacity)
+        states.append(RankState(stages, *found))
     return states
 
 
