@@ -67,6 +67,9 @@ class Prepared:
         self._memory: LayoutMemory | None = None
         self.costs: dict = {}  # schedule name -> (duration key -> ActionCost), filled as schedules ask
         self.stage_costs: dict = {}  # stage_to_rank -> ((stage, kind) -> ActionCost): shared by its schedules
+        # (stage_to_rank, chains) -> (pipeline transfers, optimizer steps, final DP buckets): the bound's
+        # other inputs, which depend on where the stages are, not on the order a schedule runs them in
+        self.placed: dict = {}
         self._scenarios: dict[str, Scenario] = {scenario.parallel.schedule: scenario}  # by schedule name
 
     def with_schedule(self, name: str) -> Scenario:

@@ -230,14 +230,19 @@ class PlanEvaluator:
         # cut its activation came through), the optimizer steps and each stage's final DP buckets
         # of the engine input; the rest of it (the links that sends and buckets share, the
         # buckets some actions start each time they run) waits for simulation
-        rank_of, chains = schedule.stage_to_rank, schedule.topology
-        hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
-        transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
-        transfer.update({(b, a): seconds for (a, b), seconds in list(transfer.items())})
-        metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer,
-                              optimizer_steps(workload, schedule, model), costs,
-                              stage_grad_buckets(workload, schedule, model), scenario.training.overlap_grad_reduce,
-                              short.counts)
+        # all of them depend on where the stages are, not on the order a schedule runs them in
+        placed_key = (schedule.stage_to_rank, schedule.chains)
+        placed = prepared.placed.get(placed_key)
+        if placed is None:
+            rank_of, chains = schedule.stage_to_rank, schedule.topology
+            hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
+            transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
+            transfer.update({(b, a): seconds for (a, b), seconds in list(transfer.items())})
+            placed = prepared.placed[placed_key] = (transfer, optimizer_steps(workload, schedule, model),
+                                                    stage_grad_buckets(workload, schedule, model))
+        transfer, finalize, buckets = placed
+        metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer, finalize,
+                              costs, buckets, scenario.training.overlap_grad_reduce, short.counts)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
         return {"status": "fits", "error": None, "metrics": metrics}
 
