@@ -127,15 +127,23 @@ def _loop_distinct_and_counts(schedule):
 
 
 def _agree_with_the_loops(schedule):
-    from mpsim.explore.bounds import rank_counts
+    from mpsim.explore.bounds import rank_counts, rank_counts_of_read
+    from mpsim.explore.memwalk import ScheduleRead, distinct_of_read
 
     assert memory_schedule(schedule) == _loop_memory_schedule(schedule)
     ranks, counts = _loop_distinct_and_counts(schedule)
     assert distinct_items(schedule).actions == tuple(ranks)
-    # in the same order too: the bound sums its busy time in the Counter's order
-    assert [(first, last, after, list(per_key.items()), made) for first, last, after, per_key, made
-            in rank_counts(schedule)] == [(first, last, after, list(per_key.items()), made)
-                                          for first, last, after, per_key, made in counts]
+
+    def ordered(found):  # in the same order too: the bound sums its busy time in the Counter's order
+        return [(first, last, list(after.items()), list(per_key.items()),
+                 [(stage, key, list(later.items())) for stage, key, later in made])
+                for first, last, after, per_key, made in found]
+
+    assert ordered(rank_counts(schedule)) == ordered(counts)
+    read = ScheduleRead.of(schedule)
+    if read.plain:  # the array forms the planner reads schedules without overlapped pairs with
+        assert distinct_of_read(schedule, read).actions == tuple(ranks)
+        assert ordered(rank_counts_of_read(schedule, read)) == ordered(counts)
 
 
 @settings(max_examples=300, deadline=None)

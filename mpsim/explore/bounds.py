@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from mpsim.explore.memwalk import item_keys
 from mpsim.schedules.actions import Schedule, parts
 
@@ -75,6 +77,52 @@ def rank_counts(schedule: Schedule, keys: list[list[tuple]] | None = None
         last_backward = items[position] if position >= 0 else None
         found.append((items[0] if items else None, last_backward, Counter(here[position + 1:]), Counter(here),
                       _completing(schedule, rank, here)))
+    return found
+
+
+_KIND_NAMES = ("F", "B", "I", "W")  # memwalk.KIND_CODE's order
+
+
+def _key_of(code: int) -> tuple[int, str]:
+    """The duration key of a ``4 x stage + kind`` code."""
+    return code >> 2, _KIND_NAMES[code & 3]
+
+
+def rank_counts_of_read(schedule: Schedule, read: Any) -> list[tuple[Any, Any, Counter, Counter, tuple]]:
+    """``rank_counts`` of a schedule without overlapped pairs, from its arrays (``memwalk.ScheduleRead``).
+
+    Each (stage, kind) is run by one rank, the stage's, so its count and first position over
+    the whole schedule are its rank's, and so are a stage's last backward and weight passes.
+    The Counters are built in the order of first appearance, as ``Counter`` over the list is.
+    """
+    code = 4 * read.stage + read.kind
+    keys, first, counts = np.unique(code, return_index=True, return_counts=True)
+    order = np.argsort(first)
+    keys, counts = keys[order].tolist(), counts[order].tolist()
+    key_bounds = read.bounds(first[order])
+    gradient = np.flatnonzero((read.kind == 1) | (read.kind == 2))  # backward or input-gradient passes
+    last_gradient = np.searchsorted(gradient, read.ends) - 1
+    made = np.flatnonzero((read.kind == 1) | (read.kind == 3))[::-1]  # backward or weight passes, last first
+    stages, latest = np.unique(read.stage[made], return_index=True)
+    last_made = dict(zip(stages.tolist(), made[latest].tolist()))  # stage -> its last such position
+    held: list[list[int]] = [[] for _ in range(schedule.num_ranks)]
+    for stage, owner in enumerate(schedule.stage_to_rank):
+        held[owner].append(stage)
+    found = []
+    for rank in range(len(read.starts)):
+        start, end = int(read.starts[rank]), int(read.ends[rank])
+        position = int(gradient[last_gradient[rank]]) if last_gradient[rank] >= 0 else -1
+        if position < start:
+            position = -1
+        tail = code[(position + 1 if position >= 0 else start):end].tolist()
+        per_key = Counter(dict(zip(map(_key_of, keys[key_bounds[rank]:key_bounds[rank + 1]]),
+                                   counts[key_bounds[rank]:key_bounds[rank + 1]])))
+        latest_first = sorted(((last_made[s], s) for s in held[rank] if s in last_made), reverse=True)
+        completing = tuple((s, _key_of(int(code[p])), Counter(map(_key_of, code[p + 1:end].tolist())))
+                           for p, s in latest_first)
+        found.append((read.actions[start] if end > start else None,
+                      read.actions[position] if position >= 0 else None,
+                      Counter(map(_key_of, tail)), per_key, completing))
     return found
 
 

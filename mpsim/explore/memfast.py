@@ -36,7 +36,7 @@ from dataclasses import replace
 import numpy as np
 
 from mpsim.results.memory import RankMemory, held_params, rank_at_peak, rank_memory, rank_states, WalkPeak
-from mpsim.explore.memwalk import KIND_CODE, kept_positions, microbatches, read_actions, read_lists
+from mpsim.explore.memwalk import KIND_CODE, ScheduleRead, kept_positions
 from mpsim.schedules.actions import Action, Schedule
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -65,19 +65,19 @@ class ShortWalk:
             self.microbatches[rank, :len(row)] = numbers
 
     @classmethod
-    def of(cls, schedule: Schedule, shorten: bool = True) -> "ShortWalk":
+    def of(cls, schedule: Schedule, shorten: bool = True, read: ScheduleRead | None = None) -> "ShortWalk":
         """The walk of ``schedule``: shortened as ``memwalk.memory_schedule`` shortens it (the
-        same actions, read straight into arrays), or its lists as they are."""
-        actions, starts, ends = read_lists(schedule)
-        stage, kind = read_actions(actions)
-        batch = microbatches(actions)
-        bounds = np.append(starts, ends[-1:])
+        same actions, read straight into arrays), or its lists as they are. ``read``: the
+        schedule's arrays, where the caller has them."""
+        read = read or ScheduleRead.of(schedule)
+        stage, kind, batch = read.stage, read.kind, read.microbatch
+        bounds = np.append(read.starts, read.ends[-1:])
         if shorten:
-            keep = kept_positions(stage, kind, schedule.stage_to_rank, starts)
+            keep = kept_positions(stage, kind, schedule.stage_to_rank, read.starts)
             stage, kind, batch = stage[keep], kind[keep], batch[keep]
-            bounds = np.searchsorted(keep, bounds)
+            bounds = read.bounds(keep)
         codes = 4 * stage + kind
-        rows = range(len(starts))
+        rows = range(len(read.starts))
         return cls(replace(schedule, actions=tuple(() for _ in schedule.actions)),
                    [codes[bounds[r]:bounds[r + 1]] for r in rows], [batch[bounds[r]:bounds[r + 1]] for r in rows])
 

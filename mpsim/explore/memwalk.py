@@ -29,7 +29,7 @@ neither. A simulated layout's report still walks the full schedule.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from operator import itemgetter
 
 import numpy as np
@@ -193,12 +193,41 @@ def _kept_in_batch(stage: np.ndarray, kind: np.ndarray, slot: np.ndarray, width:
     return np.flatnonzero(np.cumsum(edges[:-1]) > 0)
 
 
-def read_lists(schedule: Schedule) -> tuple[list, np.ndarray, np.ndarray]:
-    """Every rank's compute actions laid end to end, and where each rank's begin and end."""
-    lists = [rank_actions(items) for items in schedule.actions]
-    lengths = np.array([len(actions) for actions in lists], dtype=np.int64)
-    ends = np.cumsum(lengths)
-    return [action for actions in lists for action in actions], ends - lengths, ends
+@dataclass(frozen=True)
+class ScheduleRead:
+    """A schedule's compute actions read once into arrays, every rank's list laid end to end."""
+
+    actions: list  # the actions themselves, in that order
+    stage: np.ndarray
+    kind: np.ndarray  # KIND_CODE of each
+    microbatch: np.ndarray
+    starts: np.ndarray  # where each rank's list begins and ends
+    ends: np.ndarray
+    plain: bool  # no overlapped pairs: the actions are the ranks' items, position for position
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> "ScheduleRead":
+        lists = [rank_actions(items) for items in schedule.actions]
+        lengths = np.array([len(actions) for actions in lists], dtype=np.int64)
+        ends = np.cumsum(lengths)
+        actions = [action for listed in lists for action in listed]
+        stage, kind = read_actions(actions)
+        plain = all(listed is items for listed, items in zip(lists, schedule.actions))
+        return cls(actions, stage, kind, microbatches(actions), ends - lengths, ends, plain)
+
+    def bounds(self, positions: np.ndarray) -> np.ndarray:
+        """Where each rank's share of the ascending ``positions`` begins, and the end of the last."""
+        return np.searchsorted(positions, np.append(self.starts, self.ends[-1:]))
+
+
+def distinct_of_read(schedule: Schedule, read: ScheduleRead) -> Schedule:
+    """``distinct_items`` of a schedule without overlapped pairs, from its arrays: each (stage,
+    kind) is run by one rank, the stage's, so its first position there is the one kept."""
+    _, first = np.unique(4 * read.stage + read.kind, return_index=True)
+    first.sort()
+    bounds = read.bounds(first)
+    return replace(schedule, actions=tuple(tuple(read.actions[i] for i in first[bounds[r]:bounds[r + 1]].tolist())
+                                           for r in range(len(read.starts))))
 
 
 def memory_schedule(schedule: Schedule) -> Schedule:
@@ -207,11 +236,11 @@ def memory_schedule(schedule: Schedule) -> Schedule:
     Not cached here: the planner keeps the short forms per schedule key (``plancache.Short``)
     and lets the full lists go, so the cycle collector never walks their actions again.
     """
-    actions, starts, ends = read_lists(schedule)
-    keep = kept_positions(*read_actions(actions), schedule.stage_to_rank, starts)
-    bounds = np.searchsorted(keep, np.append(starts, ends[-1:]))
-    return replace(schedule, actions=tuple(tuple(actions[i] for i in keep[bounds[r]:bounds[r + 1]].tolist())
-                                           for r in range(len(starts))))
+    read = ScheduleRead.of(schedule)
+    keep = kept_positions(read.stage, read.kind, schedule.stage_to_rank, read.starts)
+    bounds = read.bounds(keep)
+    return replace(schedule, actions=tuple(tuple(read.actions[i] for i in keep[bounds[r]:bounds[r + 1]].tolist())
+                                           for r in range(len(read.starts))))
 
 
 def distinct_items(schedule: Schedule, keys: list[list[tuple]] | None = None) -> Schedule:

@@ -31,10 +31,10 @@ from typing import Any
 
 from mpsim.cost.actions import CostModel
 from mpsim.engine.core import cyclic_gc_paused
-from mpsim.explore.bounds import rank_counts
+from mpsim.explore.bounds import rank_counts, rank_counts_of_read
 from mpsim.explore.evaluate import schedule_for
 from mpsim.explore.memfast import LayoutMemory, ShortWalk
-from mpsim.explore.memwalk import distinct_items, item_keys
+from mpsim.explore.memwalk import ScheduleRead, distinct_items, distinct_of_read, item_keys
 from mpsim.schedules import Schedule
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -157,10 +157,15 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
         # short forms die together when it is let go, holding no cycles
         with cyclic_gc_paused():
             schedule = schedule_for(scenario, layout, None, cached=False)
-            keys = [item_keys(items) for items in schedule.actions]
-            short = Short(replace(schedule, actions=tuple(() for _ in schedule.actions)),
-                          ShortWalk.of(schedule), distinct_items(schedule, keys), rank_counts(schedule, keys))
-            del schedule
+            read = ScheduleRead.of(schedule)  # once, for the walk and, without overlapped pairs, the rest
+            walk = ShortWalk.of(schedule, read=read)
+            if read.plain:
+                distinct, counts = distinct_of_read(schedule, read), rank_counts_of_read(schedule, read)
+            else:
+                keys = [item_keys(items) for items in schedule.actions]
+                distinct, counts = distinct_items(schedule, keys), rank_counts(schedule, keys)
+            short = Short(replace(schedule, actions=tuple(() for _ in schedule.actions)), walk, distinct, counts)
+            del schedule, read
         if not from_file:
             remember(SHORTS, key, short)
     return short
