@@ -131,11 +131,21 @@ def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:
     dense_total = scenario.model.moe.dense_layers if scenario.model.moe else scenario.model.num_layers
     stages = []
     chains = layout.stage_chains
+    # within one workload the context and options are fixed: a stage of the same shape is the
+    # same object, found here without hashing both again (build_stage's cache hashes them)
+    built: dict[tuple, StageWork] = {}
+    first = 0  # index of the stage's first layer in the model (from the start of its chain)
     for stage, layers in enumerate(layout.layers_per_chunk):
         start = chains.first(stage)
-        first = sum(layout.layers_per_chunk[start:stage])  # index of the stage's first layer in the model
+        if stage == start:
+            first = 0
         dense = max(0, min(layers, dense_total - first))
-        stages.append(build_stage(ctx, layers, dense, stage == start, stage == chains.last(stage), options))
+        shape = (layers, dense, stage == start, stage == chains.last(stage))
+        work = built.get(shape)
+        if work is None:
+            work = built[shape] = build_stage(ctx, *shape, options)
+        stages.append(work)
+        first += layers
     scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
     p2p = ctx.tokens * ctx.hidden * ctx.act_bytes / (layout.tp if scatter else 1)
     return Workload(tuple(stages), ctx, vocab, float(p2p))
