@@ -29,13 +29,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mpsim.cost.actions import CostModel
+from mpsim.cost.actions import CostModel, stage_costs
+from mpsim.cost.step import pipeline_transfer_s
 from mpsim.engine.core import cyclic_gc_paused
 from mpsim.explore.bounds import rank_counts, rank_counts_of_read
 from mpsim.explore.evaluate import schedule_for
 from mpsim.explore.memfast import LayoutMemory, ShortWalk
 from mpsim.explore.memwalk import ScheduleRead, distinct_items, distinct_of_read, item_keys
 from mpsim.schedules import Schedule
+from mpsim.simulate import optimizer_steps, schedule_costs, stage_grad_buckets
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload import Workload, build_workload
@@ -67,9 +69,7 @@ class Prepared:
         self._memory: LayoutMemory | None = None
         self.costs: dict = {}  # schedule name -> (duration key -> ActionCost), filled as schedules ask
         self.stage_costs: dict = {}  # stage_to_rank -> ((stage, kind) -> ActionCost): shared by its schedules
-        # (stage_to_rank, chains) -> (pipeline transfers, optimizer steps, final DP buckets): the bound's
-        # other inputs, which depend on where the stages are, not on the order a schedule runs them in
-        self.placed: dict = {}
+        self.placed: dict = {}  # (stage_to_rank, chains) -> placed_inputs
         self._scenarios: dict[str, Scenario] = {scenario.parallel.schedule: scenario}  # by schedule name
 
     def with_schedule(self, name: str) -> Scenario:
@@ -97,6 +97,36 @@ class Prepared:
         if self._model is None:
             self._model = CostModel(self.scenario, self.layout)
         return self._model
+
+    def schedule_costs(self, schedule: Schedule, distinct: bool = False) -> dict:
+        """The schedule's costs, priced once per schedule name (``distinct``: the schedule has one
+        item per duration key already): a stage's passes cost the same whatever order a schedule
+        runs them in, so schedules that place the stages alike share their prices."""
+        costs = self.costs.get(schedule.name)
+        if costs is None:
+            placed = schedule.stage_to_rank
+            stages = self.stage_costs.get(placed)
+            if stages is None:
+                stages = self.stage_costs[placed] = stage_costs(self.workload, self.model, placed)
+            costs = self.costs[schedule.name] = schedule_costs(
+                schedule if distinct else distinct_items(schedule), self.workload, self.model, stages)
+        return costs
+
+    def placed_inputs(self, schedule: Schedule) -> tuple[dict, tuple[float, ...], dict]:
+        """The pipeline transfers (both ways over each cut of a chain), optimizer steps and final DP
+        buckets of the engine input: they depend on where the stages are, not on the order a
+        schedule runs them in, so schedules that place the stages alike share them."""
+        key = (schedule.stage_to_rank, schedule.chains)
+        found = self.placed.get(key)
+        if found is None:
+            workload, model = self.workload, self.model
+            rank_of, chains = schedule.stage_to_rank, schedule.topology
+            hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
+            transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
+            transfer.update({(b, a): seconds for (a, b), seconds in list(transfer.items())})
+            found = self.placed[key] = (transfer, optimizer_steps(workload, schedule, model),
+                                        stage_grad_buckets(workload, schedule, model))
+        return found
 
     @property
     def memory(self) -> LayoutMemory:

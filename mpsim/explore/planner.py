@@ -25,8 +25,10 @@ simulates everything).
 
 Costs are cached per worker for layouts that differ only in the schedule: the cost of a
 stage's passes does not depend on the order the schedule runs them in, so each layout
-group prices them once per schedule name, and a pass equal to one another group priced
-alike is not priced again (``cost.shared_prices.sharing``). The check pass never holds a
+group prices them once per stage placement (``Prepared.schedule_costs``; the bound's
+transfers, optimizer steps and DP buckets likewise, ``Prepared.placed_inputs``), and a
+pass equal to one another group priced alike is not priced again
+(``cost.shared_prices.sharing``). The check pass never holds a
 full schedule longer than it takes to shorten it: per (schedule, pp, vpp, microbatches)
 it keeps the lists with no actions (model state), the memory walk's short lists as
 arrays, one item per duration key and the bound's item counts (``plancache.Short``), and
@@ -43,10 +45,8 @@ from dataclasses import dataclass, field
 from math import gcd
 from typing import Any, Sequence
 
-from mpsim.cost.actions import stage_costs
 from mpsim.cost.shared_prices import sharing as sharing_prices
 from mpsim.cost.collectives import remembering
-from mpsim.cost.step import pipeline_transfer_s
 from mpsim.engine import simulate as engine_simulate, simulate_compiled, supports
 from mpsim.engine.excise import simulate_excised
 from mpsim.errors import InputError
@@ -54,7 +54,6 @@ from mpsim.explore.axes import Point
 from mpsim.explore.bounds import step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, schedule_for, summary_metrics
 from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
-from mpsim.explore.memwalk import distinct_items
 from mpsim.explore.planbase import apply_fields
 from mpsim.explore.plancache import COLLECTIVES, MEMORY, PREPARED, PRICES, Prepared, remember, short_schedule
 from mpsim.explore.progress import Progress
@@ -62,7 +61,7 @@ from mpsim.explore.pools import Session
 from mpsim.explore.runner import RunControl, RunReport, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
-from mpsim.simulate import SimulationResult, engine_input, optimizer_steps, schedule_costs, stage_grad_buckets
+from mpsim.simulate import SimulationResult, engine_input
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_need
 
@@ -99,21 +98,6 @@ class PlanEvaluator:
         """The exact key of ``fields`` (but ``leaving``) in this plan, for the process's caches."""
         return (self.identity, *sorted((name, tuple(value) if isinstance(value, list) else value)
                                        for name, value in fields.items() if name not in leaving))
-
-    @staticmethod
-    def _costs(prepared: Prepared, schedule: Any, distinct: bool = False) -> dict:
-        """The schedule's costs, priced once per layout group and schedule name (``distinct``: the
-        schedule has one item per duration key already): a stage's passes cost the same whatever
-        order a schedule runs them in, so schedules that place stages alike share them."""
-        costs = prepared.costs.get(schedule.name)
-        if costs is None:
-            placed = schedule.stage_to_rank
-            stages = prepared.stage_costs.get(placed)
-            if stages is None:
-                stages = prepared.stage_costs[placed] = stage_costs(prepared.workload, prepared.model, placed)
-            costs = prepared.costs[schedule.name] = schedule_costs(
-                schedule if distinct else distinct_items(schedule), prepared.workload, prepared.model, stages)
-        return costs
 
     def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str, bool]:
         """(peak bytes of the fullest rank, capacity, its largest category, exact), memoized per layout.
@@ -222,25 +206,14 @@ class PlanEvaluator:
 
     def _check(self, fields: dict[str, Any], peak: float, capacity: float) -> dict[str, Any]:
         scenario, prepared = self._scenario(fields)
-        layout, workload, model = prepared.layout, prepared.workload, prepared.model
-        short = short_schedule(scenario, layout)
+        short = short_schedule(scenario, prepared.layout)
         schedule = short.distinct  # the full schedule's stages, ranks and chains; its counts are short.counts
-        costs = self._costs(prepared, schedule, distinct=True)
+        costs = prepared.schedule_costs(schedule, distinct=True)
         # the bound needs the durations, the chains' transfers (a gradient goes back over the
         # cut its activation came through), the optimizer steps and each stage's final DP buckets
         # of the engine input; the rest of it (the links that sends and buckets share, the
         # buckets some actions start each time they run) waits for simulation
-        # all of them depend on where the stages are, not on the order a schedule runs them in
-        placed_key = (schedule.stage_to_rank, schedule.chains)
-        placed = prepared.placed.get(placed_key)
-        if placed is None:
-            rank_of, chains = schedule.stage_to_rank, schedule.topology
-            hops = [(before, s) for s in range(schedule.num_stages) if (before := chains.previous(s)) is not None]
-            transfer = {(a, b): pipeline_transfer_s(workload, model, rank_of[a], rank_of[b], a) for a, b in hops}
-            transfer.update({(b, a): seconds for (a, b), seconds in list(transfer.items())})
-            placed = prepared.placed[placed_key] = (transfer, optimizer_steps(workload, schedule, model),
-                                                    stage_grad_buckets(workload, schedule, model))
-        transfer, finalize, buckets = placed
+        transfer, finalize, buckets = prepared.placed_inputs(schedule)
         metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer, finalize,
                               costs, buckets, scenario.training.overlap_grad_reduce, short.counts)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
@@ -264,7 +237,7 @@ class PlanEvaluator:
         scenario, prepared = self._scenario(fields)
         layout, workload, model = prepared.layout, prepared.workload, prepared.model
         schedule = schedule_for(scenario, layout, None)
-        costs = self._costs(prepared, schedule)
+        costs = prepared.schedule_costs(schedule)
         inp = engine_input(scenario, layout, workload, schedule, model, costs)
         try:
             if self.engine != "fast":
