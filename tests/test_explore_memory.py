@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from mpsim.engine import rank_spans
 from mpsim.explore.memwalk import memory_schedule
-from mpsim.explore.planner import distinct_items
+from mpsim.explore.memwalk import distinct_items
 from mpsim.results.memory import activation_walk
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.actions import flat
