@@ -9,8 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mpsim.engine import rank_spans
-from mpsim.explore.memwalk import memory_schedule
-from mpsim.explore.memwalk import distinct_items
+from mpsim.explore.memwalk import distinct_items, memory_schedule
 from mpsim.results.memory import activation_walk
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.actions import flat
