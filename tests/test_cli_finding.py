@@ -115,6 +115,19 @@ def test_compare_csv_agrees_with_json(tmp_path, capsys):
         assert row["out_of_memory"] == ("true" if entry["summary"]["out_of_memory"] else "false")
 
 
+def test_compare_without_schedules_tries_every_registered_one(capsys):
+    """Each registered schedule gets a row, run or with the reason it cannot run, and the row of a
+    schedule equals its own comparison."""
+    from mpsim.schedules import schedule_names
+
+    assert main(["compare", SMALL, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["schedules"]
+    assert [row["schedule"] for row in rows] == schedule_names()
+    assert main(["compare", SMALL, "--schedules", "1f1b", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)["schedules"][0]
+    assert next(row for row in rows if row["schedule"] == "1f1b") == alone
+
+
 def test_compare_csv_to_stdout_replaces_the_table(capsys):
     assert main(["compare", SMALL, "--schedules", "1f1b", "--csv", "-"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))

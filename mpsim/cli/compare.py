@@ -17,7 +17,10 @@ def _compare(args: argparse.Namespace) -> int:
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
 
-    names = schedule_list(args.schedules)
+    from mpsim.schedules import schedule_names
+
+    # without --schedules, every registered one: those the layout cannot run say why in their row
+    names = schedule_list(args.schedules) if args.schedules is not None else schedule_names()
     base = load_scenario(args.scenario, args.overrides)
     rows, panels, references = [], [], []
     for name in names:
@@ -118,8 +121,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Add ``compare`` to the command parser."""
     parser = commands.add_parser("compare", help="simulate a scenario under several schedules, side by side")
     add_scenario_args(parser)
-    schedules = parser.add_argument("--schedules", required=True, metavar="A,B,...",
-                                    help="comma-separated schedule names, e.g. 1f1b,zb-h1,zbv")
+    schedules = parser.add_argument("--schedules", metavar="A,B,...",
+                                    help="comma-separated schedule names, e.g. 1f1b,zb-h1,zbv (default: every "
+                                         "registered schedule; see mpsim list schedules)")
     schedules.completer = complete_schedules  # type: ignore[attr-defined]
     parser.add_argument("--plot", metavar="FILE", help="write the timelines one above the other")
     parser.add_argument("--report", metavar="FILE", help="write an interactive HTML report of the schedules")
