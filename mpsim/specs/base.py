@@ -64,6 +64,11 @@ def _not_whole(value: Any) -> str | None:
     return None
 
 
+# (model class, field name) -> _whole_numbers of its annotation: validation runs per field, and
+# reading an annotation's typing structure each time would cost more than the check
+_WHOLE: dict[tuple[type, str], bool | None] = {}
+
+
 class Spec(BaseModel):
     """Strict pydantic model: a misspelt field is an error, not a silently ignored key."""
 
@@ -78,7 +83,9 @@ class Spec(BaseModel):
             return value
         if isinstance(value, bool) and not _accepts_bool(field.annotation):
             raise ValueError(f"expected {_kind(field.annotation)}, got the boolean {str(value).lower()}")
-        whole = _whole_numbers(field.annotation)
+        whole = _WHOLE.get((cls, info.field_name))
+        if whole is None and (cls, info.field_name) not in _WHOLE:
+            whole = _WHOLE[(cls, info.field_name)] = _whole_numbers(field.annotation)
         if whole is not False:
             items = [value] if whole else (value if isinstance(value, (list, tuple)) else [])
             for item in items:
