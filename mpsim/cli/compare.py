@@ -13,11 +13,9 @@ from mpsim.errors import EXIT_OUT_OF_MEMORY, InputError
 
 def _compare(args: argparse.Namespace) -> int:
     from mpsim.results import summarize
-    from mpsim.schedules import canonical_name, chunks_per_rank
+    from mpsim.schedules import canonical_name, chunks_per_rank, schedule_names
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
-
-    from mpsim.schedules import schedule_names
 
     # without --schedules, every registered one: those the layout cannot run say why in their row
     names = schedule_list(args.schedules) if args.schedules is not None else schedule_names()

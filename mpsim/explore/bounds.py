@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from mpsim.explore.memwalk import item_keys
-from mpsim.schedules.actions import Schedule, parts
+from mpsim.schedules.actions import Schedule, parts, stages_by_rank
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ def rank_counts(schedule: Schedule, keys: list[list[tuple]] | None = None
     runs, and per stage whose gradients an item of it makes final (its last backward or
     weight-gradient pass, as the engine finds it), ``(stage, that item's key, the keys of
     the items after it)`` (the planner keeps it per schedule key in ``plancache.Short``)."""
+    held = stages_by_rank(schedule.stage_to_rank, schedule.num_ranks)
     found = []
     for rank, items in enumerate(schedule.actions):
         here = item_keys(items) if keys is None else keys[rank]
@@ -76,7 +77,7 @@ def rank_counts(schedule: Schedule, keys: list[list[tuple]] | None = None
             position -= 1
         last_backward = items[position] if position >= 0 else None
         found.append((items[0] if items else None, last_backward, Counter(here[position + 1:]), Counter(here),
-                      _completing(schedule, rank, here)))
+                      _completing(items, set(held[rank]), here)))
     return found
 
 
@@ -105,9 +106,7 @@ def rank_counts_of_read(schedule: Schedule, read: Any) -> list[tuple[Any, Any, C
     made = np.flatnonzero((read.kind == 1) | (read.kind == 3))[::-1]  # backward or weight passes, last first
     stages, latest = np.unique(read.stage[made], return_index=True)
     last_made = dict(zip(stages.tolist(), made[latest].tolist()))  # stage -> its last such position
-    held: list[list[int]] = [[] for _ in range(schedule.num_ranks)]
-    for stage, owner in enumerate(schedule.stage_to_rank):
-        held[owner].append(stage)
+    held = stages_by_rank(schedule.stage_to_rank, schedule.num_ranks)
     found = []
     for rank in range(len(read.starts)):
         start, end = int(read.starts[rank]), int(read.ends[rank])
@@ -126,14 +125,14 @@ def rank_counts_of_read(schedule: Schedule, read: Any) -> list[tuple[Any, Any, C
     return found
 
 
-def _completing(schedule: Schedule, rank: int, here: list[tuple]) -> tuple:
-    """``(stage, key, keys after it)`` per stage of ``rank`` with a last backward or weight pass."""
-    left = {stage for stage, holder in enumerate(schedule.stage_to_rank) if holder == rank}
+def _completing(items: tuple, left: set[int], here: list[tuple]) -> tuple:
+    """``(stage, key, keys after it)`` per stage of ``left`` (the rank's) whose last backward or
+    weight pass is among the rank's ``items`` (``here``: their duration keys)."""
     completing = []
     for position in range(len(here) - 1, -1, -1):
         if not left:
             break
-        for action in parts(schedule.actions[rank][position]):
+        for action in parts(items[position]):
             if action.kind in ("B", "W") and action.stage in left:
                 left.discard(action.stage)
                 completing.append((action.stage, here[position], Counter(here[position + 1:])))

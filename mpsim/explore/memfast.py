@@ -69,7 +69,7 @@ class ShortWalk:
         """The walk of ``schedule``: shortened as ``memwalk.memory_schedule`` shortens it (the
         same actions, read straight into arrays), or its lists as they are. ``read``: the
         schedule's arrays, where the caller has them."""
-        read = read or ScheduleRead.of(schedule)
+        read = read if read is not None else ScheduleRead.of(schedule)
         stage, kind, batch = read.stage, read.kind, read.microbatch
         bounds = np.append(read.starts, read.ends[-1:])
         if shorten:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.cost.devices import part_of_pp_ranks
-from mpsim.schedules.actions import Schedule, flat, parts
+from mpsim.schedules.actions import Schedule, flat, parts, stages_by_rank
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.memory import model_state_bytes, reserved_parts
@@ -227,9 +227,7 @@ def rank_states(scenario: Scenario, layout: Layout, stage_to_rank: tuple[int, ..
     # a heterogeneous cluster: each pipeline rank has its own part's memory
     part_of = part_of_pp_ranks(scenario, layout) if scenario.cluster.parts else ()
     kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.zero_stage, optimizer=training.optimizer)
-    held: list[list[int]] = [[] for _ in range(num_ranks)]
-    for stage, owner in enumerate(stage_to_rank):
-        held[owner].append(stage)
+    held = stages_by_rank(stage_to_rank, num_ranks)
     # ranks holding the same stage works (one object per kind of stage) on the same memory hold
     # the same state: the middle ranks of a pipeline are computed once
     alike: dict[tuple, tuple] = {}

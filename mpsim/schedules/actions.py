@@ -64,6 +64,14 @@ def flat(items: "tuple[Item, ...] | list[Item]") -> list[Action]:
     return [action for item in items for action in parts(item)]
 
 
+def stages_by_rank(stage_to_rank: tuple[int, ...], num_ranks: int) -> list[list[int]]:
+    """The stages each rank holds, ascending (one pass over the placement)."""
+    held: list[list[int]] = [[] for _ in range(num_ranks)]
+    for stage, rank in enumerate(stage_to_rank):
+        held[rank].append(stage)
+    return held
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-rank action lists, where each stage lives and which pipeline (chain) it is in."""

@@ -83,9 +83,10 @@ class Spec(BaseModel):
             return value
         if isinstance(value, bool) and not _accepts_bool(field.annotation):
             raise ValueError(f"expected {_kind(field.annotation)}, got the boolean {str(value).lower()}")
-        whole = _WHOLE.get((cls, info.field_name))
-        if whole is None and (cls, info.field_name) not in _WHOLE:
-            whole = _WHOLE[(cls, info.field_name)] = _whole_numbers(field.annotation)
+        key = (cls, info.field_name)
+        if key not in _WHOLE:
+            _WHOLE[key] = _whole_numbers(field.annotation)
+        whole = _WHOLE[key]
         if whole is not False:
             items = [value] if whole else (value if isinstance(value, (list, tuple)) else [])
             for item in items:
