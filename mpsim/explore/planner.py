@@ -70,6 +70,20 @@ SCHEDULE_FIELD = "parallel.schedule"
 ZERO_FIELD = "parallel.zero_stage"
 
 
+def sorted_items(fields: dict[str, Any]) -> tuple:
+    """A layout's fields as sorted (name, value) pairs, lists as tuples: hashable, in one order."""
+    return tuple(sorted((name, tuple(value) if isinstance(value, list) else value) for name, value in fields.items()))
+
+
+class LayoutFields(dict):
+    """A layout's fields, with their ``sorted_items`` made once: a point's cache keys (several per
+    point: the layout, its group, its state, its placement) are cut from them without sorting again."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.items_sorted = sorted_items(self)
+
+
 @dataclass(frozen=True)
 class PlanEvaluator:
     """Evaluates one layout of the base scenario: ``mode`` is "check" or "simulate" (module doc)."""
@@ -96,8 +110,10 @@ class PlanEvaluator:
 
     def _key(self, fields: dict[str, Any], *leaving: str) -> tuple:
         """The exact key of ``fields`` (but ``leaving``) in this plan, for the process's caches."""
-        return (self.identity, *sorted((name, tuple(value) if isinstance(value, list) else value)
-                                       for name, value in fields.items() if name not in leaving))
+        items = fields.items_sorted if isinstance(fields, LayoutFields) else sorted_items(fields)
+        if leaving:
+            items = tuple(item for item in items if item[0] not in leaving)
+        return (self.identity, *items)
 
     def _memory(self, fields: dict[str, Any]) -> tuple[float, float, str, bool]:
         """(peak bytes of the fullest rank, capacity, its largest category, exact), memoized per layout.
@@ -147,7 +163,7 @@ class PlanEvaluator:
             if lighter not in self.recompute_modes:
                 continue
             try:
-                peak, capacity, _, _ = self._memory({**fields, RECOMPUTE_FIELD: lighter})
+                peak, capacity, _, _ = self._memory(LayoutFields({**fields, RECOMPUTE_FIELD: lighter}))
             except InputError:
                 continue
             if peak <= capacity:
@@ -181,7 +197,7 @@ class PlanEvaluator:
 
     def evaluate(self, point: Point) -> dict[str, Any]:
         with remembering(COLLECTIVES), sharing_prices(PRICES):
-            return self._evaluate(dict(point))
+            return self._evaluate(LayoutFields(point))
 
     def _evaluate(self, fields: dict[str, Any]) -> dict[str, Any]:
         try:
