@@ -133,3 +133,21 @@ def test_gb200_carries_cudnns_measured_sweep_with_its_own_causal_backward():
     assert sweep.rate(8192, True, False) == pytest.approx(1404e12)
     assert sweep.rate(8192, True, True) == pytest.approx(1332e12)  # measured, not the ratio rule
     assert sweep.rate(8192, True, True) != pytest.approx(1404e12 * 1574 / 1771)
+
+
+def test_mi300x_carries_aiters_measured_sweep():
+    accelerator = load_accelerator("mi300x")
+    sweep = accelerator.efficiency.attention_sweep
+    assert sweep is not None and sweep.backward_causal is not None
+    # AITER-FA3-MI300X at 8k tokens, medians over the table's nine batch x head settings:
+    # forward 585 / 541 (causal), backward with fp32 dq accumulation 470 / 433
+    assert sweep.rate(8192, False, False) == pytest.approx(585e12)
+    assert sweep.rate(8192, False, True) == pytest.approx(541e12)
+    assert sweep.rate(8192, True, False) == pytest.approx(470e12)
+    assert sweep.rate(8192, True, True) == pytest.approx(433e12)
+    # a bf16 call of known length is priced from the sweep, not from the single fraction
+    model = ComputeModel(accelerator, "bf16")
+    burst_s = model.time(_attention(1e12, 8192, 0.0)) - accelerator.efficiency.kernel_overhead
+    held = accelerator.efficiency.sustained_attention or accelerator.efficiency.sustained_compute
+    assert burst_s * held == pytest.approx(1e12 / 585e12, rel=1e-12)
+    assert accelerator.efficiency.attention_forward * accelerator.peak("bf16") != pytest.approx(585e12, rel=0.01)
