@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl_busbw_measured.csv"
@@ -47,6 +48,9 @@ FABRICS = {
                                                      "8 NICs x 50 GB/s x 0.97 (SIMAI's CX-7 constant)"),
     "Infinity Fabric ring (mi300x-platform scale_up)": (["8x MI300X (AMD acceptance guide)"], None,
                                                         "plateau: the 8 GiB point"),
+    # one GPU per node, so the sweep is the network alone; it levels off from 32 MiB (21.8, 22.5, 22.9 GB/s)
+    "200G Slingshot per GPU (gh200-alps scale_out)": (["2x 1 GH200 (Slingshot 11)"], None,
+                                                      "plateau: the 128 MiB point"),
 }
 
 
@@ -97,8 +101,10 @@ def split_sizes(points: list[tuple[float, float]]) -> tuple[list[tuple[float, fl
 
 
 def training_fabrics(train: list[str]) -> list[str]:
-    """The fabrics whose name contains one of the ``train`` words (system names or GPUs)."""
-    chosen = [fabric for fabric in FABRICS if any(word.lower() in fabric.lower() for word in train)]
+    """The fabrics whose name contains one of the ``train`` words (system names or GPUs) as a whole
+    word: H200 picks hgx-h200's fabric, not the GH200 network's."""
+    chosen = [fabric for fabric in FABRICS
+              if any(re.search(rf"(?<![a-z0-9]){re.escape(word.lower())}(?![a-z0-9])", fabric.lower()) for word in train)]
     if not chosen or len(chosen) == len(FABRICS):
         raise SystemExit(f"--train must pick some of the fabrics and leave others: {', '.join(FABRICS)}")
     return chosen

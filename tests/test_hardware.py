@@ -73,6 +73,8 @@ DATASHEETS = {
     "tpu-v5e": ({"bf16": 197}, (16, GB), (819, 800 * GIB / GB), 4),
     "tpu-v5p": ({"bf16": 459, "fp8": 459}, (95, GIB), 2765, 2 * 4),
     "tpu-v6e": ({"bf16": 918, "fp8": 918}, (32, GB), 1638, 2),
+    # not in hardware.md's datasheet sections: MLE-ACC's dense peaks, JSC-JUPITER's memory and SMs
+    "gh200": ({"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, (96, GB), 4000, 132),
 }
 PLACEHOLDERS = {"cpu-host"}  # no datasheet: replaced by a calibration
 
@@ -111,10 +113,10 @@ def test_accelerator_memory_and_units_are_the_datasheets(name):
 
 
 # where the datasheet's ratios hold: tf32 at half the 16-bit rate, fp8 at twice it
-HALF_RATE_TF32 = ["a100-sxm-80gb", "a100-sxm-40gb", "h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "b200",
-                  "gb200", "mi300x", "mi325x"]
-DOUBLE_RATE_FP8 = ["h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "b200", "gb200", "mi300x", "mi325x",
-                   "gaudi2"]
+HALF_RATE_TF32 = ["a100-sxm-80gb", "a100-sxm-40gb", "h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "gh200",
+                  "b200", "gb200", "mi300x", "mi325x"]
+DOUBLE_RATE_FP8 = ["h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "gh200", "b200", "gb200", "mi300x",
+                   "mi325x", "gaudi2"]
 
 
 @pytest.mark.parametrize("name", HALF_RATE_TF32)
@@ -138,8 +140,9 @@ def test_fp16_runs_at_the_bf16_rate_except_on_gaudi3(name):
         assert acc.peak("fp16") == acc.peak("bf16")
 
 
-# best measured bf16 matmul (MAMF, TFLOP/s; hardware.md 3.2); H200 has H100's BF16 MAMF
-MAMF_BF16 = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5, "h200-sxm-141gb": 794.5, "b200": 1745.0,
+# best measured bf16 matmul (MAMF, TFLOP/s; hardware.md 3.2); H200 has H100's BF16 MAMF; the 96 GB GH200's is
+# its own sweep's (MLE-PR60), not hardware.md's 828.6 of the 900 W HBM3e part
+MAMF_BF16 = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5, "h200-sxm-141gb": 794.5, "gh200": 821.0, "b200": 1745.0,
              "gb200": 1822.0, "mi300x": 668.4, "mi325x": 784.9, "gaudi2": 418.7, "gaudi3": 1243.0}
 GEMM_FROM_ANOTHER_MEASUREMENT = {"a100-sxm-80gb"}  # a sustained 8192^3 GEMM, below the MAMF sweep's best
 
@@ -173,6 +176,9 @@ SYSTEMS = {
     "tpu-v5p-8x8x8": ("tpu-v5p", 8 * 8 * 8, (6, 90), None),
     "tpu-v5e-16x16": ("tpu-v5e", 16 * 16, (4, 45), (32 * 2, 100)),  # 2 x 100 Gb/s per 8-chip host: 6.4 Tb/s
     "tpu-v6e-16x16": ("tpu-v6e", 16 * 16, (4, 90), None),
+    "gh200-vista": ("gh200", 1, (18, 25), (1, 400)),  # one GPU per node (its NVLink unused), one NDR port
+    "gh200-alps": ("gh200", 4, (3, 150), (4, 200)),  # six NVLink 4 links to each peer, one Slingshot NIC per GPU
+    "gh200-jupiter": ("gh200", 4, (3, 150), (4, 200)),  # NVLink 4 pairs at 150 GB/s, 4x NDR200
 }
 SYSTEM_PLACEHOLDERS = {"local-cpu"}
 

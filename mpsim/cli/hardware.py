@@ -81,12 +81,14 @@ def _system_lines(system) -> list[str]:
         lines.append(f"  levels      one switch level, oversubscription {out.oversubscription:g}:1")
     lines.append(f"latency       {format_seconds(system.collective_base_latency)} per collective call; "
                  f"{system.collective_channels} SMs held by a running collective")
-    node = place_ranks(list(range(system.devices_per_node)), system.devices_per_node)
+    # the devices of one node; with one device per node, the smallest group that has a peer: two nodes
+    n = max(2, system.devices_per_node)
+    where = "one node" if system.devices_per_node > 1 else "two nodes (one device each)"
+    group = place_ranks(list(range(n)), system.devices_per_node)
     size = 2**30
-    estimate = choose_algorithm("all-reduce", size, node, system)
-    n = system.devices_per_node
-    busbw = size / estimate.time_s * 2 * (n - 1) / n if n > 1 else 0.0
-    lines.append(f"all-reduce    1 GiB over one node: {format_seconds(estimate.time_s)}, busbw {_gb(busbw)} "
+    estimate = choose_algorithm("all-reduce", size, group, system)
+    busbw = size / estimate.time_s * 2 * (n - 1) / n
+    lines.append(f"all-reduce    1 GiB over {where}: {format_seconds(estimate.time_s)}, busbw {_gb(busbw)} "
                  f"({estimate.algorithm})")
     return lines
 

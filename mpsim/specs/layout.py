@@ -150,8 +150,10 @@ def _check_tensor_parallel(scenario: Scenario) -> None:
     else:
         _check_transformer(scenario)
     if tp > system.devices_per_node and not plan.allow_tp_across_nodes:
-        raise _fail("parallel.tp", f"tp={tp} spans more than one {system.name} node ({system.devices_per_node} "
-                                   f"devices); lower tp or set parallel.allow_tp_across_nodes: true")
+        per_node = system.devices_per_node
+        raise _fail("parallel.tp", f"tp={tp} spans more than one {system.name} node ({per_node} "
+                                   f"device{'s' if per_node != 1 else ''}); lower tp or set "
+                                   f"parallel.allow_tp_across_nodes: true")
     if tp <= system.devices_per_node and system.devices_per_node % tp and not plan.allow_tp_across_nodes:
         raise _fail("parallel.tp", f"tp={tp} does not divide the {system.devices_per_node} devices of a node, so "
                                    f"some TP groups would straddle two nodes; use one of "
