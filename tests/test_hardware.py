@@ -59,8 +59,9 @@ DATASHEETS = {
     "h200-sxm-141gb": ({"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, (141, GB), 4800, 132),
     "b200": ({"fp32": 80, "tf32": (1125, 1100), "bf16": 2250, "fp16": 2250, "fp8": 4500}, ((180, 192), GB), 8000,
              148),
+    # hardware.md's 148 SMs are marked "inferred = B200"; the part's own 152 are VeOmni's (VEOMNI-986)
     "gb200": ({"fp32": (80, 90), "tf32": 1250, "bf16": 2500, "fp16": 2500, "fp8": 5000}, ((186, 192), GB), 8000,
-              148),
+              152),
     # a package of two GCDs; mpsim's device is one GCD, half of everything (one matmul runs on one GCD)
     "mi250x": ({"fp32": 95.7 / 2, "bf16": 383 / 2, "fp16": 383 / 2}, (128 / 2, GB), (3200 / 2, 3280 / 2), 220 // 2),
     "mi300x": ({"fp32": 163.4, "tf32": 653.7, "bf16": (1307.4, 1300), "fp16": (1307.4, 1300), "fp8": 2610},

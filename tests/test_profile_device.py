@@ -105,7 +105,11 @@ def test_a_profile_of_a_device_no_file_describes_says_where_to_add_its_name(tmp_
     ("cpu-host", "cpu", CPU_NAME, True),
     ("cpu-host", "cuda", "NVIDIA A100-SXM4-80GB", False),  # a GPU profile never prices the host's cores
     ("a100-sxm-80gb", "cpu", "NVIDIA A100-SXM4-80GB", False),  # nor a CPU one a GPU, whatever its name
-    ("gb200", "cuda", "NVIDIA GB200", False),  # no name cited for it yet: nothing is accepted
+    ("gb200", "cuda", "NVIDIA GB200", True),
+    ("gb200", "cuda", "NVIDIA B200", False),  # the HGX part at 1,000 W is another accelerator file
+    ("b200", "cuda", "NVIDIA GB200", False),
+    ("gh200", "cuda", "NVIDIA GH200 120GB", True),
+    ("mi300x", "cuda", "AMD Instinct MI300X", False),  # no name cited for it yet: nothing is accepted
 ])
 def test_device_name_patterns(accelerator, kind, name, matches):
     assert load_accelerator(accelerator).matches_device(kind, name) is matches
