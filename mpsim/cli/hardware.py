@@ -126,9 +126,11 @@ def system_rows() -> list[dict]:
         if up.torus is not None:
             extra = " " + "x".join(str(d) for d in up.torus.dims)
         share = out.nic_bandwidth * out.nics_per_node / system.devices_per_node
+        alone = system.devices_per_node == 1  # no peer in the node: its scale-up fabric carries nothing
         rows.append({"kind": "system", "name": system.name, "accelerator": system.accelerator.name,
-                     "devices_per_node": system.devices_per_node, "scale_up": up.topology + extra,
-                     "scale_up_bytes_per_s": up.bandwidth_per_device, "scale_out_bytes_per_s_per_device": share})
+                     "devices_per_node": system.devices_per_node, "scale_up": "none" if alone else up.topology + extra,
+                     "scale_up_bytes_per_s": 0.0 if alone else up.bandwidth_per_device,
+                     "scale_out_bytes_per_s_per_device": share})
     return rows
 
 
@@ -145,8 +147,8 @@ def _list(args: argparse.Namespace) -> int:
         print()
         print(f"{'system':18s} {'accelerator':16s} {'per node':>8s} {'scale-up':>30s} {'scale-out per device':>22s}")
         for row in systems:
-            print(f"{row['name']:18s} {row['accelerator']:16s} {row['devices_per_node']:8d} "
-                  f"{row['scale_up'] + ' ' + _gb(row['scale_up_bytes_per_s']):>30s} "
+            up = row['scale_up'] + (' ' + _gb(row['scale_up_bytes_per_s']) if row['scale_up_bytes_per_s'] else '')
+            print(f"{row['name']:18s} {row['accelerator']:16s} {row['devices_per_node']:8d} {up:>30s} "
                   f"{_gb(row['scale_out_bytes_per_s_per_device']):>22s}")
     if args.csv:
         write_csv(args.csv, CSV_COLUMNS, accelerators + systems)
