@@ -246,6 +246,17 @@ def test_hardware_show_system(capsys):
         assert fragment in out, fragment
 
 
+def test_a_system_with_one_device_per_node_shows_the_network_not_its_empty_node(capsys):
+    assert main(["hardware", "show", "gh200-vista"]) == 0
+    shown = re.search(r"all-reduce +1 GiB over two nodes \(one device each\): .*busbw ([\d.]+) GB/s \(ring\)",
+                      capsys.readouterr().out)
+    # one NDR 400 link per node at 97 %: the bus bandwidth of two ranks is at most the link's 48.5 GB/s
+    assert shown and 30 < float(shown.group(1)) <= 48.5
+    assert main(["hardware", "list"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("gh200-vista"))
+    assert row.split()[3] == "none" and "50 GB/s" in row
+
+
 def test_hardware_show_accelerator_and_torus(capsys):
     assert main(["hardware", "show", "tpu-v6e"]) == 0
     assert "256 x 256" in capsys.readouterr().out
