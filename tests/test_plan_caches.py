@@ -132,10 +132,16 @@ def test_the_check_pass_groups_layouts_that_share_stage_shapes_and_schedules(mid
     assert PlanEvaluator(mid, "simulate").chunk_group(point) is None
 
 
-def test_grouped_points_go_together_in_order_of_first_appearance():
+def test_grouped_points_go_together_larger_groups_first():
     todo = [(i, (("g", g),)) for i, g in enumerate("abcab")] + [(5, (("g", None),)), (6, (("g", "c"),))]
     grouped = _grouped(todo, lambda point: point[0][1])
-    assert [i for i, _ in grouped] == [0, 3, 1, 4, 2, 6, 5]  # a point with no group keeps its place
+    # groups of equal size in the order they first appear; a point with no group is a group of one
+    assert [i for i, _ in grouped] == [0, 3, 1, 4, 2, 6, 5]
+    todo = [(i, (("g", g),)) for i, g in enumerate("abbcc c")]
+    grouped = _grouped(todo, lambda point: None if point[0][1] == " " else point[0][1])
+    assert [i for i, _ in grouped] == [3, 4, 6, 1, 2, 0, 5]  # c (3 points), b (2), then a and the lone point
+    # no groups at all: the order stays
+    assert _grouped(todo, lambda point: None) == todo
 
 
 def test_plan_records_are_the_same_with_grouped_chunks(mid):
