@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from mpsim.errors import InputError
 from mpsim.explore import evaluate
 from mpsim.explore.pools import Session
 from mpsim.explore.runner import run_points
-from mpsim.explore.store import ResultsFile
+from mpsim.explore.store import KEY_HEX_CHARS, RECORD_VERSION, KeyMaker, ResultsFile, canonical_json, stable_key
 from mpsim.explore.sweep import format_sweep, run_sweep
 from tests.conftest import SCENARIOS
 
@@ -172,3 +173,14 @@ def test_runner_keeps_point_order(workers):
     with Session(workers=workers) as session:
         report = run_points(_Picky(), [(("x", i),) for i in range(9)], session)
     assert [r["point"]["x"] for r in report.records] == list(range(9))
+
+
+@pytest.mark.parametrize("identity", ["3f2a9c", {"scenario": "x.yaml", "digest": "ab", "sets": ["a=1", "b=2"]}, None])
+def test_keys_are_the_hash_of_the_whole_record_identity(identity):
+    # the key maker splices each point between a fixed head and tail; the text must be the
+    # canonical JSON of the whole object, so keys of results files written before stay valid
+    point = (("parallel.tp", 4), ("parallel.layers_per_stage", [3, 5]), ("parallel.recompute", "none"),
+             ("training.dtype", "bf16"), ("parallel.pp", 2), ("parallel.vpp", None), ("x", 0.5), ("y", True))
+    whole = canonical_json({"v": RECORD_VERSION, "base": identity, "point": sorted([k, v] for k, v in point)})
+    assert stable_key(identity, point) == hashlib.sha256(whole.encode()).hexdigest()[:KEY_HEX_CHARS]
+    assert KeyMaker(identity)(reversed(point)) == stable_key(identity, point)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 from mpsim.explore.axes import Point
 from mpsim.explore.pools import Chunk, Evaluator, Session
 from mpsim.explore.progress import Progress
-from mpsim.explore.store import ResultsFile, stable_key
+from mpsim.explore.store import KeyMaker, ResultsFile
 
 MAX_CHUNK = 32
 # a chunk kept whole for its group's shared work ends here anyway. A check chunk costs about
@@ -131,7 +131,8 @@ def run_points(evaluator: Evaluator, points: Sequence[Point], session: Session |
         keys: Sequence[str] = _Keys(evaluator.identity, points)
         todo = list(enumerate(points))
     else:
-        keys = [stable_key(evaluator.identity, point) for point in points]
+        key = KeyMaker(evaluator.identity)
+        keys = [key(point) for point in points]
         todo = _reuse_stored(report, keys, points, store.load(), control.reuse)
     if control.limit is not None and len(todo) > max(0, control.limit):
         todo = todo[:max(0, control.limit)]
@@ -146,10 +147,10 @@ class _Keys:
     """``stable_key`` of each point, made when first asked for."""
 
     def __init__(self, identity: Any, points: Sequence[Point]):
-        self.identity, self.points = identity, points
+        self.key, self.points = KeyMaker(identity), points
 
     def __getitem__(self, index: int) -> str:
-        return stable_key(self.identity, self.points[index])
+        return self.key(self.points[index])
 
 
 def _reuse_stored(report: RunReport, keys: list[str], points: Sequence[Point], stored: dict[str, dict],
@@ -202,6 +203,8 @@ def _compute(evaluator: Evaluator, points: Sequence[Point], keys: list[str], tod
     bar = control.bar if control.bar is not None else Progress(len(todo), control.label, control.progress)
     group = getattr(evaluator, "chunk_group", None)
     if group is not None and pool.workers > 1:
+        groups = {id(point): group(point) for _, point in todo}  # once per point: both steps below ask
+        group = lambda point: groups[id(point)]  # noqa: E731
         todo = _grouped(todo, group)
     writer = _InOrder([index for index, _ in todo], store)
     source = _chunks(todo, pool.workers, group)

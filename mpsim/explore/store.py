@@ -35,8 +35,23 @@ def canonical_json(value: Any) -> str:
 
 def stable_key(identity: Any, point: Iterable[tuple[str, Any]]) -> str:
     """Hash of the base identity and the point's resolved overrides (sorted by field)."""
-    text = canonical_json({"v": RECORD_VERSION, "base": identity, "point": sorted([k, v] for k, v in point)})
-    return hashlib.sha256(text.encode()).hexdigest()[:KEY_HEX_CHARS]
+    return KeyMaker(identity)(point)
+
+
+class KeyMaker:
+    """``stable_key`` for many points of one identity: the text around the point is made once.
+
+    The canonical JSON of ``{"base": identity, "point": [...], "v": RECORD_VERSION}`` is its
+    keys in sorted order, so the point's part can be spliced between a fixed head and tail
+    (``tests/test_explore_sweep.py`` holds it to the whole-object encoding)."""
+
+    def __init__(self, identity: Any):
+        self.head = '{"base":' + canonical_json(identity) + ',"point":'
+        self.tail = ',"v":' + canonical_json(RECORD_VERSION) + "}"
+
+    def __call__(self, point: Iterable[tuple[str, Any]]) -> str:
+        text = self.head + canonical_json(sorted([k, v] for k, v in point)) + self.tail
+        return hashlib.sha256(text.encode()).hexdigest()[:KEY_HEX_CHARS]
 
 
 def file_digest(path: Path) -> str:
