@@ -29,7 +29,7 @@ import simpy
 from mpsim.engine.dpstream import DPStreams, GradBucket
 from mpsim.engine.links import Flow, SharedLinks
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
-from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, parts
+from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, completing_items, parts
 
 
 @dataclass(frozen=True)
@@ -127,22 +127,9 @@ class _Run:
             self.env.schedule(waiting, delay=at - self.env.now)
 
     def _completing(self, rank: int) -> dict[int, tuple[int, ...]]:
-        """Index of each action after which a stage's gradients are final -> those stages.
-
-        That is the stage's last backward (or weight-gradient) action on the rank; a scan
-        from the end finds them all after a few actions.
-        """
-        actions = self.schedule.actions[rank]
-        left = {stage for stage, holder in enumerate(self.schedule.stage_to_rank) if holder == rank}
-        found: dict[int, tuple[int, ...]] = {}
-        for index in range(len(actions) - 1, -1, -1):
-            if not left:
-                break
-            for action in parts(actions[index]):
-                if action.kind in ("B", "W") and action.stage in left:
-                    left.discard(action.stage)
-                    found[index] = found.get(index, ()) + (action.stage,)
-        return found
+        """Index of each action after which a stage's gradients are final -> those stages."""
+        held = (stage for stage, holder in enumerate(self.schedule.stage_to_rank) if holder == rank)
+        return completing_items(self.schedule.actions[rank], held)
 
     def _plan(self, rank: int) -> list[tuple]:
         """Everything about each item of a rank that does not depend on time, computed once.

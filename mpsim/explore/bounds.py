@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from mpsim.explore.memwalk import item_keys
-from mpsim.schedules.actions import Schedule, parts, stages_by_rank
+from mpsim.schedules.actions import Schedule, completing_items, parts, stages_by_rank
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def rank_counts(schedule: Schedule, keys: list[list[tuple]] | None = None
             position -= 1
         last_backward = items[position] if position >= 0 else None
         found.append((items[0] if items else None, last_backward, Counter(here[position + 1:]), Counter(here),
-                      _completing(items, set(held[rank]), here)))
+                      _completing(items, held[rank], here)))
     return found
 
 
@@ -125,18 +125,11 @@ def rank_counts_of_read(schedule: Schedule, read: Any) -> list[tuple[Any, Any, C
     return found
 
 
-def _completing(items: tuple, left: set[int], here: list[tuple]) -> tuple:
-    """``(stage, key, keys after it)`` per stage of ``left`` (the rank's) whose last backward or
+def _completing(items: tuple, stages: list[int], here: list[tuple]) -> tuple:
+    """``(stage, key, keys after it)`` per stage of ``stages`` (the rank's) whose last backward or
     weight pass is among the rank's ``items`` (``here``: their duration keys)."""
-    completing = []
-    for position in range(len(here) - 1, -1, -1):
-        if not left:
-            break
-        for action in parts(items[position]):
-            if action.kind in ("B", "W") and action.stage in left:
-                left.discard(action.stage)
-                completing.append((action.stage, here[position], Counter(here[position + 1:])))
-    return tuple(completing)
+    return tuple((stage, here[position], Counter(here[position + 1:]))
+                 for position, stages_there in completing_items(items, stages).items() for stage in stages_there)
 
 
 def _reductions_after(ranked: list, action_s: Mapping[tuple, float], grad_buckets: Mapping[int, Sequence[Any]],

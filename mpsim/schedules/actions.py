@@ -72,6 +72,22 @@ def stages_by_rank(stage_to_rank: tuple[int, ...], num_ranks: int) -> list[list[
     return held
 
 
+def completing_items(items, stages) -> dict[int, tuple[int, ...]]:
+    """Position of each of a rank's ``items`` after which the gradients of some of ``stages`` (the
+    stages it holds) are final -> those stages: a stage's last backward or weight-gradient pass,
+    found by a scan from the end (latest first, a pair's parts in order)."""
+    left = set(stages)
+    found: dict[int, tuple[int, ...]] = {}
+    for position in range(len(items) - 1, -1, -1):
+        if not left:
+            break
+        for action in parts(items[position]):
+            if action.kind in ("B", "W") and action.stage in left:
+                left.discard(action.stage)
+                found[position] = found.get(position, ()) + (action.stage,)
+    return found
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-rank action lists, where each stage lives and which pipeline (chain) it is in."""
