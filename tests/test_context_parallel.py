@@ -1,6 +1,6 @@
 """Context parallelism's ring (cp_comm: ring, the default) against hand-computed cases.
 
-The model (mpsim/workload/attention.py): each of the ``cp`` ranks holds ``s / cp`` tokens of
+The model (mpsim/workload/context_parallel.py): each of the ``cp`` ranks holds ``s / cp`` tokens of
 every sequence (two chunks, for the causal mask's load balance) and its queries attend over
 the whole sequence; the keys and values travel round the CP group, each rank passing one
 chunk of K and V to its neighbour ``cp - 1`` times while attention computes, and the backward
@@ -103,16 +103,21 @@ def exposed_cp_s(model: CostModel, items) -> float:
     return model.price((Block("layer", "forward", tuple(items)),)).exposed("cp")
 
 
-def test_a_ring_longer_than_the_attention_core_is_exposed_by_the_difference():
-    # cp 4 over the network: 3 steps of 22.4 us latency + 1 MiB at 48.5 GB/s = 132 us, against
-    # a forward core of about 61 us; the ring's kernels take 16 of the 132 SMs, so the core
-    # still finishes inside the ring and everything past the core is exposed
+def test_a_ring_longer_than_its_steps_is_exposed_step_by_step():
+    # The ring as Transformer Engine runs it: step i computes on K/V block i while block i + 1
+    # is in flight, and waits for it before step i + 1; cp steps of compute c = core / cp,
+    # cp - 1 transfers of x each. cp 4 over the network: each transfer is 22.4 us of latency +
+    # 1 MiB at 48.5 GB/s = 44 us, against about 17 us of core per step, and the ring's kernels
+    # take 16 of the 132 SMs, which still leaves each step's compute inside its transfer. So
+    # each transfer shows x - c past the compute beside it: (cp - 1)(x - c) exposed, more than
+    # the whole ring less the whole core, since the last step's compute overlaps no transfer
     cp = 4
     model, work = layer(cp)
-    ring_s = (cp - 1) * network_step_s(model, kv_chunk_bytes(cp))
-    core_s = model.compute.time(flash_op(work.forward, "forward"))
-    assert core_s <= ring_s * (1 - sm_share(model))  # the case this test is about
-    assert exposed_cp_s(model, work.forward) == pytest.approx(ring_s - core_s, rel=1e-9)
+    x = network_step_s(model, kv_chunk_bytes(cp))
+    c = model.compute.time(flash_op(work.forward, "forward")) / cp
+    assert c <= x * (1 - sm_share(model))  # the case this test is about
+    assert exposed_cp_s(model, work.forward) == pytest.approx((cp - 1) * (x - c), rel=1e-9)
+    assert exposed_cp_s(model, work.forward) > (cp - 1) * x - cp * c
 
 
 def test_a_ring_inside_a_node_hides_under_the_core_but_for_its_sms():
@@ -132,19 +137,59 @@ def test_a_ring_inside_a_node_hides_under_the_core_but_for_its_sms():
     assert exposed_cp_s(model, work.forward) == pytest.approx(ring_s * sm_share(model), rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="mpsim overlaps the whole ring with the whole attention core, so the last "
-                                       "step's compute hides transfers; a ring computes on one chunk while the next "
-                                       "arrives, and the last chunk's compute overlaps no transfer")
-def test_ring_exposure_is_counted_per_step():
-    # The ring as Megatron / Transformer Engine run it: step i computes on chunk i while chunk
-    # i + 1 is in flight; cp steps of compute c = core / cp, cp - 1 transfers of x each. With
-    # x > c each transfer shows x - c past the compute beside it: (cp - 1)(x - c) exposed.
+def test_the_backward_ring_waits_for_each_steps_transfers():
+    # the backward's step i sends K/V on and the dK/dV summed so far back, and waits for both
+    # before adding its own: step 0 sends K/V, steps 1 .. cp - 2 both, the last dK/dV alone, so
+    # its 2 (cp - 1) blocks of K/V or their gradient go beside cp steps of compute
     cp = 4
     model, work = layer(cp)
-    x = network_step_s(model, kv_chunk_bytes(cp))
-    c = model.compute.time(flash_op(work.forward, "forward")) / cp
-    assert x > c
-    assert exposed_cp_s(model, work.forward) == pytest.approx((cp - 1) * (x - c), rel=1e-6)
+    (ring,) = ring_items(work.backward)
+    block_s = model.collective_s(ring.comm) / (2 * (cp - 1))  # one block's share of the ring
+    c = model.compute.time(flash_op(work.backward, "backward")) / cp
+    f = sm_share(model)
+
+    def side_by_side(compute_s: float, comm_s: float) -> float:
+        return comm_s if compute_s <= comm_s * (1 - f) else compute_s + comm_s * f
+
+    expected = side_by_side(c, block_s) + (cp - 2) * side_by_side(c, 2 * block_s) + side_by_side(c, block_s)
+    assert exposed_cp_s(model, work.backward) == pytest.approx(expected - cp * c, rel=1e-9)
+
+
+def merge_op(items, name: str):
+    (op,) = [item for item in items if not isinstance(item, Overlap) and item.name == name]
+    return op
+
+
+def test_transformer_engines_ring_kernels_for_two_ranks():
+    # Worked out from Transformer Engine 1.11's AttnFuncWithCPAndKVP2P (bf16) for cp 2, on one
+    # rank's q (= its output, head size 128 for both), K/V and softmax statistics (one per token
+    # and head): the forward packs K/V (2 kv), zero-fills the output (out), copies the statistics
+    # to float64 and back (2 x 12 per entry), and merges each step's output (3 out, reading 12
+    # bytes of statistics per entry); rank 1's second step slices the first half of the arriving
+    # K/V (kv) and merges the statistics (20 per entry): 3 kv + 7 out + 68 per entry, more than
+    # rank 0's (which slices half its queries and merges half an output)
+    model, work = layer(2)
+    tokens, heads, kv_heads = SEQ // 2, HEADS // TP, KV_HEADS // TP
+    q = out = tokens * heads * HEAD_DIM * BF16
+    kv = tokens * kv_heads * 2 * HEAD_DIM * BF16
+    stats = tokens * heads
+    assert merge_op(work.forward, "attn.cp_ring_merge").bytes == 3 * kv + 7 * out + 68 * stats
+    # backward, rank 0 (the busier): K/V into the send buffer (2 kv); step 0 on half the queries
+    # slices q, out and dout (q + 2 out), packs dK/dV (2 kv) and copies half of dQ (q) and all of
+    # dK/dV (2 kv); the diagonal step packs dK/dV (2 kv), copies one half of dQ and adds the
+    # other (2.5 q), adds one half of dK/dV and copies the other (2.5 kv)
+    assert merge_op(work.backward, "attn.cp_ring_merge.grad").bytes == 10.5 * kv + 4.5 * q + 2 * out
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_the_rings_kernels_are_priced_beside_the_core(cp):
+    # the kernels add their memory time to the pass: a layer's forward and backward take longer
+    # than with the ring's transfers alone
+    model, work = layer(cp)
+    for items, name in ((work.forward, "attn.cp_ring_merge"), (work.backward, "attn.cp_ring_merge.grad")):
+        op = merge_op(items, name)
+        assert op.bytes > 0 and op.launches > 1
+        assert model.compute.time(op) > 0
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])

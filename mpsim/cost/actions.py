@@ -158,16 +158,19 @@ class CostModel:
         the two stages' pieces follow each other, so the wall time is the first piece of
         one stage plus ``n - 1`` steps of the slower stage plus the last piece of the other
         (a ring exchange's first piece needs no communication: ``n - 1`` transfers feed
-        the last ``n - 1`` computes).
+        the last ``n - 1`` computes). In steps (``overlap.piece_comm``): each piece of the
+        compute runs side by side with its share of the collective, and the steps follow
+        each other, so a transfer longer than its piece shows past it.
         """
         fraction = self.comm_sm_fraction
         if overlap is not None and overlap.comm_sms is not None:
             fraction = min(1.0, overlap.comm_sms / self.system.accelerator.compute_units)
+        if overlap is not None and overlap.piece_comm:
+            piece_s = compute_s / len(overlap.piece_comm)
+            return sum(_side_by_side(piece_s, comm_s * share, fraction) for share in overlap.piece_comm)
         chunks = overlap.chunks if overlap is not None else 1
         if chunks <= 1:
-            if compute_s <= comm_s * (1.0 - fraction):
-                return comm_s
-            return compute_s + comm_s * fraction
+            return _side_by_side(compute_s, comm_s, fraction)
         piece_s = compute_s / max(1e-12, 1.0 - fraction) / chunks
         if overlap.comm_first:
             return piece_s + (chunks - 1) * max(piece_s, comm_s / (chunks - 1))
@@ -317,6 +320,15 @@ class CostModel:
                 steps.append(_Step(op_s, op_s, 0.0, 0.0, item.flops, ""))
             clock += steps[-1].span_s
         return _BlockPrice(tuple(steps), tuple(template), launches), starts, clock
+
+
+def _side_by_side(compute_s: float, comm_s: float, sm_fraction: float) -> float:
+    """Wall time of compute beside a collective whose kernels hold ``sm_fraction`` of the SMs
+    while it runs: the compute goes at ``1 - sm_fraction`` of its speed until the collective
+    ends, or the collective outlasts it."""
+    if compute_s <= comm_s * (1.0 - sm_fraction):
+        return comm_s
+    return compute_s + comm_s * sm_fraction
 
 
 def _host_ahead(at: float, launches: int = 1) -> float:

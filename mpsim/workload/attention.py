@@ -8,10 +8,8 @@ never reach HBM, causal blocks above the diagonal skipped, scores recomputed in 
 backward) or Megatron's unfused path (baddbmm, softmax, dropout, bmm through HBM).
 
 With context parallelism each rank holds 1/cp of the sequence; its queries still attend
-over the whole sequence, which the keys and values reach in one of three ways: a ring
-passing KV blocks round the CP group while attention computes (Megatron), one
-all-gather of K and V (Llama 3), or all-to-alls that trade the sequence split for a head
-split (DeepSpeed Ulysses).
+over the whole sequence, which the keys and values reach by a ring, an all-gather or
+all-to-alls (``mpsim/workload/context_parallel.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
                                    bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
                                    param_tensors, present, scattered_gemm, tp_collectives, weight_pass_regather)
+from mpsim.workload.context_parallel import context_parallel
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
 # FlashAttention works on key blocks of this many tokens; with a causal mask it skips the
@@ -131,33 +130,6 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
     return fwd, bwd, float(saved)
 
 
-def _context_parallel(ctx: LayerContext, fwd: list[Item], bwd: list[Item]) -> tuple[list[Item], list[Item]]:
-    """Wrap the core with the context-parallel communication of ``ctx.cp_comm``."""
-    if ctx.cp == 1:
-        return fwd, bwd
-    e, b, s = ctx.act_bytes, ctx.microbatch_size, ctx.seq_length
-    kv_width = ctx.kv_local * (ctx.head_dim + ctx.value_dim)
-    if ctx.cp_comm == "ring":
-        # cp-1 steps pass a K/V block to the next rank while attention works on the last one
-        block = b * (s // ctx.cp) * kv_width * e
-        ring = collective("attn.cp_ring_kv", "send-recv", "cp", block)
-        ring_grad = collective("attn.cp_ring_kv_and_grad", "send-recv", "cp", 2 * block)
-        return ([Overlap(ring, tuple(fwd))],  # type: ignore[arg-type]
-                [Overlap(ring_grad, tuple(bwd))])  # type: ignore[arg-type]
-    if ctx.cp_comm == "all-gather":
-        gathered = b * s * kv_width * e
-        return ([collective("attn.cp_all_gather_kv", "all-gather", "cp", gathered), *fwd],
-                [collective("attn.cp_regather_kv", "all-gather", "cp", gathered), *bwd,
-                 collective("attn.cp_reduce_scatter_dkv", "reduce-scatter", "cp", gathered)])
-    # all-to-all (Ulysses): sequence-split QKV in, head-split out; the reverse after the core
-    qkv = ctx.tokens * (ctx.heads_local * ctx.head_dim + kv_width) * e
-    out = ctx.tokens * ctx.heads_local * ctx.value_dim * e
-    return ([collective("attn.cp_all_to_all_qkv", "all-to-all", "cp", qkv), *fwd,
-             collective("attn.cp_all_to_all_out", "all-to-all", "cp", out)],
-            [collective("attn.cp_all_to_all_dout", "all-to-all", "cp", out), *bwd,
-             collective("attn.cp_all_to_all_dqkv", "all-to-all", "cp", qkv)])
-
-
 def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> BlockWork:
     """Projections, core and output projection on one rank, without the norm before or the residual after.
 
@@ -168,7 +140,7 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     heads, d_qk, d_v = ctx.heads_local, ctx.head_dim, ctx.value_dim
     gather, reduce = tp_collectives(ctx, "attn")
     core_fwd, core_bwd, core_saved = _core(ctx)
-    core_fwd, core_bwd = _context_parallel(ctx, core_fwd, core_bwd)
+    core_fwd, core_bwd = context_parallel(ctx, core_fwd, core_bwd)
     # the attention core hands the projection a bf16 output (Transformer Engine's
     # DotProductAttention), which an fp8 run casts in the projection itself
     proj, proj_dgrad, proj_wgrad = linear(ctx, "attn.proj", t, h, heads * d_v, input_cast=not ctx.fp8_attention)

@@ -64,6 +64,11 @@ class Overlap:
     exchange feeding an all-gather's GEMM); otherwise piece i of the collective needs piece
     i of the compute (a GEMM feeding a reduce-scatter). ``comm_sms``: the SMs the
     collective's kernels hold from the compute (None: the system's NCCL channels).
+
+    ``piece_comm``: the compute cut into ``len(piece_comm)`` equal pieces run one after
+    another, each side by side with its share of the collective, which it waits for before
+    the next piece starts (context parallelism's ring: each step computes on one K/V block
+    while the next is in flight). A share of 0 is a piece with nothing beside it.
     """
 
     comm: Op
@@ -71,6 +76,7 @@ class Overlap:
     chunks: int = 1
     comm_first: bool = False
     comm_sms: int | None = None
+    piece_comm: tuple[float, ...] = ()
 
 
 Item = Union[Op, Overlap]
