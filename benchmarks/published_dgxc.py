@@ -50,6 +50,9 @@ DGXC_FRAMEWORK = [
     # optim.overlap_param_sync: true: Apex's sharded Adam all-gathers the updated parameters
     # bucket by bucket ahead of the next step's forward, as Megatron-Core's overlapped gather does
     "training.overlap_param_gather=true",
+    # cross_entropy_loss_fusion: true in every recipe: Megatron-Core's fused vocab-parallel
+    # cross entropy
+    "training.cross_entropy_fusion=true",
 ]
 
 
@@ -82,6 +85,8 @@ DGXC_RECIPES = {
         "training.grad_reduce_bucket_bytes=100 MiB",  # optim.bucket_cap_mb: 100
         "training.pp_send_blocking=true",  # overlap_p2p_comm: False (and PP 1)
         "model.ffn_type=squared_relu",  # Nemotron-4's FFN activation (its model card)
+        # bias_activation_fusion: false: NeMo's squared_relu (torch.pow(relu(x), 2)) runs eagerly
+        "training.bias_activation_fusion=false",
         "training.tp_comm_overlap=true",  # configure.sh model.ub_tp_comm_overlap=True
         # rotary_percentage 0.5 rotates half of each head; Transformer Engine's fused RoPE kernel
         # (apply_rope_fusion) still reads and writes all of q and k, which is what mpsim prices

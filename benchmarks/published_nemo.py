@@ -49,10 +49,12 @@ LLAMA2 = {
 # (NVIDIA/NeMo-Framework-Launcher, launcher_scripts/conf/training/gpt3/5b_fp8_performance.yaml and
 # 175b_fp8_performance.yaml): GeLU FFN of 4 x hidden, LayerNorm, learned positions, biases, the
 # output layer tied to the embedding, the GPT-2 BPE vocabulary, hidden and attention dropout
-# 0.1, activations_checkpoint_granularity: selective, optim bucket_cap_mb 200 (5B) / 100 (175B)
+# 0.1, activations_checkpoint_granularity: selective, optim bucket_cap_mb 200 (5B) / 100 (175B);
+# no cross_entropy_loss_fusion in the configuration read (nor in the dgxc GPT-3 recipe), so
+# Megatron-Core's default: the eager cross entropy
 GPT3_ARCH = ("model.ffn_type=gelu", "model.norm=layernorm", "model.position_embedding=learned",
              "model.linear_bias=true", "model.tied_embeddings=true", "model.vocab_size=50257", "model.dropout=0.1",
-             "parallel.recompute=selective")
+             "parallel.recompute=selective", "training.cross_entropy_fusion=false")
 GPT3 = {
     "GPT3-5B": ("gpt3-175b", ("model.num_layers=24", "model.hidden_size=4096", "model.ffn_hidden_size=16384",
                               "model.num_attention_heads=32", *GPT3_ARCH, "training.grad_reduce_bucket_bytes=200 MiB")),
@@ -67,7 +69,7 @@ DGXC_MODELS = {
     # a layer each in the pipeline split (account_for_embedding/loss_in_pipeline_split)
     "LLAMA3-405B": ("llama3-405b", ("parallel.account_for_embedding_in_pipeline_split=true",
                                     "parallel.account_for_loss_in_pipeline_split=true")),
-    "Nemotron-15B": ("nemotron4-15b", ("model.ffn_type=squared_relu",)),
+    "Nemotron-15B": ("nemotron4-15b", ("model.ffn_type=squared_relu", "training.bias_activation_fusion=false")),
 }
 
 ASSUMPTIONS = (

@@ -74,3 +74,21 @@ def test_plain_pytorch_layers_take_longer_than_fused_ones():
         scenario = load_scenario(LAYER, [f"training.transformer_impl={impl}"]).scenario
         steps[impl] = simulate(scenario).timeline.step_time_s
     assert steps["pytorch"] > steps["local"]
+
+
+def test_megatron_without_its_activation_fusion_runs_the_operators():
+    # NeMo's Nemotron-4 recipes turn bias_activation_fusion off: squared ReLU runs as NeMo's
+    # torch.pow(relu(x), 2). Forward relu and the power (2 + 2); backward autograd's pow_backward,
+    # dy * (2 * r.pow(1)), three kernels (2 + 2 + 3), and relu's threshold_backward (3)
+    squared = ("model.ffn_type=squared_relu",)
+    fused_fwd, fused_bwd, _, scenario = layer("transformer_engine", *squared)
+    fwd, bwd, _, _ = layer("transformer_engine", *squared, "training.bias_activation_fusion=false")
+    elements = scenario.model.seq_length * scenario.model.ffn_hidden_size
+    assert fused_fwd["mlp.act"].bytes == 2 * elements * 2 and fused_bwd["mlp.act.grad"].bytes == 3 * elements * 2
+    assert fwd["mlp.act"].bytes == 4 * elements * 2 and bwd["mlp.act.grad"].bytes == 10 * elements * 2
+    assert (fwd["mlp.act"].launches, bwd["mlp.act.grad"].launches) == (2, 4)
+    # SwiGLU without the fusion is plain PyTorch's silu and product
+    plain_fwd, plain_bwd, _, _ = layer("pytorch")
+    unfused_fwd, unfused_bwd, _, _ = layer("transformer_engine", "training.bias_activation_fusion=false")
+    assert unfused_fwd["mlp.act"].bytes == plain_fwd["mlp.act"].bytes
+    assert unfused_bwd["mlp.act.grad"].bytes == plain_bwd["mlp.act.grad"].bytes

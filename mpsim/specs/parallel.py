@@ -149,6 +149,19 @@ class TrainingOptions(Spec):
     overlap_paired_passes: bool = Field(
         False, description="DualPipe/DualPipeV: the paired forward and backward hide each other's exposed "
                            "communication (DeepSeek's implementation); false runs them back to back (PyTorch)")
+    # Megatron-Core's --cross-entropy-loss-fusion (off unless given; NeMo's recipes turn it on):
+    # the vocab-parallel cross entropy's steps as three compiled functions instead of eager ops
+    # (megatron/core/fusions/fused_cross_entropy.py)
+    cross_entropy_fusion: bool = Field(
+        False, description="the LM head's cross entropy in Megatron-Core's fused functions (--cross-entropy-loss-"
+                           "fusion): fewer passes over the fp32 logits")
+    # Megatron's --bias-activation-fusion (on unless --no-bias-gelu-fusion / --no-bias-swiglu-fusion):
+    # bias and FFN activation in one fused kernel each way. Off, the model's activation runs as its
+    # operators under autograd (SwiGLU as silu and a product, squared ReLU as relu and a power), as
+    # NeMo's Nemotron-4 recipes run it (bias_activation_fusion: false)
+    bias_activation_fusion: bool = Field(
+        True, description="the FFN's bias and activation in one fused kernel each way (Megatron's default); "
+                          "false runs SwiGLU and squared ReLU operator by operator")
     pp_scatter_gather: bool = Field(
         True, description="each TP rank sends 1/tp of the activation between stages (Megatron default)"
     )

@@ -130,6 +130,28 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
     return fwd, bwd, float(saved)
 
 
+def qkv_split(ctx: LayerContext) -> tuple[list[Op], list[Op]]:
+    """(forward, backward) copies around the packed QKV output in Megatron-Core with Transformer Engine.
+
+    Megatron-Core splits the QKV GEMM's output into views per query group
+    (``SelfAttention.get_query_key_value_tensors``, core_r0.9.0): with grouped queries the
+    query's reshape to one head per row cannot be a view, so it copies the queries (read and
+    write). Transformer Engine's attention then finds V strided differently from the rotated
+    K and copies all three to contiguous tensors (``get_qkv_layout``, TE 1.11: the layout is
+    "not_supported" until they are), which copies V; Q and K, written fresh by the rotary
+    kernel, are already contiguous. In the backward the split's gradient is the three
+    gradients concatenated into one (``_SplitAlongDim.backward``: they are separate
+    tensors, so ``torch.cat``). Other implementations keep their own layouts.
+    """
+    if ctx.layers_impl != "transformer_engine":
+        return [], []
+    t, e, heads, kv = ctx.tokens, ctx.act_bytes, ctx.heads_local, ctx.kv_local
+    q, k, v = t * heads * ctx.head_dim * e, t * kv * ctx.head_dim * e, t * kv * ctx.value_dim * e
+    grouped = ctx.heads != ctx.kv_heads
+    forward = memory_op("attn.qkv_split", 2 * v + (2 * q if grouped else 0), launches=2 if grouped else 1)
+    return [forward], [memory_op("attn.qkv_split.grad", 2 * (q + k + v))]
+
+
 def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> BlockWork:
     """Projections, core and output projection on one rank, without the norm before or the residual after.
 
@@ -197,12 +219,13 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     rope_grad = [memory_op("attn.rope.grad", backward_traffic * rotated, launches=backward_launches)] \
         if ctx.rope else []
 
-    forward: list[Item] = [*projections, *rope, *core_fwd, *scattered_gemm(ctx, proj, reduce)]
+    split, split_grad = qkv_split(ctx) if mla is None else ([], [])
+    forward: list[Item] = [*projections, *split, *rope, *core_fwd, *scattered_gemm(ctx, proj, reduce)]
     # the output projection's bias is added after its reduction, on the sequence-parallel tokens
     head = ((bias_grad(ctx, "attn.proj", ctx.norm_tokens, h) if bias else [])
             + gathered_gemm(ctx, grad_gather(ctx, "attn.proj"), proj_dgrad))
-    backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *proj_b]
-    backward_input = [*head, *core_bwd, *rope_grad, *proj_i]
+    backward = [*head, proj_wgrad, *core_bwd, *rope_grad, *split_grad, *proj_b]
+    backward_input = [*head, *core_bwd, *rope_grad, *split_grad, *proj_i]
     backward_weight = [*present(weight_pass_regather(ctx, "attn.proj")), proj_wgrad, *proj_w]
 
     params += heads * d_v * h + (h if bias else 0)

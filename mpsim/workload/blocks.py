@@ -50,6 +50,8 @@ class LayerContext:
     # whose layers run the model (TrainingOptions.transformer_impl): Megatron's own ("local"),
     # Transformer Engine's, or plain PyTorch modules under autograd ("pytorch")
     layers_impl: str = "local"
+    cross_entropy_fusion: bool = False  # Megatron-Core's fused vocab-parallel cross entropy
+    activation_fusion: bool = True  # Megatron's fused bias + FFN activation kernels
 
     @property
     def bias_add_kernel(self) -> bool:

@@ -11,11 +11,22 @@ from __future__ import annotations
 from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, norm, norm_grad, param_tensors
 from mpsim.workload.ops import Item, Op, collective, memory_op
 
-# Megatron's vocab-parallel cross entropy works on an fp32 copy of the logits: cast,
-# max, subtract, exp, sum and normalise in place, each a pass over the [tokens, vocab/tp]
-# buffer (bytes per logit beyond reading the bf16 logits).
-CROSS_ENTROPY_FWD_BYTES_PER_LOGIT = 32
+# Megatron's vocab-parallel cross entropy (VocabParallelCrossEntropy) works on an fp32 copy of
+# the logits, bytes per logit beyond reading the bf16 logits. Eager, each step is a pass over
+# the [tokens, vocab/tp] buffer: the cast writes it (4), the max reads it (4), the subtraction
+# and the exponential each read and write it in place (8 + 8), the sum reads it (4) and the
+# normalisation reads and writes it (8). The backward multiplies the saved softmax by the loss
+# gradient in place (8), and the cast back to the logits' dtype reads it (4) and writes the
+# gradient (counted with the logits' dtype).
+CROSS_ENTROPY_FWD_BYTES_PER_LOGIT = 36
 CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 12
+# Fused (--cross-entropy-loss-fusion; megatron/core/fusions/fused_cross_entropy.py), the same
+# steps run as three compiled functions, one pass each: cast and max (write 4), subtract,
+# exponential and sum (read 4, write 4), normalise (read 4, write 4); the backward as one
+# function that reads the softmax, writes the product back into it (the function updates it in
+# place) and writes the gradient in the logits' dtype.
+FUSED_CROSS_ENTROPY_FWD_BYTES_PER_LOGIT = 20
+FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 8
 
 
 def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
@@ -76,12 +87,17 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
         gather = collective("head.all_gather", "all-gather", "tp", ctx.activation_message)
         forward.append(gather)
     n_logits = tokens * vocab_local
-    forward += [logits, memory_op("head.cross_entropy", n_logits * (e + CROSS_ENTROPY_FWD_BYTES_PER_LOGIT))]
+    fused = ctx.cross_entropy_fusion
+    fwd_bytes = FUSED_CROSS_ENTROPY_FWD_BYTES_PER_LOGIT if fused else CROSS_ENTROPY_FWD_BYTES_PER_LOGIT
+    bwd_bytes = FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT if fused else CROSS_ENTROPY_BWD_BYTES_PER_LOGIT
+    forward += [logits, memory_op("head.cross_entropy", n_logits * (e + fwd_bytes), launches=3 if fused else 6)]
     if ctx.tp > 1:
-        # max, sum of exponentials and target logit are all-reduced over the vocab shards
-        forward += [collective(f"head.cross_entropy.all_reduce_{what}", "all-reduce", "tp", tokens * 4)
-                    for what in ("max", "sum", "target")]
-    ce_grad: Op = memory_op("head.cross_entropy.grad", n_logits * (e + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT))
+        # max, sum of exponentials and target logit are all-reduced over the vocab shards; the
+        # fused path all-reduces the last two as one tensor
+        reductions = (("max", 1), ("target_and_sum", 2)) if fused else (("max", 1), ("sum", 1), ("target", 1))
+        forward += [collective(f"head.cross_entropy.all_reduce_{what}", "all-reduce", "tp", tokens * 4 * count)
+                    for what, count in reductions]
+    ce_grad: Op = memory_op("head.cross_entropy.grad", n_logits * (e + bwd_bytes), launches=1 if fused else 2)
     combined, input_only, weight_only = column_backward(ctx, "head.logits", dgrad, wgrad, gather)
     norm_in, norm_w = norm_grad(ctx, "head.norm")
     params = norm_params * ctx.hidden + (vocab_local * ctx.hidden if with_weights else 0)

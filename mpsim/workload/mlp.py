@@ -58,9 +58,12 @@ PLAIN_FFN_ACTIVATIONS = {
     # FC1's output gradient (2 + 2): 13 in four kernels; kept: FC1's output (both halves), silu's
     # output for the product's backward, and y
     "swiglu": FfnActivation(2, 5, 13, 4, forward_launches=2, backward_launches=4),
-    # y = relu(x) ** 2 (Hugging Face's relu2): relu (2) and the power (2) forward; the power's
-    # backward (read dy and relu's output, write: 3) and relu's (3); kept: relu's output and y
-    "squared_relu": FfnActivation(1, 4, 6, 2, forward_launches=2, backward_launches=2),
+    # y = relu(x) ** 2 (Hugging Face's relu2, NeMo's squared_relu): relu (2) and the power (2)
+    # forward; the power's backward is autograd's pow_backward, grad * (2 * r.pow(1)) with r relu's
+    # output (torch/csrc/autograd/FunctionsManual.cpp): r.pow(1) copies r (2), the scaling by 2
+    # reads and writes it (2), the product with dy reads both and writes (3); then relu's backward
+    # (threshold_backward on its output: 3). 10 in four kernels; kept: relu's output and y
+    "squared_relu": FfnActivation(1, 4, 10, 2, forward_launches=2, backward_launches=4),
 }
 
 
@@ -69,11 +72,12 @@ def ffn_activation(ctx: LayerContext) -> FfnActivation:
 
     A context that names its activation (``ffn_activation``) gets that one; otherwise the
     gated flag decides between SwiGLU and GeLU, whose costs squared ReLU shares. Plain
-    PyTorch (``layers_impl`` pytorch) runs the gated and squared forms operator by operator
+    PyTorch (``layers_impl`` pytorch), and Megatron without its activation fusion
+    (``activation_fusion`` off), run the gated and squared forms operator by operator
     (:data:`PLAIN_FFN_ACTIVATIONS`).
     """
     name = ctx.ffn_activation or ("swiglu" if ctx.gated_ffn else "gelu")
-    if ctx.layers_impl == "pytorch" and name in PLAIN_FFN_ACTIVATIONS:
+    if (ctx.layers_impl == "pytorch" or not ctx.activation_fusion) and name in PLAIN_FFN_ACTIVATIONS:
         return PLAIN_FFN_ACTIVATIONS[name]
     return FFN_ACTIVATIONS[name]
 

@@ -53,6 +53,8 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         fp8_attention=training.fp8_attention,
         ffn_activation=model.ffn_activation,
         layers_impl=training.layers_impl,
+        cross_entropy_fusion=training.cross_entropy_fusion,
+        activation_fusion=training.bias_activation_fusion,
         v_head_dim=None if mla is None else mla.v_head_dim,
         cp=layout.cp,
         cp_comm=layout.cp_comm,
