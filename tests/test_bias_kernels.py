@@ -84,3 +84,17 @@ def test_the_command_line_names_the_field_and_exits_2():
                              "--set", "training.transformer_impl=local"], capture_output=True, text=True)
     assert result.returncode == 2
     assert "training.transformer_impl" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_without_the_activation_fusion_local_layers_add_fc1s_bias_in_a_kernel_of_their_own():
+    # Megatron's MLP.forward without bias_activation_fusion: intermediate + bias, then the activation
+    for impl, fused, expected in (("local", "true", []), ("local", "false", ["mlp.fc1.bias"]),
+                                  ("transformer_engine", "false", [])):
+        scenario, layout, stage, label = middle_layer(f"training.transformer_impl={impl}",
+                                                      f"training.bias_activation_fusion={fused}")
+        assert [op.name for op in ops_named(stage.forward, label, "fc1.bias")] == expected
+    scenario, layout, stage, label = middle_layer("training.transformer_impl=local", "training.bias_activation_fusion=false")
+    (added,) = ops_named(stage.forward, label, "fc1.bias")
+    model = scenario.model
+    tokens = scenario.parallel.microbatch_size * model.seq_length
+    assert added.bytes == 2 * tokens * (model.ffn_hidden_size // layout.tp) * 2  # read and write, bf16

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, bias_grad,
-                                   column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad, param_tensors,
-                                   present, scattered_gemm, tp_collectives, weight_pass_regather)
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
+                                   bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
+                                   param_tensors, present, scattered_gemm, tp_collectives, weight_pass_regather)
 from mpsim.workload.ops import Item, memory_op
 
 
@@ -107,7 +107,10 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     head = ((bias_grad(ctx, f"{name}.fc2", ctx.norm_tokens, h) if bias else [])
             + gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad))
     act_grads = [act_grad, *(bias_grad(ctx, f"{name}.fc1", t, fc1_width) if bias else [])]
-    forward = [*gathered_gemm(ctx, gather, fc1), act, *scattered_gemm(ctx, fc2, reduce)]
+    # without the fusion Megatron's local layers add FC1's bias in a kernel of its own before the
+    # activation (MLP.forward: intermediate + bias); Transformer Engine's GEMM epilogue adds it
+    fc1_bias = bias_add(ctx, f"{name}.fc1", t, fc1_width) if bias and not ctx.activation_fusion else []
+    forward = [*gathered_gemm(ctx, gather, fc1), *fc1_bias, act, *scattered_gemm(ctx, fc2, reduce)]
     backward = [*head, fc2_wgrad, *act_grads, *fc1_b]
     backward_input = [*head, *act_grads, *fc1_i]
     # a split backward's weight pass: FC2's output gradient gathered again, then FC1's input
