@@ -79,7 +79,9 @@ DGXC_RECIPES = {
         # overlap_p2p_comm: true, batch_p2p_comm: false: pipeline sends and receives overlap the
         # interleaved schedule's compute
         "training.pp_send_blocking=false",
-    ), ("defer-emb-wgrad",)),
+        # defer_embedding_wgrad_compute: true, wgrad_deferral_limit: 22
+        "training.defer_embedding_wgrad=true", "training.wgrad_deferral_limit=22",
+    ), ()),
     "Nemotron-4 15B": Recipe("nemotron4-15b", (
         "parallel.sequence_parallel=true",  # configure.sh model.sequence_parallel=True
         "training.grad_reduce_bucket_bytes=100 MiB",  # optim.bucket_cap_mb: 100

@@ -64,11 +64,14 @@ GPT3 = {
 # the models of the dgxc recipes, with their recipe's model settings (not their layout)
 DGXC_MODELS = {
     "LLAMA3-8B": ("llama3.1-8b", ()),
-    "LLAMA3-70B": ("llama3.1-70b", ()),
+    # the recipe defers the LM head's weight gradients of 22 microbatches (wgrad_deferral_limit)
+    "LLAMA3-70B": ("llama3.1-70b", ("training.defer_embedding_wgrad=true", "training.wgrad_deferral_limit=22")),
     # 126 layers over PP x VP = 64 chunks: NeMo's 405B recipe counts the embedding and the loss as
     # a layer each in the pipeline split (account_for_embedding/loss_in_pipeline_split)
     "LLAMA3-405B": ("llama3-405b", ("parallel.account_for_embedding_in_pipeline_split=true",
-                                    "parallel.account_for_loss_in_pipeline_split=true")),
+                                    "parallel.account_for_loss_in_pipeline_split=true",
+                                    # llama3.1_405b.yaml: defer_embedding_wgrad_compute, limit 50
+                                    "training.defer_embedding_wgrad=true", "training.wgrad_deferral_limit=50")),
     "Nemotron-15B": ("nemotron4-15b", ("model.ffn_type=squared_relu", "training.bias_activation_fusion=false")),
 }
 

@@ -103,9 +103,6 @@ from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_AS
 # --- gaps: what the frameworks did that mpsim cannot express yet --------------------------------------------------
 # key -> description. Rows name the keys that apply to them in their note column.
 GAPS: dict[str, str] = {
-    "defer-emb-wgrad": "defer_embedding_wgrad_compute: true with wgrad_deferral_limit: 22 defers the last "
-                       "stage's LM-head weight-gradient GEMMs of the first 22 microbatches into the pipeline "
-                       "flush, where they fill its idle time; nearest: the GEMM in each backward",
     "zb-ilp": "the paper's ZB-1p / ZB-2p refine the heuristic schedule with an ILP; mpsim's zb-1p / zb-2p run "
               "the heuristic as a search without it (docs/schedules.md); nearest: that",
     "post-validation": "the fork's optimizer post-validation (--enable-optimizer-post-validation with zero "

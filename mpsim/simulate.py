@@ -23,6 +23,7 @@ from mpsim.errors import InputError
 from mpsim.resolve import resolve
 from mpsim.schedules import Schedule, ScheduleError, build_schedule, is_searched, search_outline
 from mpsim.schedules.actions import Overlapped
+from mpsim.schedules.deferral import defer_head_weight_grads
 from mpsim.schedules.zb_search import SEARCHED, StageTimes
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -302,6 +303,11 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     """
     layout = layout or resolve(scenario)
     schedule = schedule or plan_schedule(scenario, layout, base_dir, outline_searched=True)
+    if scenario.training.defer_embedding_wgrad:
+        try:
+            schedule = defer_head_weight_grads(schedule, scenario.training.wgrad_deferral_limit)
+        except ValueError as exc:
+            raise InputError(str(exc), field="training.defer_embedding_wgrad") from None
     if schedule.chains != layout.chains:
         # a schedule file that names several pipelines: the layers split into blocks per chain
         layout = resolve(scenario, chains=schedule.chains)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mpsim.errors import InputError
 from mpsim.schedules.chains import StageChains
-from mpsim.schedules.registry import stage_chains
+from mpsim.schedules.registry import canonical_name, stage_chains
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
 from mpsim.specs.stack_tp import plan_tensor_parallel
@@ -110,6 +110,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     plan, system = scenario.parallel, scenario.cluster.system
     _check_tensor_parallel(scenario)
     _check_context_parallel(scenario)
+    _check_deferred_head_wgrad(scenario)
     dp = _data_parallel_size(scenario)
     ep, etp = _expert_parallel_sizes(scenario, dp)
     zero, shard = _zero_sharding(scenario, dp, ep, etp)
@@ -187,6 +188,26 @@ def _check_context_parallel(scenario: Scenario) -> None:
     if plan.sequence_parallel and (model.seq_length // cp) % tp:
         raise _fail("parallel.sequence_parallel", f"the {model.seq_length // cp} tokens of a context-parallel "
                                                   f"rank do not split over tp={tp}")
+
+
+def _check_deferred_head_wgrad(scenario: Scenario) -> None:
+    """Megatron-Core defers the LM head's weight gradients only where its pipeline drains them:
+    a transformer's head, pipeline parallelism, its 1F1B and interleaved schedules, and
+    gradients reduced once per step."""
+    if not scenario.training.defer_embedding_wgrad:
+        return
+    plan, field = scenario.parallel, "training.defer_embedding_wgrad"
+    if isinstance(scenario.model, LayerStackSpec):
+        raise _fail(field, "defers a transformer's LM-head weight gradients; a layer stack has no LM head")
+    if plan.pp == 1:
+        raise _fail(field, "defers the LM head's weight gradients into the pipeline drain and needs parallel.pp > 1, "
+                           "as Megatron-Core does")
+    if canonical_name(plan.schedule) not in ("1f1b", "interleaved-1f1b"):
+        raise _fail(field, f"Megatron-Core defers the LM head's weight gradients in its 1F1B and interleaved "
+                           f"schedules, not in parallel.schedule={plan.schedule}")
+    if plan.zero_stage >= 2:
+        raise _fail(field, f"ZeRO-{plan.zero_stage} reduces every microbatch's gradients; the deferral needs them "
+                           f"reduced once per step (zero_stage 0 or 1)")
 
 
 def _data_parallel_size(scenario: Scenario) -> int:

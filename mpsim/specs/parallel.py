@@ -162,6 +162,16 @@ class TrainingOptions(Spec):
     bias_activation_fusion: bool = Field(
         True, description="the FFN's bias and activation in one fused kernel each way (Megatron's default); "
                           "false runs SwiGLU and squared ReLU operator by operator")
+    # Megatron-Core's --defer-embedding-wgrad-compute and --wgrad-deferral-limit (off, and 0 = every
+    # microbatch, unless given; NeMo's Llama recipes: on, 22): the LM head's weight-gradient GEMMs
+    # of the first microbatches wait in a buffer until the rank's last backward
+    # (mpsim/schedules/deferral.py)
+    defer_embedding_wgrad: bool = Field(
+        False, description="defer the LM head's weight-gradient GEMMs of the first wgrad_deferral_limit "
+                           "microbatches to the pipeline drain (Megatron-Core --defer-embedding-wgrad-compute)")
+    wgrad_deferral_limit: int = Field(
+        0, ge=0, description="microbatches whose LM-head weight gradient is deferred; 0: all (Megatron-Core's "
+                             "--wgrad-deferral-limit)")
     pp_scatter_gather: bool = Field(
         True, description="each TP rank sends 1/tp of the activation between stages (Megatron default)"
     )

@@ -74,10 +74,16 @@ def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool
                      param_tensors=param_tensors(*tensors))
 
 
-def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool) -> BlockWork:
+def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool,
+               defer_wgrad: bool = False) -> BlockWork:
     """Final norm, logits GEMM and vocab-parallel cross entropy on one TP rank.
 
     ``with_weights`` is False when the LM head shares the embedding's table on this rank.
+    ``defer_wgrad`` (Megatron-Core's deferred embedding weight gradients,
+    ``mpsim/schedules/deferral.py``): the input-gradient pass is everything but the logits
+    GEMM's weight gradient, the final norm's parameter gradients included, and the
+    weight-gradient pass that GEMM alone, after its input is gathered again under sequence
+    parallelism; what waits between them is the logits' gradient and the GEMM's input.
     """
     tokens, e = ctx.tokens, ctx.act_bytes
     logits, dgrad, wgrad = linear(ctx, "head.logits", tokens, vocab_local, ctx.hidden, fp8=False)
@@ -109,6 +115,10 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
     # tokens under sequence parallelism, gathered again there) and the logits' gradient
     wbuf = (ctx.norm_tokens * ctx.hidden + tokens * vocab_local) * e
     tensors = (*(ctx.hidden,) * norm_params, *((vocab_local * ctx.hidden,) if with_weights else ()))
-    return BlockWork(tuple(forward), (ce_grad, *combined, *norm_in, *norm_w), (ce_grad, *input_only, *norm_in),
-                     (*weight_only, *norm_w), params=float(params), saved_bytes=float(saved),
+    if defer_wgrad:
+        backward_input, backward_weight = (ce_grad, *input_only, *norm_in, *norm_w), tuple(weight_only)
+    else:
+        backward_input, backward_weight = (ce_grad, *input_only, *norm_in), (*weight_only, *norm_w)
+    return BlockWork(tuple(forward), (ce_grad, *combined, *norm_in, *norm_w), backward_input,
+                     backward_weight, params=float(params), saved_bytes=float(saved),
                      weight_grad_buffer_bytes=float(wbuf), param_tensors=param_tensors(*tensors))

@@ -36,6 +36,10 @@ class StageOptions:
     reshard_after_forward: bool = True  # with shard_params: gather the parameters again before the backward
     # plain PyTorch: each backward adds every weight gradient into .grad (LayerContext.grad_accumulation_fused)
     accumulate_grads: bool = False
+    # Megatron-Core's deferred LM-head weight gradients: the head stage's input-gradient pass is its
+    # whole backward but the logits GEMM's weight gradient, its weight-gradient pass that GEMM alone
+    # (mpsim/schedules/deferral.py)
+    defer_head_wgrad: bool = False
 
 
 @dataclass(frozen=True, eq=False)

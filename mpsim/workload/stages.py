@@ -74,9 +74,11 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
     if has_embedding:
         parts.append(("embedding", embedding_block(ctx, options.vocab_local, options.learned_positions)))
     parts += [(f"layer {i}", work) for i, work in enumerate(works)]
+    deferred = has_head and options.defer_head_wgrad
     if has_head:
         parts.append(("lm head", head_block(ctx, options.vocab_local, options.norm_params,
-                                            with_weights=not (options.tied_embeddings and has_embedding))))
+                                            with_weights=not (options.tied_embeddings and has_embedding),
+                                            defer_wgrad=deferred)))
     forward: list[Block] = []
     backward: list[Block] = []
     backward_input: list[Block] = []
@@ -91,12 +93,16 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
                                           work.param_tensors)
         forward.append(fwd)
         backward[:0] = list(bwd)  # the backward runs the parts in reverse
-        backward_input[:0] = list(bwd_in)
-        backward_weight[:0] = [bwd_w]
+        if deferred and label != "lm head":
+            # only the head's weight gradient waits: the other parts run their whole backward
+            backward_input[:0] = list(bwd)
+        else:
+            backward_input[:0] = list(bwd_in)
+            backward_weight[:0] = [bwd_w]
+            w_buffer += work.weight_grad_buffer_bytes
         params += work.params
         expert += work.expert_params
         activation += work.activation_bytes(options.recompute) if is_layer else work.saved_bytes
-        w_buffer += work.weight_grad_buffer_bytes
     layer_total = sum(work.params + work.expert_params for work in works)
     largest = max([w.params + w.expert_params for w in works], default=0.0)
     layer_activation = sum(work.activation_bytes(options.recompute) for work in works)
@@ -122,7 +128,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
         shard_params=layout.zero_stage >= 3, grad_bytes=training.grad_bytes,
         reshard_after_forward=layout.reshard_after_forward,
-        accumulate_grads=training.layers_impl == "pytorch")
+        accumulate_grads=training.layers_impl == "pytorch",
+        defer_head_wgrad=training.defer_embedding_wgrad)
 
 
 def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:
