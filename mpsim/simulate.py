@@ -299,15 +299,17 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     ``engine`` runs the step (the SimPy engine, its exactly repeated middle run once:
     ``engine/excise.py``; a sweep may pass a faster evaluator of the same input, a check the
     engine over every action); a caller that already resolved the layout or built the
-    schedule passes them.
+    schedule passes them, the schedule as it runs (``training.defer_embedding_wgrad``
+    applied: ``mpsim.explore.evaluate.schedule_for`` builds it so).
     """
     layout = layout or resolve(scenario)
-    schedule = schedule or plan_schedule(scenario, layout, base_dir, outline_searched=True)
-    if scenario.training.defer_embedding_wgrad:
-        try:
-            schedule = defer_head_weight_grads(schedule, scenario.training.wgrad_deferral_limit)
-        except ValueError as exc:
-            raise InputError(str(exc), field="training.defer_embedding_wgrad") from None
+    if schedule is None:
+        schedule = plan_schedule(scenario, layout, base_dir, outline_searched=True)
+        if scenario.training.defer_embedding_wgrad:
+            try:
+                schedule = defer_head_weight_grads(schedule, scenario.training.wgrad_deferral_limit)
+            except ValueError as exc:
+                raise InputError(str(exc), field="training.defer_embedding_wgrad") from None
     if schedule.chains != layout.chains:
         # a schedule file that names several pipelines: the layers split into blocks per chain
         layout = resolve(scenario, chains=schedule.chains)

@@ -115,3 +115,29 @@ def test_every_evaluator_times_the_deferred_schedule_alike(schedule, vpp):
     if supports(engine.engine_input):
         assert simulate_fast(engine.engine_input).step_time_s == pytest.approx(engine.timeline.step_time_s,
                                                                                rel=1e-9)
+
+
+def test_the_planner_ranks_layouts_with_the_deferral_as_a_run_prices_them():
+    # the planner's fast evaluators, its exhaustive SimPy check and a plain run agree on the
+    # winner's step with the deferral on; and its schedules are not shared with a plan without it
+    from mpsim.explore.planbase import base_scenario
+    from mpsim.explore.planner import plan
+    from mpsim.explore.planreport import ranked
+
+    def best(defer: bool, engine: str):
+        scenario = base_scenario("llama3-70b", "dgx-h100", 32, 16, None,
+                                 [f"training.defer_embedding_wgrad={str(defer).lower()}"])
+        result = plan(scenario, top=1, pinned=["training.defer_embedding_wgrad"], engine=engine, workers=1,
+                      schedules=("1f1b", "interleaved-1f1b"), progress=False)
+        winner = ranked(result)[0]
+        return scenario, winner["point"], winner["metrics"]["step_time_s"]
+
+    scenario, point, fast_s = best(True, "fast")
+    assert best(True, "simpy")[1:] == (point, pytest.approx(fast_s, rel=1e-9))
+    fields = [f"{name}={'null' if value is None else str(value).lower()}" for name, value in point.items()]
+    dp = 32 // (point["parallel.tp"] * point["parallel.pp"] * point["parallel.cp"])
+    run = simulate(load_scenario(LLAMA70, [*fields, f"parallel.dp={dp}", "training.defer_embedding_wgrad=true",
+                                           "training.attention=flash", "training.dtype=bf16"]).scenario)
+    assert run.timeline.step_time_s == pytest.approx(fast_s, rel=1e-9)
+    plain_point, plain_s = best(False, "fast")[1:]
+    assert plain_point == point and plain_s > fast_s  # the same winner, without the drain's saving

@@ -26,6 +26,7 @@ from mpsim.errors import InputError
 from mpsim.explore.axes import Point, override_text
 from mpsim.resolve import resolve
 from mpsim.schedules import Schedule, ScheduleError, build_schedule, is_searched
+from mpsim.schedules.deferral import defer_head_weight_grads
 from mpsim.simulate import SimulationResult, plan_schedule, simulate
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -39,17 +40,32 @@ def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int) -> S
     return build_schedule(name, pp, vpp, num_microbatches, timer=rank_spans)
 
 
+@lru_cache(maxsize=128)
+def deferred_schedule(name: str, pp: int, vpp: int, num_microbatches: int, limit: int) -> Schedule:
+    """A generated schedule with the LM head's weight gradients deferred (``training.defer_embedding_wgrad``), cached."""
+    return defer_head_weight_grads(generated_schedule(name, pp, vpp, num_microbatches), limit)
+
+
 def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cached: bool = True) -> Schedule:
-    """The layout's schedule; generated ones come from the cache (unless ``cached`` is False: a
-    caller that keeps only a short form need not keep the full lists alive), files are read each time."""
-    name = scenario.parallel.schedule
-    if name.startswith("file:"):
-        return plan_schedule(scenario, layout, base_dir)
-    make = generated_schedule if cached else generated_schedule.__wrapped__
+    """The layout's schedule as it runs (with the LM head's weight gradients deferred where the
+    scenario says so); generated ones come from the cache (unless ``cached`` is False: a caller
+    that keeps only a short form need not keep the full lists alive), files are read each time."""
+    name, training = scenario.parallel.schedule, scenario.training
+    defer = training.defer_embedding_wgrad
     try:
-        return make(name, layout.pp, layout.vpp, layout.num_microbatches)
+        if name.startswith("file:"):
+            schedule = plan_schedule(scenario, layout, base_dir)
+            return defer_head_weight_grads(schedule, training.wgrad_deferral_limit) if defer else schedule
+        shape = (name, layout.pp, layout.vpp, layout.num_microbatches)
+        if defer:
+            make = deferred_schedule if cached else deferred_schedule.__wrapped__
+            return make(*shape, training.wgrad_deferral_limit)
+        make = generated_schedule if cached else generated_schedule.__wrapped__
+        return make(*shape)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
+    except ValueError as exc:  # the deferral's refusal of a head stage whose backward is split
+        raise InputError(str(exc), field="training.defer_embedding_wgrad") from None
 
 
 def simulate_scenario(scenario: Scenario, base_dir: Path | None = None, engine: str = "fast",

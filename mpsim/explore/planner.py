@@ -322,10 +322,6 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
          backend: str = "local", workers: int | None = None, ray_address: str | None = None,
          out: str | None = None, progress: bool | None = None, round_size: int | None = None) -> PlanResult:
     """Enumerate, check, bound and simulate the layouts of ``scenario``'s model on its cluster."""
-    if scenario.training.defer_embedding_wgrad:
-        # the planner's bound and fast evaluators price every backward whole
-        raise InputError("the planner prices every backward whole; plan without it and run the chosen layout with "
-                         "mpsim run", field="training.defer_embedding_wgrad")
     started = time.monotonic()
     ctx = PlanContext(scenario, max_microbatch_size, max_vpp, tuple(schedules), max_cp, tuple(zero_stages))
     points: list[Point] = [tuple(layout.items()) for layout in enumerate_layouts(ctx, pinned)]
