@@ -72,9 +72,11 @@ DGXC_RECIPES = {
     "Llama 3.1 70B": Recipe("llama3.1-70b", (
         "parallel.sequence_parallel=true",  # llama3.1_70b.yaml sequence_parallel: true
         # ub_tp_comm_overlap: true: Transformer Engine's userbuffers overlap every sequence-parallel
-        # collective with its GEMM (mpsim prices Transformer Engine's default userbuffers methods;
-        # the recipe's tuned ub_cfgs are not printed in the results)
+        # collective with its GEMM, with the methods and SMs of the recipe's ub_tp_comm_overlap_cfg
+        # (Transformer Engine's default methods; num_sm per site as below)
         "training.tp_comm_overlap=true",
+        "training.tp_comm_overlap_sms={qkv_fprop: 1, qkv_dgrad: 4, qkv_wgrad: 24, proj_fprop: 24, proj_dgrad: 1, "
+        "fc1_fprop: 1, fc1_dgrad: 2, fc1_wgrad: 4, fc2_fprop: 16, fc2_dgrad: 1}",
         "training.grad_reduce_bucket_bytes=75 MiB",  # optim.bucket_cap_mb: 75
         # overlap_p2p_comm: true, batch_p2p_comm: false: pipeline sends and receives overlap the
         # interleaved schedule's compute

@@ -94,3 +94,31 @@ def test_a_faster_tp_link_is_never_slower_with_overlap(scale):
 def test_overlap_needs_sequence_parallelism():
     with pytest.raises(InputError, match="training.tp_comm_overlap"):
         prepared("training.tp_comm_overlap=true", "parallel.sequence_parallel=false")
+
+
+def test_a_recipes_userbuffers_sms_reach_each_gemm_site():
+    # llama3.1_70b.yaml's ub_tp_comm_overlap_cfg (dgxc-benchmarking 35a9aec) names num_sm per site;
+    # the sites it leaves out keep Transformer Engine's defaults
+    tuned = "{proj_fprop: 24, qkv_dgrad: 4, qkv_wgrad: 24, fc1_dgrad: 2, fc1_wgrad: 4}"
+    _, _, workload, _ = prepared("training.tp_comm_overlap=true", f"training.tp_comm_overlap_sms={tuned}")
+    stage = workload.stages[1]
+    forward = {o.compute[0].name: o.comm_sms for block in stage.forward for o in overlaps(block.items)}
+    assert forward == {"attn.qkv": 1, "attn.proj": 24, "mlp.fc1": 1, "mlp.fc2": UB_PIPELINE_SMS}
+    backward = {o.compute[0].name: o.comm_sms for block in stage.backward for o in overlaps(block.items)}
+    assert backward["attn.qkv.dgrad"] == 4 and backward["attn.qkv.wgrad"] == 24
+    assert backward["mlp.fc1.dgrad"] == 2 and backward["mlp.fc1.wgrad"] == 4
+    assert backward["attn.proj.dgrad"] == 1 and backward["mlp.fc2.dgrad"] == 1  # ring exchanges, not named
+
+
+def test_more_sms_for_the_communication_slow_the_gemm_beside_it():
+    _, _, base_work, base = prepared("training.tp_comm_overlap=true")
+    _, _, more_work, more = prepared("training.tp_comm_overlap=true", "training.tp_comm_overlap_sms={proj_fprop: 48}")
+    assert more.price(more_work.stages[1].forward).duration_s > base.price(base_work.stages[1].forward).duration_s
+
+
+@pytest.mark.parametrize("value, problem", [("{proj: 24}", "not a userbuffers GEMM site"),
+                                            ("{proj_fprop: 0}", "whole number from 1")])
+def test_a_userbuffers_site_is_named_and_counted_rightly(value, problem):
+    with pytest.raises(InputError) as caught:
+        load_scenario(LLAMA70, [f"training.tp_comm_overlap_sms={value}"])
+    assert problem in str(caught.value)

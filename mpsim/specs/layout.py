@@ -111,6 +111,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     _check_tensor_parallel(scenario)
     _check_context_parallel(scenario)
     _check_deferred_head_wgrad(scenario)
+    _check_userbuffers_sms(scenario)
     dp = _data_parallel_size(scenario)
     ep, etp = _expert_parallel_sizes(scenario, dp)
     zero, shard = _zero_sharding(scenario, dp, ep, etp)
@@ -208,6 +209,16 @@ def _check_deferred_head_wgrad(scenario: Scenario) -> None:
     if plan.zero_stage >= 2:
         raise _fail(field, f"ZeRO-{plan.zero_stage} reduces every microbatch's gradients; the deferral needs them "
                            f"reduced once per step (zero_stage 0 or 1)")
+
+
+def _check_userbuffers_sms(scenario: Scenario) -> None:
+    """Userbuffers SMs fewer than the accelerator has (they take effect with training.tp_comm_overlap;
+    without it NeMo ignores its ub_tp_comm_overlap_cfg, and so does mpsim)."""
+    training, field = scenario.training, "training.tp_comm_overlap_sms"
+    units = scenario.cluster.system.accelerator.compute_units
+    for site, sms in training.tp_comm_overlap_sms.items():
+        if units and sms >= units:
+            raise _fail(field, f"{site} takes {sms} SMs, but the accelerator has {units} (compute_units)")
 
 
 def _data_parallel_size(scenario: Scenario) -> int:

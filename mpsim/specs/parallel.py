@@ -69,6 +69,11 @@ class ParallelPlan(Spec):
         return value
 
 
+# Transformer Engine's userbuffers GEMM sites (transformer_engine/pytorch/module/base.py, initialize_ub)
+UB_SITES = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
+            "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad")
+
+
 class TrainingOptions(Spec):
     """Framework behaviours; the defaults are Megatron-LM's."""
 
@@ -121,6 +126,14 @@ class TrainingOptions(Spec):
         False, description="overlap every sequence-parallel TP collective with its GEMM, forward and backward "
                            "(Megatron-Core --tp-comm-overlap with Transformer Engine's userbuffers); needs "
                            "parallel.sequence_parallel")
+    # Transformer Engine's ub_cfgs (NeMo's ub_tp_comm_overlap_cfg): the SMs the userbuffers kernels
+    # of each GEMM site take, where a recipe tunes them; a site not named keeps Transformer Engine's
+    # default (1 for a ring exchange, 16 for a pipelined reduce-scatter or a bulk overlap)
+    tp_comm_overlap_sms: dict[str, int] = Field(
+        default_factory=dict, description="SMs of Transformer Engine's userbuffers per GEMM site (qkv_fprop, "
+                                          "qkv_dgrad, qkv_wgrad, proj_fprop, proj_dgrad, fc1_fprop, fc1_dgrad, "
+                                          "fc1_wgrad, fc2_fprop, fc2_dgrad: num_sm of ub_cfgs); others keep the "
+                                          "defaults")
     # Megatron-LM's --overlap-grad-reduce is off unless given (megatron/training/arguments.py), but
     # its example launch scripts (e.g. examples/llama/train_llama3_8b_h100_fp8.sh) and the runs
     # the shipped scenarios model pass it: on here
@@ -211,6 +224,17 @@ class TrainingOptions(Spec):
                             "workspace and NCCL buffers estimated from the system and layout (docs/parallelism.md)")
     memory_fragmentation: float = Field(
         0.0, ge=0, lt=1, description="fraction of the allocator's peak lost to fragmentation")
+
+    @field_validator("tp_comm_overlap_sms")
+    @classmethod
+    def _ub_sites(cls, value: dict[str, int]) -> dict[str, int]:
+        """Transformer Engine's GEMM site names, each with a whole number of SMs from 1."""
+        for site, sms in value.items():
+            if site not in UB_SITES:
+                raise ValueError(f"{site!r} is not a userbuffers GEMM site; known: {', '.join(UB_SITES)}")
+            if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
+                raise ValueError(f"{site}: {sms!r} SMs; give a whole number from 1")
+        return value
 
     @property
     def grad_bytes(self) -> int:

@@ -51,6 +51,7 @@ class LayerContext:
     # Transformer Engine's, or plain PyTorch modules under autograd ("pytorch")
     layers_impl: str = "local"
     cross_entropy_fusion: bool = False  # Megatron-Core's fused vocab-parallel cross entropy
+    ub_sms: tuple[tuple[str, int], ...] = ()  # userbuffers SMs per GEMM site a recipe tunes (tp_comm_overlap_sms)
     activation_fusion: bool = True  # Megatron's fused bias + FFN activation kernels
 
     @property
@@ -184,13 +185,23 @@ def weight_pass_regather(ctx: LayerContext, name: str) -> Op | None:
     return None
 
 
+def ub_sms(ctx: LayerContext, layer: str, role: str, default: int) -> int:
+    """The SMs Transformer Engine's userbuffers take at the GEMM site of ``layer`` ("attn.qkv",
+    "mlp.fc2", ...) in ``role`` (fprop, dgrad, wgrad): the scenario's ``tp_comm_overlap_sms``
+    where it names the site, else ``default``."""
+    site = f"{layer.rsplit('.', 1)[-1]}_{role}"
+    return next((sms for name, sms in ctx.ub_sms if name == site), default)
+
+
 def gathered_gemm(ctx: LayerContext, gather: Op | None, gemm_op: Op) -> list[Item]:
     """A GEMM after the all-gather of its input: one after the other, or, with userbuffers,
     the GEMM on each piece as the ring exchange brings it."""
     if gather is None:
         return [gemm_op]
     if ctx.tp_overlap_forward:
-        return [Overlap(gather, (gemm_op,), chunks=ctx.tp, comm_first=True, comm_sms=UB_RING_EXCHANGE_SMS)]
+        layer, role = (gemm_op.name[:-6], "dgrad") if gemm_op.name.endswith(".dgrad") else (gemm_op.name, "fprop")
+        return [Overlap(gather, (gemm_op,), chunks=ctx.tp, comm_first=True,
+                        comm_sms=ub_sms(ctx, layer, role, UB_RING_EXCHANGE_SMS))]
     return [gather, gemm_op]
 
 
@@ -200,7 +211,8 @@ def scattered_gemm(ctx: LayerContext, gemm_op: Op, reduce: Op | None) -> list[It
     if reduce is None:
         return [gemm_op]
     if ctx.tp_overlap_forward and reduce.collective == "reduce-scatter":
-        return [Overlap(reduce, (gemm_op,), chunks=UB_PIPELINE_SPLITS, comm_sms=UB_PIPELINE_SMS)]
+        return [Overlap(reduce, (gemm_op,), chunks=UB_PIPELINE_SPLITS,
+                        comm_sms=ub_sms(ctx, gemm_op.name, "fprop", UB_PIPELINE_SMS))]
     return [gemm_op, reduce]
 
 
@@ -342,9 +354,13 @@ def column_backward(ctx: LayerContext, name: str, dgrad: Op, wgrad: Op,
     regather = (collective(f"{name}.regather_input", "all-gather", "tp", ctx.activation_message)
                 if gather is not None else None)
     if ctx.tp_overlap_backward or ctx.tp_overlap_forward:
-        sms = UB_BULK_SMS if ctx.tp_overlap_forward else None
-        combined: list[Item] = [Overlap(regather, (dgrad,), comm_sms=sms) if regather else dgrad,
-                                Overlap(reduce, (wgrad,), comm_sms=sms)]
+        # with userbuffers, Transformer Engine's bulk overlaps: the input's gather beside the
+        # input-gradient GEMM (the site's dgrad), the gradient's reduce-scatter beside the
+        # weight-gradient GEMM (its wgrad); without, NCCL's channels
+        dgrad_sms = ub_sms(ctx, name, "dgrad", UB_BULK_SMS) if ctx.tp_overlap_forward else None
+        wgrad_sms = ub_sms(ctx, name, "wgrad", UB_BULK_SMS) if ctx.tp_overlap_forward else None
+        combined: list[Item] = [Overlap(regather, (dgrad,), comm_sms=dgrad_sms) if regather else dgrad,
+                                Overlap(reduce, (wgrad,), comm_sms=wgrad_sms)]
     else:
         combined = ([regather] if regather else []) + [dgrad, reduce, wgrad]
     input_only: list[Item] = [dgrad, reduce]

@@ -54,6 +54,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         ffn_activation=model.ffn_activation,
         layers_impl=training.layers_impl,
         cross_entropy_fusion=training.cross_entropy_fusion,
+        ub_sms=tuple(sorted(training.tp_comm_overlap_sms.items())),
         activation_fusion=training.bias_activation_fusion,
         v_head_dim=None if mla is None else mla.v_head_dim,
         cp=layout.cp,
