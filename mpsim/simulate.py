@@ -49,18 +49,28 @@ class SimulationResult:
 
 def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = None,
                   outline_searched: bool = False) -> Schedule:
-    """The validated schedule of the plan; problems are reported against parallel.schedule.
+    """The validated schedule of the plan as it runs (the LM head's weight gradients deferred
+    where ``training.defer_embedding_wgrad`` says so); problems are reported against
+    parallel.schedule, or against the deferral where it cannot split the head's backward.
 
     ``outline_searched``: a searched schedule (zb-1p, zb-2p) as its frame only, for a caller
     that searches it next with the priced stage times (:func:`searched_schedule`).
     """
-    name = scenario.parallel.schedule
+    name, training = scenario.parallel.schedule, scenario.training
     try:
         if outline_searched and is_searched(name):
-            return search_outline(name, layout.pp, layout.vpp, layout.num_microbatches)
-        return build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, base_dir, timer=rank_spans)
+            schedule = search_outline(name, layout.pp, layout.vpp, layout.num_microbatches)
+        else:
+            schedule = build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, base_dir,
+                                      timer=rank_spans)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
+    if not training.defer_embedding_wgrad:
+        return schedule
+    try:
+        return defer_head_weight_grads(schedule, training.wgrad_deferral_limit)
+    except ValueError as exc:
+        raise InputError(str(exc), field="training.defer_embedding_wgrad") from None
 
 
 def searched_schedule(schedule: Schedule, workload: Workload, model: CostModel) -> Schedule:
@@ -300,16 +310,10 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     ``engine/excise.py``; a sweep may pass a faster evaluator of the same input, a check the
     engine over every action); a caller that already resolved the layout or built the
     schedule passes them, the schedule as it runs (``training.defer_embedding_wgrad``
-    applied: ``mpsim.explore.evaluate.schedule_for`` builds it so).
+    applied, as :func:`plan_schedule` and ``mpsim.explore.evaluate.schedule_for`` build it).
     """
     layout = layout or resolve(scenario)
-    if schedule is None:
-        schedule = plan_schedule(scenario, layout, base_dir, outline_searched=True)
-        if scenario.training.defer_embedding_wgrad:
-            try:
-                schedule = defer_head_weight_grads(schedule, scenario.training.wgrad_deferral_limit)
-            except ValueError as exc:
-                raise InputError(str(exc), field="training.defer_embedding_wgrad") from None
+    schedule = schedule or plan_schedule(scenario, layout, base_dir, outline_searched=True)
     if schedule.chains != layout.chains:
         # a schedule file that names several pipelines: the layers split into blocks per chain
         layout = resolve(scenario, chains=schedule.chains)

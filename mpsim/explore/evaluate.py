@@ -51,13 +51,11 @@ def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cach
     scenario says so); generated ones come from the cache (unless ``cached`` is False: a caller
     that keeps only a short form need not keep the full lists alive), files are read each time."""
     name, training = scenario.parallel.schedule, scenario.training
-    defer = training.defer_embedding_wgrad
+    if name.startswith("file:"):
+        return plan_schedule(scenario, layout, base_dir)
     try:
-        if name.startswith("file:"):
-            schedule = plan_schedule(scenario, layout, base_dir)
-            return defer_head_weight_grads(schedule, training.wgrad_deferral_limit) if defer else schedule
         shape = (name, layout.pp, layout.vpp, layout.num_microbatches)
-        if defer:
+        if training.defer_embedding_wgrad:
             make = deferred_schedule if cached else deferred_schedule.__wrapped__
             return make(*shape, training.wgrad_deferral_limit)
         make = generated_schedule if cached else generated_schedule.__wrapped__
