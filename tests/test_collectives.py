@@ -353,8 +353,10 @@ def test_collective_command_prints_nccl_tests_columns(capsys):
         assert int(count) * 4 == int(size) and dtype == "float" and redop == "sum"
         assert float(algbw) == pytest.approx(int(size) / float(time_us) / 1e3, rel=1e-3)
         assert float(bus) == pytest.approx(float(algbw) * 2 * 7 / 8, rel=1e-3)
-        assert algorithm == "ring"
+        # the ring, in NCCL's LL protocol where its latency wins (written "ring/LL", as NCCL logs it)
+        assert algorithm in ("ring", "ring/LL")
     assert [int(line[0]) for line in lines] == [2**20 * 2**i for i in range(11)]
+    assert all(line[-1] == "ring" for line in lines if int(line[0]) >= 64 * 2**20)  # large messages: Simple
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -373,3 +375,57 @@ def test_collective_command_bad_input_is_one_line(capsys, args, fragment):
     assert main(["collective", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and fragment in err, err
+
+
+# --- NCCL's LL protocol -----------------------------------------------------------------------------------------
+
+def test_a_few_kilobytes_over_many_nodes_take_the_tree_in_ll():
+    """960 bytes over 64 DGX H100 nodes (an fp8 amax reduction at 512 GPUs): NCCL's LL terms
+    (tuning.cc) price the tree at a 6.8 us base plus 2 x (7 NVLink steps of 0.6 us + 6 network
+    levels of 5 us), where the tree in Simple pays 28 us per step."""
+    system = load_system("dgx-h100")
+    place = block(64, 8, 8)
+    estimate = choose_algorithm("all-reduce", 960, place, system)
+    assert (estimate.algorithm, estimate.protocol) == ("tree", "LL")
+    latency = 6.8e-6 + 2 * (7 * 0.6e-6 + 6 * 5.0e-6)
+    assert latency < estimate.time_s < latency + 1e-6  # the bytes add well under a microsecond
+    assert nccl.tree_all_reduce(960, gpu_group(place, system)) > 9 * estimate.time_s
+
+
+def test_large_messages_stay_in_simple():
+    for name in ("dgx-a100", "dgx-h100", "hgx-b200", "gb200-nvl72"):
+        system = load_system(name)
+        for place in (block(1, 8, system.devices_per_node), block(16, 8, system.devices_per_node)):
+            for kind in ("all-reduce", "all-gather", "reduce-scatter"):
+                assert choose_algorithm(kind, 256 * MiB, place, system).protocol == "Simple", (name, kind)
+
+
+def test_a_library_without_ll_runs_simple_only():
+    system = load_system("dgx-h100")
+    without = _with(system, "scale_up", nccl_link=None)
+    place = block(64, 8, 8)
+    assert choose_algorithm("all-reduce", 960, place, without).protocol == "Simple"
+    assert collective_time("all-reduce", 960, place, without) > 2 * collective_time("all-reduce", 960, place, system)
+    # and a system whose library is not NCCL says so
+    assert load_system("gaudi3-hls").scale_up.nccl_link is None
+
+
+def test_ll_bandwidth_cap_keeps_a_megabyte_across_four_nodes_out_of_ll():
+    """NCCL caps LL's bus bandwidth (llMaxBw: 19-22.5 GB/s across nodes). Without the cap the tree
+    in LL would price a 1 MiB all-reduce over 4x 8 H100 at 57 us; the measured nccl-tests point
+    (NCCL-T309) reads 24.73 GB/s of bus bandwidth, 82 us."""
+    system = load_system("dgx-h100")
+    place = block(4, 8, 8)
+    estimate = choose_algorithm("all-reduce", MiB, place, system)
+    assert estimate.protocol == "Simple"
+    assert busbw("all-reduce", MiB, place, system) == pytest.approx(24.73, rel=0.05)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_ll_never_makes_a_collective_slower(case):
+    system, place, kind, size = case
+    if system.scale_up.nccl_link is None:
+        return
+    without = _with(system, "scale_up", nccl_link=None)
+    assert collective_time(kind, size, place, system) <= collective_time(kind, size, place, without) * (1 + 1e-12)

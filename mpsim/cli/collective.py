@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         busbw = algbw * bus_factor(args.op, ranks) if ranks > 1 else 0.0
         rows.append({"size_bytes": size, "count_elements": size / FLOAT_BYTES, "type": "float", "redop": redop,
                      "time_s": time_s, "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
-                     "algorithm": estimate.algorithm})
+                     "algorithm": estimate.algorithm, "protocol": estimate.protocol})
     if not csv_to_stdout(args):
         _print_table(args, system, ranks, nodes, per_node, first, place, rows)
     if args.csv:
@@ -147,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
 
 # ``--csv`` columns: the table's, in seconds and bytes per second (the table prints us and GB/s)
 CSV_COLUMNS = ["size_bytes", "count_elements", "type", "redop", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s",
-               "algorithm"]
+               "algorithm", "protocol"]
 
 
 def _print_table(args: argparse.Namespace, system, ranks: int, nodes: int, per_node: int, first: int, place,
@@ -170,7 +170,12 @@ def _print_table(args: argparse.Namespace, system, ranks: int, nodes: int, per_n
     for row in rows:
         print(f"  {row['size_bytes']:12.0f} {row['count_elements']:12.0f} {row['type']:>6s} {row['redop']:>6s} "
               f"{row['time_s'] * 1e6:10.2f} {row['algbw_bytes_per_s'] / 1e9:8.2f} "
-              f"{row['busbw_bytes_per_s'] / 1e9:8.2f}  {row['algorithm']}")
+              f"{row['busbw_bytes_per_s'] / 1e9:8.2f}  {_algorithm_protocol(row)}")
+
+
+def _algorithm_protocol(row: dict) -> str:
+    """The algorithm, and NCCL's protocol where it is not Simple ("tree/LL"), as NCCL's logs write them."""
+    return row["algorithm"] if row["protocol"] in ("Simple", "") else f"{row['algorithm']}/{row['protocol']}"
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -81,6 +81,7 @@ def gpu_group(place: GroupPlacement, system: SystemSpec) -> GpuGroup:
         in_switch=nvls,
         in_switch_latency_s=up.in_switch_reduction.latency if up.in_switch_reduction else 0.0,
         in_switch_min_ranks=up.in_switch_reduction.min_devices if up.in_switch_reduction else 0,
+        nccl_link=up.nccl_link,
     )
 
 
@@ -105,14 +106,14 @@ def _torus_estimates(kind: str, message_bytes: float, place: GroupPlacement, sys
         raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
     ici = torus_group(place, system)
     if place.nodes == 1:
-        return [Estimate("torus", torus.collective_s(kind, message_bytes, ici))]
+        return [Estimate("torus", torus.collective_s(kind, message_bytes, ici), protocol="")]
     dcn = network_link(place, system)
     k, g, base = place.nodes, place.per_node, system.collective_base_latency
     if kind == "all-to-all":
         remote = (place.size - g) / place.size * message_bytes
         seconds = torus.collective_s(kind, message_bytes * g / place.size, ici) + transfer_s(
             base + (place.size - g) * dcn.step_latency_s, [(remote, dcn)], message_bytes)
-        return [Estimate("torus+pairwise", seconds)]
+        return [Estimate("torus+pairwise", seconds, protocol="")]
     across = lambda phase, size: nccl.ring_on_link(phase, size, k, dcn, base)  # noqa: E731
     inside = lambda phase, size: torus.collective_s(phase, size, ici)  # noqa: E731
     if kind == "all-reduce":
@@ -122,7 +123,7 @@ def _torus_estimates(kind: str, message_bytes: float, place: GroupPlacement, sys
         seconds = across("all-gather", message_bytes / g) + inside("all-gather", message_bytes)
     else:
         seconds = inside("reduce-scatter", message_bytes) + across("reduce-scatter", message_bytes / g)
-    return [Estimate("torus+ring" if g > 1 else "ring", seconds)]
+    return [Estimate("torus+ring" if g > 1 else "ring", seconds, protocol="")]
 
 
 def algorithm_estimates(kind: str, message_bytes: float, place: GroupPlacement, system: SystemSpec) -> list[Estimate]:

@@ -39,18 +39,22 @@ class LinkCost:
         return 1.0 + (self.half_bandwidth_bytes / message_bytes) ** self.curve_exponent
 
 
-def transfer_s(latency_s: float, loads: list[tuple[float, LinkCost]], message_bytes: float) -> float:
+def transfer_s(latency_s: float, loads: list[tuple[float, LinkCost]], message_bytes: float,
+               peak_share: float = 1.0, peak_floor_s: float = 0.0) -> float:
     """Seconds for an algorithm that moves ``bytes`` over each ``link`` of ``loads`` at once.
 
     The links work in a pipeline, so the slowest one sets the pace: at peak rates, and
     again along each link's measured curve for a message of ``message_bytes`` (the
     nccl-tests size). Taking the slowest link under both keeps the time from ever
-    growing when one link gets faster.
+    growing when one link gets faster. ``peak_share``: the share of the peak a protocol
+    reaches in NCCL's own model (LL: a quarter), and ``peak_floor_s`` the least time its
+    bytes take there (NCCL's cap on the protocol's bandwidth); the measured curves hold what
+    the library reached with the protocols it chose, so they are not scaled.
     """
     loads = [(volume, link) for volume, link in loads if volume > 0]
     if not loads:
         return latency_s
-    peak_s = max(volume / link.bandwidth for volume, link in loads)
+    peak_s = max(max(volume / link.bandwidth for volume, link in loads) / peak_share, peak_floor_s)
     curve_s = max(volume / link.bandwidth * link.curve_factor(message_bytes) for volume, link in loads)
     return max(latency_s + peak_s, curve_s)
 

@@ -28,8 +28,19 @@ fastest, the way NCCL's tuner picks an algorithm per call from its own cost mode
 * **Pairwise all-to-all**: ``n-1`` exchanges of ``S/n``; peers in the node over the
   scale-up fabric, the others through the rank's own NIC.
 
-Latencies are NCCL's Simple-protocol terms (``src/graph/tuning.cc``): a base per call,
-then a per-step latency for each hop inside a node or across nodes.
+Latencies are NCCL's terms (``src/graph/tuning.cc``): a base per call, then a per-step
+latency for each hop inside a node or across nodes. The ring and the tree run in NCCL's
+**Simple** protocol (the system file's step latencies) or, where NCCL's model prices it
+lower, in **LL** (8-byte stores that carry a flag with each 4 bytes: a fraction of a
+microsecond per step at a quarter of the peak bandwidth). Either way the time is never
+below the measured curve, which holds what the library reached with the protocols it
+chose. LL wins where latency sets the time: a few KB over many nodes (an fp8 amax
+reduction takes the tree in LL: 75 us over 64 DGX H100 nodes, where the tree in Simple
+takes 728 us), or a small all-reduce in a node (about 17 us for 32 KB on 8 H200, as
+nccl-tests measures 18 us). LL runs where the system's library has it
+(``scale_up.nccl_link``). NCCL's third protocol, LL128, is left out: it would compete on
+medium messages, where NCCL's latency model for it is faster than the nccl-tests points
+below 16 MB (``benchmarks/nccl_busbw.py``) and the measured curves price what was reached.
 """
 
 from __future__ import annotations
@@ -57,11 +68,55 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 
 
 @dataclass(frozen=True)
+class Protocol:
+    """NCCL's latency terms of one protocol (tuning.cc, NCCL-TUNE at b6475625; hardware.md
+    2.3). Step latencies by NCCL's hardware class: ``nvlink`` and ``pci`` inside a node,
+    ``net`` across nodes."""
+
+    name: str
+    ring_base_s: float
+    tree_base_s: float
+    ring_step_s: dict[str, float]
+    tree_step_s: dict[str, float]
+
+
+LL = Protocol("LL", 6.6e-6, 6.8e-6, {"nvlink": 0.6e-6, "pci": 1.0e-6, "net": 2.7e-6},
+              {"nvlink": 0.6e-6, "pci": 1.0e-6, "net": 5.0e-6})
+# Inter-node rings pay at least the network's post overhead per step (getNetOverhead: 1 us on
+# Intel and non-x86 hosts, 2 us on AMD x86 hosts, which the system files do not tell apart)
+NET_OVERHEAD_S = 1e-6
+
+
+def ring_bandwidth_factor(kind: str, group: GpuGroup) -> float:
+    """A ring's share of Simple's bus bandwidth in LL (tuning.cc): a quarter, a third in one
+    node outside reductions. NCCL's cap on LL's bus bandwidth (llMaxBw, 19-88 GB/s) binds
+    only where LL loses to Simple."""
+    return 0.25 if group.nodes > 1 or kind == "all-reduce" else 1 / 3
+
+
+# the tree's share of its Simple bus bandwidth in LL (tuning.cc)
+TREE_LL_BANDWIDTH_FACTOR = 1 / 3.8
+# NCCL's cap on LL's bus bandwidth (tuning.cc llMaxBws), by nodes (1, 2, 3 and more): in one
+# node Ampere's and Hopper's 87.7 GB/s (Volta's is 39, Blackwell's 282 in later releases);
+# across nodes the lower of its two host rows (Intel and other hosts 39.0 / 20.4, AMD hosts
+# 22.5 / 19.0), as the system files do not name the host CPU. A lower cap only makes LL lose
+# sooner to Simple.
+LL_MAX_BUS_BANDWIDTH = {1: 87.7e9, 2: 22.5e9, 3: 19.0e9}
+
+
+def ll_floor_s(message_bytes: float, algorithm_ratio: float, group: GpuGroup) -> float:
+    """The least time LL's capped bus bandwidth allows; ``algorithm_ratio`` turns NCCL's bus
+    bandwidth into the algorithm's (a ring ``n / steps``, the tree 0.5)."""
+    return message_bytes / (LL_MAX_BUS_BANDWIDTH[min(group.nodes, 3)] * algorithm_ratio)
+
+
+@dataclass(frozen=True)
 class Estimate:
     """One algorithm's predicted time for a collective."""
 
     algorithm: str
     time_s: float
+    protocol: str = "Simple"  # NCCL's protocol: Simple or LL ("" for a library that is not NCCL: a TPU's)
 
 
 @dataclass(frozen=True)
@@ -77,6 +132,13 @@ class GpuGroup:
     in_switch: LinkCost | None = None  # NVLS per rank, where the switch can reduce
     in_switch_latency_s: float = 0.0
     in_switch_min_ranks: int = 0
+    # NCCL's hardware class of the links inside a node ("nvlink", "pci"): LL runs besides
+    # Simple; None: Simple only
+    nccl_link: str | None = None
+
+    def protocols(self) -> tuple[Protocol, ...]:
+        """The protocols NCCL may take here besides Simple."""
+        return () if self.nccl_link is None else (LL,)
 
 
 def ring_shape(kind: str, n: int) -> tuple[int, float]:
@@ -96,32 +158,50 @@ def ring_on_link(kind: str, message_bytes: float, n: int, link: LinkCost, base_l
     return transfer_s(base_latency_s + steps * link.step_latency_s, [(factor * message_bytes, link)], message_bytes)
 
 
-def ring(kind: str, message_bytes: float, group: GpuGroup) -> float:
-    """A flat, rail-aligned ring over the whole group."""
+def ring(kind: str, message_bytes: float, group: GpuGroup, protocol: Protocol | None = None) -> float:
+    """A flat, rail-aligned ring over the whole group, in ``protocol`` (None: Simple)."""
     n, k, g = group.size, group.nodes, group.per_node
     steps, factor = ring_shape(kind, n)
     volume = factor * message_bytes
     # k of the ring's n hops cross a node boundary
     inter_steps = steps * k / n if k > 1 else 0.0
-    latency = group.base_latency_s + (steps - inter_steps) * group.intra.step_latency_s
-    latency += inter_steps * group.inter.step_latency_s
+    share, floor_s = 1.0, 0.0
+    if protocol is None:
+        base, intra_step, inter_step = group.base_latency_s, group.intra.step_latency_s, group.inter.step_latency_s
+    else:
+        assert group.nccl_link is not None
+        base, intra_step, inter_step = (protocol.ring_base_s, protocol.ring_step_s[group.nccl_link],
+                                        protocol.ring_step_s["net"])
+        if k > 1:
+            intra_step = max(intra_step, NET_OVERHEAD_S)
+        share = ring_bandwidth_factor(kind, group)
+        floor_s = ll_floor_s(message_bytes, n / steps, group)
+    latency = base + (steps - inter_steps) * intra_step + inter_steps * inter_step
     loads = []
     if g > 1:
         loads.append((volume, group.intra))
     if k > 1:
         # each node sends the ring's volume once, spread over the NICs of its g ranks
         loads.append((volume / g, group.inter))
-    return transfer_s(latency, loads, message_bytes)
+    return transfer_s(latency, loads, message_bytes, share, floor_s)
 
 
-def tree_all_reduce(message_bytes: float, group: GpuGroup) -> float:
-    """NCCL's double binary tree: a chain in each node, two trees over the nodes."""
+def tree_all_reduce(message_bytes: float, group: GpuGroup, protocol: Protocol | None = None) -> float:
+    """NCCL's double binary tree: a chain in each node, two trees over the nodes, in
+    ``protocol`` (None: Simple)."""
     k, g = group.nodes, group.per_node
-    latency = 2 * ((g - 1) + math.ceil(math.log2(k))) * TREE_STEP_LATENCY_S
+    share, floor_s = 1.0, 0.0
+    if protocol is None:
+        latency = 2 * ((g - 1) + math.ceil(math.log2(k))) * TREE_STEP_LATENCY_S
+    else:
+        assert group.nccl_link is not None
+        latency = protocol.tree_base_s + 2 * ((g - 1) * protocol.tree_step_s[group.nccl_link]
+                                              + math.ceil(math.log2(k)) * protocol.tree_step_s["net"])
+        share, floor_s = TREE_LL_BANDWIDTH_FACTOR, ll_floor_s(message_bytes, 0.5, group)
     loads = [(2 * message_bytes / g, group.inter)]
     if g > 1:
         loads.append((2 * message_bytes, group.intra))
-    return transfer_s(latency, loads, message_bytes)
+    return transfer_s(latency, loads, message_bytes, share, floor_s)
 
 
 def nvls_all_reduce(message_bytes: float, group: GpuGroup) -> float:
@@ -181,7 +261,7 @@ def candidates(kind: str, message_bytes: float, group: GpuGroup) -> list[Estimat
         raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
     if kind == "all-to-all":
         return [Estimate("pairwise", pairwise_all_to_all(message_bytes, group))]
-    found = [Estimate("ring", ring(kind, message_bytes, group))]
+    found = [_fastest_protocol("ring", lambda protocol: ring(kind, message_bytes, group, protocol), group)]
     multi_node = group.nodes > 1
     if multi_node and group.per_node > 1:
         found.append(Estimate("hierarchical", hierarchical(kind, message_bytes, group)))
@@ -189,10 +269,22 @@ def candidates(kind: str, message_bytes: float, group: GpuGroup) -> list[Estimat
         found.append(Estimate("pat", pat(kind, message_bytes, group)))
     if kind == "all-reduce":
         if multi_node:
-            found.append(Estimate("tree", tree_all_reduce(message_bytes, group)))
+            found.append(_fastest_protocol("tree", lambda protocol: tree_all_reduce(message_bytes, group, protocol),
+                                           group))
         if group.in_switch is not None:
             if not multi_node and group.size >= group.in_switch_min_ranks:
                 found.append(Estimate("nvls", nvls_all_reduce(message_bytes, group)))
             if multi_node and group.per_node >= group.in_switch_min_ranks:
                 found.append(Estimate("nvls-tree", nvls_tree_all_reduce(message_bytes, group)))
     return found
+
+
+def _fastest_protocol(algorithm: str, seconds, group: GpuGroup) -> Estimate:
+    """``algorithm`` in the protocol NCCL's tuner would take for it: the fastest of Simple and
+    the group's low-latency protocols (``seconds(protocol)``; None is Simple)."""
+    best = Estimate(algorithm, seconds(None))
+    for protocol in group.protocols():
+        time_s = seconds(protocol)
+        if time_s < best.time_s:
+            best = Estimate(algorithm, time_s, protocol.name)
+    return best

@@ -101,6 +101,11 @@ class ScaleUpSpec(Spec):
     in_switch_reduction: InSwitchReductionSpec | None = Field(
         None, description="NVLink SHARP (NVLS) or similar; absent where the switches cannot reduce")
     torus: TorusSpec | None = Field(None, description="slice shape, for topology: torus")
+    # NCCL's tuner prices a path by its hardware class (tuning.cc hwLat: NVLINK, PCI, NET);
+    # the class of the links inside a node picks the LL protocol's step latencies (cost/nccl.py)
+    nccl_link: Literal["nvlink", "pci"] | None = Field(
+        None, description="the class NCCL prices this fabric as (nvlink or pci): the collective library runs "
+                          "NCCL's LL protocol besides Simple; unset: Simple only")
 
     @model_validator(mode="after")
     def _shape(self) -> "ScaleUpSpec":
