@@ -4,7 +4,8 @@ Global ranks are numbered with the plan's order, innermost first (``tp-cp-dp-pp`
 default). Dense parameters are replicated over data and context parallelism, so their
 gradients are reduced over the ``dp`` x ``cp`` ranks ("dp" below); ZeRO shards over a
 subset of those ("zero") and, with hybrid sharding, reduces across the shards
-("zero-replica"). Experts follow Megatron's expert layout: expert tensor parallelism
+("zero-replica"). Transformer Engine reduces fp8 amaxes over tensor x context x data
+parallelism ("amax"). Experts follow Megatron's expert layout: expert tensor parallelism
 innermost, then expert parallelism, then the expert data-parallel replicas.
 """
 
@@ -34,6 +35,8 @@ def group_ranks(layout: Layout) -> dict[str, list[int]]:
         "dp": _ranks(layout, [("cp", layout.cp), ("dp", layout.dp)]),
         "zero": _ranks(layout, [("cp", layout.cp), ("dp", shard)]),
         "zero-replica": [i * shard * dp_stride for i in range(layout.dp // shard)],
+        # Megatron-Core's fp8 amax reduction group: tensor x context x data parallel
+        "amax": _ranks(layout, [("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp)]),
         "etp": list(range(layout.etp)),
         "ep": [i * layout.etp for i in range(layout.ep)],
         "edp": [i * layout.etp * layout.ep for i in range(layout.expert_dp)],

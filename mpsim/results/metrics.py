@@ -51,6 +51,7 @@ class RankTime:
     end_s: float
     span_s: float  # first action start to last action end
     host_wait_s: float = 0.0  # inside the actions: the GPU waiting for the host to launch kernels
+    amax_exposed_s: float = 0.0  # inside the actions: fp8 amax all-reduces (Transformer Engine), all exposed
 
     @property
     def idle_s(self) -> float:
@@ -124,9 +125,9 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
         found = parts_of.get(id(cost))
         if found is None:
             found = parts_of[id(cost)] = (cost.exposed("tp"), cost.exposed("cp"), cost.exposed("ep", "etp"),
-                                          cost.dp_exposed_s, cost.host_wait_s)
+                                          cost.dp_exposed_s, cost.host_wait_s, cost.exposed("amax"))
         parts.append(found)
-    tp_exposed, cp_exposed, ep_exposed, zero_wait, host_wait = (sum(p[i] for p in parts) for i in range(5))
+    tp_exposed, cp_exposed, ep_exposed, zero_wait, host_wait, amax = (sum(p[i] for p in parts) for i in range(6))
     waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
     idle = idle_by_kind(idle_intervals(timeline, rank, pipeline_end, waits))
     compute_end = records[-1].end_s if records else 0.0
@@ -137,7 +138,7 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     span = (records[-1].end_s - records[0].start_s) if records else 0.0
     return RankTime(rank, compute, tp_exposed, cp_exposed, ep_exposed, zero_wait, idle["schedule"], idle["imbalance"], idle["stage-wait"],
                     idle["transfer"], idle["send"], max(0.0, dp_end - compute_end), embedding, optimizer,
-                    timeline.rank_end_s[rank], span, host_wait)
+                    timeline.rank_end_s[rank], span, host_wait, amax)
 
 
 def summarize(result: SimulationResult, reference: BubbleReference | None = None) -> Summary:
@@ -207,7 +208,8 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         exposed_cp_comm_s=mean([r.cp_comm_exposed_s for r in ranks]),
         exposed_ep_comm_s=mean([r.ep_comm_exposed_s for r in ranks]),
         exposed_pp_comm_s=mean([r.idle_transfer_s + r.idle_send_s for r in ranks]),
-        exposed_dp_comm_s=mean([r.dp_comm_exposed_s + r.embedding_sync_s + r.zero_gather_exposed_s for r in ranks]),
+        exposed_dp_comm_s=mean([r.dp_comm_exposed_s + r.embedding_sync_s + r.zero_gather_exposed_s + r.amax_exposed_s
+                                for r in ranks]),
         optimizer_s=max(r.optimizer_s for r in ranks),
         peak_memory_bytes=peak_memory,
         capacity_bytes=capacity,

@@ -40,6 +40,9 @@ class StageOptions:
     # whole backward but the logits GEMM's weight gradient, its weight-gradient pass that GEMM alone
     # (mpsim/schedules/deferral.py)
     defer_head_wgrad: bool = False
+    # fp8 runs: transformer layers on one pipeline rank over all its chunks (the model's layers
+    # over the pipeline ranks), whose amaxes every chunk's reduction carries (fp8_scaling.py)
+    rank_layers: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,6 +21,7 @@ from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.blocks import BlockWork, LayerContext
 from mpsim.workload.embedding import embedding_block, head_block, padded_vocab
+from mpsim.workload.fp8_scaling import amax_reduction, fp8_gemms
 from mpsim.workload.ops import Block
 from mpsim.workload.stage_work import StageOptions, StageWork, Workload, unit_blocks
 from mpsim.workload.transformer import LayerWork, MLAShape, MoEShape, layer_work
@@ -84,6 +85,9 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
     backward: list[Block] = []
     backward_input: list[Block] = []
     backward_weight: list[Block] = []
+    # fp8: Transformer Engine reduces the amaxes after the chunk's last layer forward and after
+    # its first layer's backward (before the LM head's forward, after the embedding's backward)
+    forward_amax, backward_amax = chunk_amax_reductions(ctx, works, options.rank_layers)
     params = expert = activation = w_buffer = 0.0
     for label, work in parts:
         is_layer = isinstance(work, LayerWork)
@@ -93,6 +97,11 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
                                           work.backward_input, work.backward_weight, redo, options,
                                           work.param_tensors)
         forward.append(fwd)
+        if forward_amax is not None and label == f"layer {layers - 1}":
+            forward.append(forward_amax)
+        if backward_amax is not None and label == "layer 0":
+            backward[:0] = [backward_amax]
+            backward_input[:0] = [backward_amax]
         backward[:0] = list(bwd)  # the backward runs the parts in reverse
         if deferred and label != "lm head":
             # only the head's weight gradient waits: the other parts run their whole backward
@@ -110,6 +119,20 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
     return StageWork(layers, has_embedding, has_head, tuple(forward), tuple(backward), tuple(backward_input),
                      tuple(backward_weight), params, expert, layer_total, activation, w_buffer, largest,
                      layer_activation)
+
+
+def chunk_amax_reductions(ctx: LayerContext, works: list[LayerWork], rank_layers: float
+                          ) -> tuple[Block | None, Block | None]:
+    """The forward and backward amax reductions that end a chunk of ``works`` in an fp8 run
+    (None, None otherwise): the rank's amaxes, its ``rank_layers`` layers at this chunk's mean
+    count of fp8 GEMMs per layer."""
+    if not ctx.fp8 or not works or rank_layers <= 0:
+        return None, None
+    gemms, ops = (sum(counts) for counts in zip(*(fp8_gemms(work.forward) for work in works)))
+    scale = rank_layers / len(works)
+    rank_gemms, modules = round(gemms * scale), round(ops * scale)
+    return (amax_reduction(ctx, "forward", rank_gemms, modules),
+            amax_reduction(ctx, "backward", rank_gemms, modules))
 
 
 def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOptions:
@@ -130,7 +153,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         shard_params=layout.zero_stage >= 3, grad_bytes=training.grad_bytes,
         reshard_after_forward=layout.reshard_after_forward,
         accumulate_grads=training.layers_impl == "pytorch",
-        defer_head_wgrad=training.defer_embedding_wgrad)
+        defer_head_wgrad=training.defer_embedding_wgrad,
+        rank_layers=sum(layout.layers_per_chunk) / layout.pp if training.dtype == "fp8" else 0.0)
 
 
 def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:
