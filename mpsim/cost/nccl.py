@@ -36,8 +36,8 @@ microsecond per step at a quarter of the peak bandwidth). Either way the time is
 below the measured curve, which holds what the library reached with the protocols it
 chose. LL wins where latency sets the time: a few KB over many nodes (an fp8 amax
 reduction takes the tree in LL: 75 us over 64 DGX H100 nodes, where the tree in Simple
-takes 728 us), or a small all-reduce in a node (about 17 us for 32 KB on 8 H200, as
-nccl-tests measures 18 us). LL runs where the system's library has it
+takes 728 us), or a small all-reduce in a node (19.8 us for 32 KiB on 8 H200, where
+nccl-tests measures 17.9 us). LL runs where the system's library has it
 (``scale_up.nccl_link``). NCCL's third protocol, LL128, is left out: it would compete on
 medium messages, where NCCL's latency model for it is faster than the nccl-tests points
 below 16 MB (``benchmarks/nccl_busbw.py``) and the measured curves price what was reached.
@@ -89,8 +89,7 @@ NET_OVERHEAD_S = 1e-6
 
 def ring_bandwidth_factor(kind: str, group: GpuGroup) -> float:
     """A ring's share of Simple's bus bandwidth in LL (tuning.cc): a quarter, a third in one
-    node outside reductions. NCCL's cap on LL's bus bandwidth (llMaxBw, 19-88 GB/s) binds
-    only where LL loses to Simple."""
+    node outside reductions (and never above NCCL's cap, ``ll_floor_s``)."""
     return 0.25 if group.nodes > 1 or kind == "all-reduce" else 1 / 3
 
 

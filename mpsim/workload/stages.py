@@ -85,8 +85,8 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
     backward: list[Block] = []
     backward_input: list[Block] = []
     backward_weight: list[Block] = []
-    # fp8: Transformer Engine reduces the amaxes after the chunk's last layer forward and after
-    # its first layer's backward (before the LM head's forward, after the embedding's backward)
+    # fp8: Transformer Engine reduces the amaxes after the chunk's last layer forward (before the
+    # LM head's) and after its first layer's backward (before the embedding's)
     forward_amax, backward_amax = chunk_amax_reductions(ctx, works, options.rank_layers)
     params = expert = activation = w_buffer = 0.0
     for label, work in parts:
