@@ -25,7 +25,8 @@ When that happens, in Transformer Engine 1.11 (``fp8.py``, ``module/base.py``):
   first fp8 module (``reduce_and_update_bwd_fp8_tensors``), the last to run.
 
 So each model chunk's forward and backward end with a latency-bound all-reduce of a few
-kilobytes over a group that spans nodes at scale: about 0.2 ms per pass at 512 H100s.
+kilobytes over a group that spans nodes at scale: 75 us per pass over 512 H100s (the
+tree in NCCL's LL protocol, ``cost/nccl.py``).
 Weights kept in fp8 (``training.fp8_params``) are reduced once more after the optimizer
 step, once a step, which is left out. The fused update reads and writes each tensor's
 amax history (``fp8_amax_history_len`` entries, 1,024 in NeMo's recipes: a few MB per
