@@ -62,6 +62,10 @@ def _system_lines(system) -> list[str]:
     lines.append(fabric)
     lines.append(f"              achieved {up.efficiency:.1%} on large messages, {format_seconds(up.step_latency)} per "
                  f"step; curve n_1/2 {format_bytes(up.half_bandwidth_bytes)}, exponent {up.curve_exponent:g}")
+    if up.topology != "torus":  # a TPU slice runs its own collectives (cost/torus.py)
+        protocols = (f"NCCL's Simple and LL protocols, the node priced as {up.nccl_link.upper()}" if up.nccl_link
+                     else "NCCL's algorithms in its Simple protocol only")
+        lines.append(f"collectives   {protocols} (scale_up.nccl_link)")
     if up.torus is not None:
         wraps = ", ".join("wraps" if up.torus.wraps(axis) else "open" for axis in range(len(up.torus.dims)))
         lines.append(f"torus         {' x '.join(str(d) for d in up.torus.dims)} ({wraps})")
