@@ -246,6 +246,17 @@ def test_hardware_show_system(capsys):
         assert fragment in out, fragment
 
 
+def test_hardware_show_names_the_protocols_of_a_systems_collectives(capsys):
+    assert main(["hardware", "show", "dgx-h100"]) == 0
+    assert "NCCL's Simple and LL protocols, the node priced as NVLINK" in capsys.readouterr().out
+    assert main(["hardware", "show", "h100-pcie-server"]) == 0
+    assert "the node priced as PCI" in capsys.readouterr().out
+    assert main(["hardware", "show", "gaudi3-hls"]) == 0  # HCCL: no LL
+    assert "in its Simple protocol only" in capsys.readouterr().out
+    assert main(["hardware", "show", "tpu-v5p-8x8x8"]) == 0  # not NCCL at all
+    assert "\ncollectives " not in capsys.readouterr().out
+
+
 def test_a_system_with_one_device_per_node_shows_the_network_not_its_empty_node(capsys):
     assert main(["hardware", "show", "gh200-vista"]) == 0
     shown = re.search(r"all-reduce +1 GiB over two nodes \(one device each\): .*busbw ([\d.]+) GB/s \(ring\)",
