@@ -53,13 +53,11 @@ def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cach
     name, training = scenario.parallel.schedule, scenario.training
     if name.startswith("file:"):
         return plan_schedule(scenario, layout, base_dir)
+    make, args = generated_schedule, (name, layout.pp, layout.vpp, layout.num_microbatches)
+    if training.defer_embedding_wgrad:
+        make, args = deferred_schedule, (*args, training.wgrad_deferral_limit)
     try:
-        shape = (name, layout.pp, layout.vpp, layout.num_microbatches)
-        if training.defer_embedding_wgrad:
-            make = deferred_schedule if cached else deferred_schedule.__wrapped__
-            return make(*shape, training.wgrad_deferral_limit)
-        make = generated_schedule if cached else generated_schedule.__wrapped__
-        return make(*shape)
+        return (make if cached else make.__wrapped__)(*args)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
     except ValueError as exc:  # the deferral's refusal of a head stage whose backward is split
