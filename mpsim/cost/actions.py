@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from mpsim.cost import shared_prices
 from mpsim.cost.calibrated import calibrated_costs
 from mpsim.cost.collectives import collective_time, p2p_time
+from mpsim.cost.contention import end_beside, side_by_side_s
 from mpsim.cost.compute import ComputeModel
 from mpsim.cost.devices import RankDevice, pair_system, rank_devices
 from mpsim.cost.groups import group_placements
@@ -167,10 +168,10 @@ class CostModel:
             fraction = min(1.0, overlap.comm_sms / self.system.accelerator.compute_units)
         if overlap is not None and overlap.piece_comm:
             piece_s = compute_s / len(overlap.piece_comm)
-            return sum(_side_by_side(piece_s, comm_s * share, fraction) for share in overlap.piece_comm)
+            return sum(side_by_side_s(piece_s, comm_s * share, fraction) for share in overlap.piece_comm)
         chunks = overlap.chunks if overlap is not None else 1
         if chunks <= 1:
-            return _side_by_side(compute_s, comm_s, fraction)
+            return side_by_side_s(compute_s, comm_s, fraction)
         piece_s = compute_s / max(1e-12, 1.0 - fraction) / chunks
         if overlap.comm_first:
             return piece_s + (chunks - 1) * max(piece_s, comm_s / (chunks - 1))
@@ -219,20 +220,33 @@ class CostModel:
         previous_start = 0.0
         parts: list[Part] = []
         releases: list[tuple[float, float, str]] = []
+        # ZeRO-3 / FSDP collectives in flight beside the blocks' compute, which they slow by the
+        # SMs they hold (cost/contention.py): the next block's gather, prefetched when a block
+        # starts, and the reduce-scatters of the blocks before, one after another on their stream
+        share = self.comm_sm_fraction
+        busy: list[tuple[float, float]] = []
+        gather_s: dict[int, float] = {}
+        scatter_free = 0.0
         # With the host ahead, a block's ops take the same time wherever the block starts, so a
         # stage's layers (one items tuple) are priced once and their steps replayed: the clock and
         # the totals advance by the same additions in the same order as pricing op by op would
         priced: dict[int, tuple[tuple, _BlockPrice]] = {}
-        for block in work:
+        for position, block in enumerate(work):
             if block.gather is not None:
                 # ZeRO-3 / FSDP: issued when the previous block started (prefetch)
                 host += host_s
-                gather_s = self.collective_s(block.gather)
-                parts.append(Segment("dp", "dp-comm", f"{block.label} {block.gather.name}", previous_start, gather_s))
-                if previous_start + gather_s > clock:
-                    dp_wait += previous_start + gather_s - clock
-                    clock = previous_start + gather_s
+                seconds = gather_s.get(position)
+                if seconds is None:
+                    seconds = gather_s[position] = self.collective_s(block.gather)
+                parts.append(Segment("dp", "dp-comm", f"{block.label} {block.gather.name}", previous_start, seconds))
+                if previous_start + seconds > clock:
+                    dp_wait += previous_start + seconds - clock
+                    clock = previous_start + seconds
             previous_start = clock
+            following = work[position + 1] if position + 1 < len(work) else None
+            if share > 0 and following is not None and following.gather is not None:
+                seconds = gather_s[position + 1] = self.collective_s(following.gather)
+                busy.append((clock, clock + seconds))
             if cold:
                 # the host paces each op from where it is: priced in place, not replayed
                 price, starts, clock_after = self._block_ops(block.items, clock, launched, compute_scale)
@@ -256,10 +270,18 @@ class CostModel:
                     by_group[step.group] = by_group.get(step.group, 0.0) + step.exposed_s
             if cold:
                 clock = clock_after
+            if busy:
+                slowed = end_beside(previous_start, clock - previous_start, busy, share)
+                dp_wait += slowed - clock
+                clock = slowed
             parts.append(BlockPart(block.label, block.category, price.template, tuple(starts)))
             if block.release is not None:
                 host += host_s
-                releases.append((clock, self.collective_s(block.release), f"{block.label} {block.release.name}"))
+                seconds = self.collective_s(block.release)
+                releases.append((clock, seconds, f"{block.label} {block.release.name}"))
+                if share > 0:
+                    scatter_free = max(clock, scatter_free) + seconds
+                    busy.append((scatter_free - seconds, scatter_free))
         if not cold and host > clock:
             # launch-bound: the GPU cannot finish the pass faster than the host launches it
             host_wait += host - clock
@@ -320,15 +342,6 @@ class CostModel:
                 steps.append(_Step(op_s, op_s, 0.0, 0.0, item.flops, ""))
             clock += steps[-1].span_s
         return _BlockPrice(tuple(steps), tuple(template), launches), starts, clock
-
-
-def _side_by_side(compute_s: float, comm_s: float, sm_fraction: float) -> float:
-    """Wall time of compute beside a collective whose kernels hold ``sm_fraction`` of the SMs
-    while it runs: the compute goes at ``1 - sm_fraction`` of its speed until the collective
-    ends, or the collective outlasts it."""
-    if compute_s <= comm_s * (1.0 - sm_fraction):
-        return comm_s
-    return compute_s + comm_s * sm_fraction
 
 
 def _host_ahead(at: float, launches: int = 1) -> float:

@@ -40,6 +40,7 @@ from mpsim.cost.actions import CostModel
 from mpsim.errors import InputError
 from mpsim.units import format_bytes
 from mpsim.cost.collectives import collective_time, p2p_time
+from mpsim.cost.contention import end_beside
 from mpsim.cost.topology import GroupPlacement, pipeline_neighbours_share_node, pipeline_pair, place_ranks
 from mpsim.workload.stage_work import StageWork, Workload
 
@@ -284,22 +285,29 @@ def param_gather_exposed_s(work: StageWork, model: CostModel, forward_compute_s:
     compute of bucket ``i - 1``'s layers. With ``aligned`` (interleaved schedules:
     ``align_param_gather``) every bucket is dispatched at the start of the step, one after
     the other, while the stage waits ``head_s`` for its first input anyway. A bucket's
-    share of the forward is its share of the stage's parameters.
+    share of the forward is its share of the stage's parameters. The compute beside a gather
+    runs on the SMs the gather leaves it (``cost/contention.py``).
     """
     sizes = bucket_sizes(work.params, model, bucketed)
     total = sum(sizes)
     if total <= 0 or model.placements["zero"].size <= 1:
         return 0.0
     place = model.placements["zero"]
-    gather_end = compute_start = 0.0
+    seconds = [collective_time("all-gather", params * param_gather_bytes(model), place, model.system)
+               for params in sizes]
+    gather_end = seconds[0]
+    busy = [(0.0, gather_end)]
     compute_end = head_s if aligned else 0.0
     for index, params in enumerate(sizes):
-        seconds = collective_time("all-gather", params * param_gather_bytes(model), place, model.system)
-        # chained: dispatched when the previous bucket's compute was about to start
-        gather_start = gather_end if aligned or index == 0 else max(gather_end, compute_start)
-        gather_end = gather_start + seconds
         compute_start = max(compute_end, gather_end)
-        compute_end = compute_start + forward_compute_s * params / total
+        if index + 1 < len(sizes):
+            # the next bucket's gather: already queued behind this one (aligned), else dispatched
+            # now, when this bucket's compute is about to start
+            gather_start = gather_end if aligned else max(gather_end, compute_start)
+            busy.append((gather_start, gather_start + seconds[index + 1]))
+        compute_end = end_beside(compute_start, forward_compute_s * params / total, busy, model.comm_sm_fraction)
+        if index + 1 < len(sizes):
+            gather_end = busy[-1][1]
     return max(0.0, compute_end - (head_s if aligned else 0.0) - forward_compute_s)
 
 
