@@ -415,6 +415,9 @@ def _check_dtype(scenario: Scenario) -> None:
         needs = "dtype: fp8" if training.dtype == "fp8" else "tp_comm_overlap"
         raise _fail("training.transformer_impl", f"{training.transformer_impl} cannot run training.{needs}, which "
                                                  f"only Transformer Engine implements; use transformer_engine")
+    if training.fused_norm is False and scenario.model.norm != "rmsnorm":
+        raise _fail("training.fused_norm", f"false prices RMSNorm's PyTorch operators; model.norm is "
+                                           f"{scenario.model.norm}, which PyTorch runs as one kernel each way")
     if scenario.training.dtype not in accelerator.peak_flops:
         raise _fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for {accelerator.name}; "
                                       f"use one of {', '.join(accelerator.peak_flops)}")

@@ -77,6 +77,12 @@ UB_SITES = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
 class TrainingOptions(Spec):
     """Framework behaviours; the defaults are Megatron-LM's."""
 
+    def eager_rmsnorm(self, norm: str) -> bool:
+        """True when a model with ``norm`` runs RMSNorm as PyTorch's operators (``fused_norm``)."""
+        if norm != "rmsnorm":
+            return False
+        return not self.fused_norm if self.fused_norm is not None else self.layers_impl == "pytorch"
+
     @property
     def layers_impl(self) -> str:
         """``transformer_impl`` as the run uses it: as given, else Transformer Engine where the
@@ -175,6 +181,15 @@ class TrainingOptions(Spec):
     bias_activation_fusion: bool = Field(
         True, description="the FFN's bias and activation in one fused kernel each way (Megatron's default); "
                           "false runs SwiGLU and squared ReLU operator by operator")
+    # RMSNorm written in PyTorch operators (torchtitan's RMSNorm, torchtitan/models/norms.py, norm_type
+    # "rmsnorm"; Hugging Face's LlamaRMSNorm) runs them one kernel each in eager mode: the input cast
+    # to fp32, squared, averaged, rsqrt, scaled, cast back and multiplied by the weight; under
+    # autograd their backward formulas are as many kernels again. A fused kernel (Apex, Transformer
+    # Engine, a Triton RMSNorm, torch.compile) reads the input once and writes the output once.
+    fused_norm: bool | None = Field(
+        None, description="the norm as one fused kernel each way; false: RMSNorm as PyTorch's operators run it "
+                          "eagerly (fp32 upcast, square, mean, rsqrt, scale, cast back, weight; docs/parallelism.md); "
+                          "default: fused, except RMSNorm under transformer_impl pytorch")
     # Megatron-Core's --defer-embedding-wgrad-compute and --wgrad-deferral-limit (off, and 0 = every
     # microbatch, unless given; NeMo's Llama recipes: on, 22): the LM head's weight-gradient GEMMs
     # of the first microbatches wait in a buffer until the rank's last backward

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
                                    bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
-                                   param_tensors, present, scattered_gemm, tp_collectives, weight_pass_regather)
+                                   norm_saved_bytes, param_tensors, present, scattered_gemm, tp_collectives,
+                                   weight_pass_regather)
 from mpsim.workload.context_parallel import context_parallel
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
@@ -249,7 +250,7 @@ def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_pa
     before, after = norm(ctx, "attn.norm"), bias_dropout_add(ctx, "attn.bda")
     (norm_in, norm_w), after_grad = norm_grad(ctx, "attn.norm"), bias_dropout_add_grad(ctx, "attn.bda")
     # the norm's input and the residual's dropout mask, beside what self-attention keeps
-    saved = inner.saved_bytes + local * h * e + local * h * mask
+    saved = inner.saved_bytes + local * h * e + local * h * mask + norm_saved_bytes(ctx)
     return BlockWork((before, *inner.forward, after), (*after_grad, *inner.backward, *norm_in, *norm_w),
                      (*after_grad, *inner.backward_input, *norm_in), (*inner.backward_weight, *norm_w),
                      recompute_selective=inner.recompute_selective, params=inner.params + norm_params * h,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
                                    bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
-                                   param_tensors, present, scattered_gemm, tp_collectives, weight_pass_regather)
+                                   norm_saved_bytes, param_tensors, present, scattered_gemm, tp_collectives,
+                                   weight_pass_regather)
 from mpsim.workload.ops import Item, memory_op
 
 
@@ -134,7 +135,7 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     fc1_width = ctx.ffn_local * ffn_activation(ctx).up_projections
     params += (fc1_width + h if bias else 0) + norm_params * h
     tensors = (h * fc1_width, ctx.ffn_local * h, *((fc1_width, h) if bias else ()), *(h,) * norm_params)
-    saved += 2 * local * h * e + local * h * mask  # norm input, FC1 input, dropout mask
+    saved += 2 * local * h * e + local * h * mask + norm_saved_bytes(ctx)  # norm input, FC1 input, dropout mask
     norm_in, norm_w = norm_grad(ctx, "mlp.norm")
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear, norm,
-                                   norm_grad, param_tensors)
+                                   norm_grad, norm_saved_bytes, param_tensors)
 from mpsim.workload.mlp import ffn_activation, mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 
@@ -106,7 +106,8 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
                *((h,) if bias else ()))
     gathered_tokens = per_expert * local_experts
     saved = (2 * local * h * e + tokens * moe.num_experts * 4 + gathered_tokens * h * e
-             + gathered_tokens * fc1_width * e + gathered_tokens * ffn_local * e + shared_saved + local * h * mask)
+             + gathered_tokens * fc1_width * e + gathered_tokens * ffn_local * e + shared_saved + local * h * mask
+             + norm_saved_bytes(ctx))
     wbuf = (gathered_tokens * (h + fc1_width + ffn_local + h) * e + tokens * (h + moe.num_experts) * e
             + shared_wbuf)
     return BlockWork(

@@ -10,6 +10,7 @@ layer's passes into blocks, with recompute and ZeRO-3's parameter gathers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from mpsim.workload.blocks import LayerContext
 from mpsim.workload.ops import Block, Op, Pass, collective, memory_op
@@ -86,12 +87,52 @@ class Workload:
         return self.cut_bytes[stage] if stage is not None and self.cut_bytes else self.p2p_bytes
 
 
+# bytes per element of the parameters FSDP gathers and of the gradients autograd produces for them
+# (bf16 mixed precision: FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16))
+FSDP_PARAM_BYTES = 2
+
+
 def _fsdp(label: str, params: float, options: StageOptions) -> tuple:
     """(gather, release) collectives of a block under ZeRO-3 / FSDP, or (None, None)."""
     if not options.shard_params or params <= 0:
         return None, None
-    return (collective(f"{label}.fsdp_all_gather_params", "all-gather", "zero", params * 2),
+    return (collective(f"{label}.fsdp_all_gather_params", "all-gather", "zero", params * FSDP_PARAM_BYTES),
             collective(f"{label}.fsdp_reduce_scatter_grads", "reduce-scatter", "zero", params * options.grad_bytes))
+
+
+@lru_cache(maxsize=256)
+def fsdp_copies(params: float, grad_bytes: int) -> tuple[Op, Op]:
+    """The copies FSDP2 runs on the compute stream around a unit's collectives.
+
+    After the all-gather, ``split_with_sizes_copy`` copies the gathered flat buffer into each
+    parameter's own tensor (read and write every gathered byte); before the reduce-scatter,
+    ``_chunk_cat`` copies the unit's gradients into one flat buffer of the reduce dtype,
+    widening bf16 to fp32 on the way (``foreach_all_gather_copy_out`` and ``foreach_reduce``,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). The copies into the gather's
+    input and out of the scatter's output move the rank's shard, 1/N of it, and are left out.
+    """
+    return (memory_op("fsdp_all_gather_copy_out", params * FSDP_PARAM_BYTES * 2),
+            memory_op("fsdp_reduce_scatter_copy_in", params * (FSDP_PARAM_BYTES + grad_bytes)))
+
+
+# the items of a layer with FSDP's copies around them, one tuple for every twin layer (a pass
+# prices a tuple once): original tuple's id and the copies' -> (original, with copies)
+_WITH_COPIES: dict[tuple[int, int, int], tuple[tuple, tuple]] = {}
+
+
+def _around(items: tuple, before: Op | None, after: Op | None) -> tuple:
+    """``items`` with ``before`` ahead of them and ``after`` behind (either may be None)."""
+    if before is None and after is None:
+        return items
+    key = (id(items), id(before), id(after))
+    found = _WITH_COPIES.get(key)
+    if found is not None and found[0] is items:
+        return found[1]
+    if len(_WITH_COPIES) >= 4096:
+        _WITH_COPIES.clear()
+    wrapped = (*((before,) if before is not None else ()), *items, *((after,) if after is not None else ()))
+    _WITH_COPIES[key] = (items, wrapped)  # holds ``items``, so its id names it while the entry lives
+    return wrapped
 
 
 def accumulate_grads(label: str, param_tensors: tuple[float, ...], options: StageOptions) -> tuple[Op, ...]:
@@ -126,12 +167,21 @@ def unit_blocks(label: str, params: float, forward, backward, backward_input, ba
     accumulate = accumulate_grads(label, param_tensors, options)
     if accumulate:  # otherwise the layer's own tuples, which its twins share (a pass prices them once)
         backward, backward_weight = (*backward, *accumulate), (*backward_weight, *accumulate)
-    fwd = Block(label, "forward", forward, gather)
+    copy_out = copy_in = None
+    if gather is not None:
+        copy_out, copy_in = fsdp_copies(params, options.grad_bytes)
+
+    def block(category: str, items: tuple, gathers: Op | None, releases: Op | None = None) -> Block:
+        """A block with FSDP's copy after its gather and before its reduce-scatter."""
+        return Block(label, category, _around(items, copy_out if gathers is not None else None,
+                                              copy_in if releases is not None else None), gathers, releases)
+
+    fwd = block("forward", forward, gather)
     if redo:
-        first = Block(label, "recompute", redo, again)
-        bwd = (first, Block(label, "backward", backward, None, release))
-        bwd_in = (first, Block(label, "backward", backward_input))
+        first = block("recompute", redo, again)
+        bwd = (first, block("backward", backward, None, release))
+        bwd_in = (first, block("backward", backward_input, None))
     else:
-        bwd = (Block(label, "backward", backward, again, release),)
-        bwd_in = (Block(label, "backward", backward_input, again),)
-    return fwd, bwd, bwd_in, Block(label, "weight-grad", backward_weight, again, release)
+        bwd = (block("backward", backward, again, release),)
+        bwd_in = (block("backward", backward_input, again),)
+    return fwd, bwd, bwd_in, block("weight-grad", backward_weight, again, release)

@@ -54,6 +54,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         fp8_attention=training.fp8_attention,
         ffn_activation=model.ffn_activation,
         layers_impl=training.layers_impl,
+        eager_rmsnorm=training.eager_rmsnorm(model.norm),
         cross_entropy_fusion=training.cross_entropy_fusion,
         ub_sms=tuple(sorted(training.tp_comm_overlap_sms.items())),
         activation_fusion=training.bias_activation_fusion,

@@ -1,0 +1,137 @@
+"""RMSNorm as PyTorch's operators run it eagerly (training.fused_norm; mpsim/workload/blocks.py).
+
+The kernels and bytes mpsim prices are checked against what PyTorch itself dispatches for
+torchtitan's RMSNorm module, forward and backward, on the CPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mpsim.cost.actions import CostModel
+from mpsim.resolve import resolve
+from mpsim.results import summarize
+from mpsim.simulate import simulate
+from mpsim.specs import load_scenario
+from mpsim.workload import build_workload
+from mpsim.workload.blocks import (EAGER_RMSNORM_FORWARD, EAGER_RMSNORM_GRAD_INPUT, EAGER_RMSNORM_GRAD_WEIGHT,
+                                   EAGER_RMSNORM_SAVED_EXTRA)
+from tests.conftest import SCENARIOS
+
+LLAMA8 = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
+PLAIN = ("training.transformer_impl=pytorch",)
+TOKENS, HIDDEN = 64, 256
+# ops that make a view of a tensor (no kernel)
+VIEWS = {"view", "_unsafe_view", "expand", "t", "transpose", "detach", "alias", "as_strided", "squeeze",
+         "unsqueeze", "slice", "select", "permute", "reshape", "split", "split_with_sizes"}
+
+
+def dispatched(act_bytes: int) -> dict[str, tuple[int, float]]:
+    """{pass: (kernels, bytes per element of the tensors as large as the input)} PyTorch dispatches
+    for torchtitan's RMSNorm (torchtitan/models/norms.py) forward and backward."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels, self.bytes = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in VIEWS:
+                self.kernels += 1
+                tensors = tree_flatten((args, kwargs, out))[0]
+                self.bytes += sum(t.numel() * t.element_size() for t in tensors
+                                  if isinstance(t, torch.Tensor) and t.numel() >= TOKENS * HIDDEN)
+            return out
+
+    class RMSNorm(torch.nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.eps, self.weight = 1e-6, torch.nn.Parameter(torch.ones(HIDDEN, dtype=dtype))
+
+        def forward(self, x):
+            normed = x.float()
+            normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+            return normed.type_as(x) * self.weight
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}[act_bytes]
+    norm = RMSNorm(dtype)
+    x = torch.randn(TOKENS, HIDDEN, dtype=dtype, requires_grad=True)
+    grad = torch.randn(TOKENS, HIDDEN, dtype=dtype)
+    with Count() as forward:
+        y = norm(x)
+    with Count() as backward:
+        y.backward(grad)
+    elements = TOKENS * HIDDEN
+    return {"forward": (forward.kernels, forward.bytes / elements),
+            "backward": (backward.kernels, backward.bytes / elements)}
+
+
+def priced(part: tuple[int, int, int], act_bytes: int) -> tuple[int, float]:
+    fixed, per_byte, kernels = part
+    return kernels, float(fixed + per_byte * act_bytes)
+
+
+def test_kernels_and_bytes_are_what_pytorch_dispatches_in_bf16():
+    counted = dispatched(2)
+    assert counted["forward"] == priced(EAGER_RMSNORM_FORWARD, 2)
+    grad_in, grad_w = priced(EAGER_RMSNORM_GRAD_INPUT, 2), priced(EAGER_RMSNORM_GRAD_WEIGHT, 2)
+    assert counted["backward"] == (grad_in[0] + grad_w[0], grad_in[1] + grad_w[1])
+
+
+def norm_ops(*overrides: str) -> dict[str, object]:
+    s = load_scenario(LLAMA8, list(overrides)).scenario
+    layout = resolve(s)
+    stage = build_workload(s, layout).stages[0]
+    found = {}
+    for passes in (stage.forward, stage.backward):
+        for block in passes:
+            for item in block.items:
+                if getattr(item, "name", "").startswith("attn.norm"):
+                    found[item.name] = item
+    return found
+
+
+def test_plain_pytorch_runs_rmsnorm_eagerly_and_fused_norm_undoes_it():
+    eager, fused = norm_ops(*PLAIN), norm_ops(*PLAIN, "training.fused_norm=true")
+    s = load_scenario(LLAMA8, list(PLAIN)).scenario
+    layout = resolve(s)
+    elements = layout.microbatch_size * s.model.seq_length * s.model.hidden_size / layout.tp  # sequence parallel
+    assert eager["attn.norm"].bytes == pytest.approx(elements * 36)
+    assert eager["attn.norm"].launches == 8
+    assert fused["attn.norm"].bytes == pytest.approx(elements * 4) and fused["attn.norm"].launches == 1
+    assert eager["attn.norm.grad"].bytes == pytest.approx(elements * 88)
+    assert eager["attn.norm.grad_params"].bytes == pytest.approx(elements * 8)
+    # Megatron's layers keep their fused norms; fused_norm=false asks for the eager one there too
+    assert norm_ops()["attn.norm"].bytes == pytest.approx(elements * 4)
+    assert norm_ops("training.fused_norm=false")["attn.norm"].bytes == pytest.approx(elements * 36)
+
+
+def test_eager_rmsnorm_is_slower_and_keeps_its_fp32_input():
+    s_eager = load_scenario(LLAMA8, list(PLAIN)).scenario
+    s_fused = load_scenario(LLAMA8, [*PLAIN, "training.fused_norm=true"]).scenario
+    eager, fused = summarize(simulate(s_eager)), summarize(simulate(s_fused))
+    assert eager.step_time_s > fused.step_time_s
+    layout = resolve(s_eager)
+    work_eager = build_workload(s_eager, layout).stages[0]
+    work_fused = build_workload(s_fused, layout).stages[0]
+    elements = layout.microbatch_size * s_eager.model.seq_length * s_eager.model.hidden_size / layout.tp
+    per_layer = 2 * elements * EAGER_RMSNORM_SAVED_EXTRA  # two norms a layer
+    assert work_eager.activation_bytes - work_fused.activation_bytes == pytest.approx(per_layer * work_eager.layers)
+    assert CostModel(s_eager, layout).price(work_eager.forward).duration_s > \
+        CostModel(s_fused, layout).price(work_fused.forward).duration_s
+
+
+def test_fused_norm_false_on_a_layernorm_model_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "mpsim", "run", str(SCENARIOS / "megatron_22b_8xa100.yaml"),
+                             "--set", "training.fused_norm=false"], capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "training.fused_norm" in lines[0] and "layernorm" in lines[0]
+    assert "Traceback" not in result.stderr
