@@ -94,6 +94,8 @@ from published_common import DATA, Case, Result, Table  # noqa: E402
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
 from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, nemo_table  # noqa: E402
+from published_torchtitan import ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, LEFT_OUT as TORCHTITAN_LEFT_OUT  # noqa: E402
+from published_torchtitan import torchtitan_table  # noqa: E402
 from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_ASSUMPTIONS,  # noqa: E402
                                    ZB_T11_LEFT_OUT, zero_bubble_table4, zero_bubble_table6,
                                    zero_bubble_table7, zero_bubble_table9, zero_bubble_table10, zero_bubble_table11,
@@ -124,6 +126,7 @@ TABLE_GAPS: dict[str, list[tuple[str, str]]] = {
     "zero_bubble_table10": [ZB_CLUSTER_GAP],
     "zero_bubble_table11": [ZB_CLUSTER_GAP, ZB_T11_LEFT_OUT],
     "zero_bubble_table12": [ZB_CLUSTER_GAP],
+    "torchtitan_a100": [TORCHTITAN_LEFT_OUT],
 }
 
 BREAKDOWN = ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer")
@@ -178,6 +181,9 @@ OUT_OF_SAMPLE: dict[str, Table] = {
     "nemo_b200_25.02": Table("NeMo performance summary, NeMo 25.02 on DGX B200, FP8 (out of sample)", "step time",
                              "s", "s", nemo_table("nemo_b200_25.02", "NeMo 25.02", "DGX-B200"),
                              assumptions=NEMO_ASSUMPTIONS),
+    "torchtitan_a100": Table("torchtitan performance page (April 2024): FSDP2 on 64 A100, eager PyTorch "
+                             "(out of sample)", "step time", "s", "s", torchtitan_table,
+                             assumptions=TORCHTITAN_ASSUMPTIONS),
 }
 ALL_TABLES: dict[str, Table] = {**TABLES, **OUT_OF_SAMPLE}
 
