@@ -11,9 +11,11 @@ eager operators of an un-compiled model. The framework settings come from the
 ``train_configs`` of the same commit (``scenarios/published/torchtitan_a100.yaml`` names
 each); what the page leaves out is listed in the assumptions.
 
-Left out: the rows with torchtitan's selective activation checkpointing, which mpsim cannot
-express. Its ``op`` policy keeps the outputs of every other matmul and of attention and
-recomputes the rest; its ``layer`` policy checkpoints every second block whole. mpsim's
+torchtitan's ``layer`` policy of selective activation checkpointing recomputes every second
+block whole (``selective_ac_option`` 2, the page does not print the number): priced as that
+many blocks fully recomputed (``parallel.recompute_num_layers``, half the layers; with one
+chunk per rank only the count matters). Left out: the rows with its ``op`` policy, which keeps
+the outputs of every other matmul and of attention and recomputes the rest; mpsim's
 ``selective`` is Megatron's (the attention core only). The later page (H100 rows, January
 2025) ran on Grand Teton H100s with 96 GB of HBM2e at a 500 W limit, whose peak its authors
 say they do not know; no hardware file here describes that part.
@@ -26,14 +28,17 @@ from pathlib import Path
 from published_common import SCENARIOS, Case, Prediction, number, read_csv, simulate_step, step_breakdown
 from published_nemo import LLAMA2
 
+from mpsim.specs import load_scenario
+
 CSV = Path(__file__).resolve().parent / "data" / "torchtitan_performance.csv"
 TORCHTITAN_BASE = SCENARIOS / "published" / "torchtitan_a100.yaml"
 
 # the page's models: Llama 3 as shipped; Llama 2 as the NeMo rows write it (Touvron et al. 2023)
 MODELS = {"Llama 3 8B": ("llama3-8b", ()), "Llama 3 70B": ("llama3-70b", ()),
           "Llama 2 13B": LLAMA2["LLAMA2-13B"], "Llama 2 70B": LLAMA2["LLAMA2-70B"]}
-# the page's activation checkpointing -> mpsim's recompute; None: not expressible
-RECOMPUTE = {"none": "none", "full": "full", "selective op": None, "selective layer": None}
+# the page's activation checkpointing -> (mpsim's recompute, share of the layers recomputed);
+# None: not expressible
+RECOMPUTE = {"none": ("none", 1), "full": ("full", 1), "selective op": None, "selective layer": ("full", 2)}
 # train_configs' norm_type: rmsnorm is torchtitan's RMSNorm module (PyTorch operators, eager);
 # fused_rmsnorm its Triton kernel, one each way (torchtitan/models/norms.py)
 FUSED_NORM = {"rmsnorm": "false", "fused_rmsnorm": "true"}
@@ -46,10 +51,12 @@ ASSUMPTIONS = (
     "parameters, fp32 gradient reduction, no torch.compile, gradient clipping at 1.0",
     "FSDP2 reshards after every block's forward; torchtitan keeps the last block gathered "
     "(one gather of one layer per microbatch fewer than mpsim prices)",
+    "selective layer checkpointing every second block (the page does not print the frequency): half the "
+    "layers fully recomputed",
 )
-LEFT_OUT = ("5 rows", "left out: torchtitan's selective activation checkpointing (op: every other matmul "
-                      "and attention kept; layer: every second block recomputed whole), which mpsim's "
-                      "Megatron-style selective recompute does not express")
+LEFT_OUT = ("3 rows", "left out: torchtitan's selective op checkpointing (every other matmul's output and "
+                      "attention's kept, the rest recomputed), which mpsim's Megatron-style selective recompute "
+                      "does not express")
 
 
 def torchtitan_table(_data: Path) -> list[Case]:
@@ -58,14 +65,18 @@ def torchtitan_table(_data: Path) -> list[Case]:
     for row in rows:
         gpus, batch, seq = (number(row[k]) for k in ("num_gpus", "local_batch", "seq_len"))
         model, settings = MODELS[row["model"]]
+        recompute, every = RECOMPUTE[row["activation_checkpointing"]]
         overrides = [
             f"model={model}", *settings, f"model.seq_length={seq}",
             f"cluster.nodes={gpus // 8}", f"parallel.dp={gpus}",
             # one microbatch of the local batch per step (no gradient accumulation in the configs)
             f"parallel.microbatch_size={batch}", f"parallel.global_batch_size={batch * gpus}",
-            f"parallel.recompute={RECOMPUTE[row['activation_checkpointing']]}",
+            f"parallel.recompute={recompute}",
             f"training.fused_norm={FUSED_NORM[row['norm_type']]}",
         ]
+        if every > 1:  # every ``every``-th block of the model's (one chunk per rank: only the count matters)
+            layers = load_scenario(TORCHTITAN_BASE, overrides).scenario.model.num_layers
+            overrides.append(f"parallel.recompute_num_layers={layers // every}")
         step_s = batch * seq / float(row["wps_per_gpu"])
 
         def predict(overrides=overrides) -> Prediction:

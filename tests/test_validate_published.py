@@ -214,4 +214,5 @@ def test_torchtitan_rows_reproduce_the_printed_mfu(harness):
         mfu = 100 * per_token * float(row["wps_per_gpu"]) / 312e12
         assert mfu == pytest.approx(float(row["mfu_pct"]), abs=0.15), row["model"]
     assert [c.label for c in harness.cases_of(["torchtitan_a100"])] == [
-        "Llama 3 70B batch 1 AC full", "Llama 2 13B batch 2 AC none", "Llama 2 70B batch 2 AC full"]
+        "Llama 3 8B batch 1 AC selective layer", "Llama 3 70B batch 1 AC full", "Llama 2 13B batch 2 AC none",
+        "Llama 2 13B batch 2 AC selective layer", "Llama 2 70B batch 2 AC full"]

@@ -120,6 +120,9 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     layers, split = _layers_per_chunk(scenario, chains)
     order = _rank_order(scenario)
     _check_dtype(scenario)
+    if plan.recompute_num_layers is not None and plan.recompute != "full":
+        raise _fail("parallel.recompute_num_layers", f"recomputes whole layers, which needs parallel.recompute: "
+                                                     f"full (got {plan.recompute})")
     return Layout(
         tp=plan.tp, pp=plan.pp, dp=dp, vpp=plan.vpp, cp=plan.cp, cp_comm=plan.cp_comm, ep=ep, etp=etp,
         zero_stage=zero,

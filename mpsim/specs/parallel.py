@@ -45,6 +45,13 @@ class ParallelPlan(Spec):
     schedule: str = Field("1f1b", description="pipeline schedule name, or file:PATH of a schedule text file")
     sequence_parallel: bool = False
     recompute: Literal["none", "selective", "full"] = "none"
+    # Megatron's --recompute-granularity full --recompute-method block --recompute-num-layers N: the
+    # first N transformer layers of each model chunk recompute their forward, the rest keep their
+    # activations (megatron/core/transformer/transformer_block.py, _checkpointed_forward)
+    recompute_num_layers: int | None = Field(
+        None, ge=1, description="with recompute full: only the first N transformer layers of each model chunk "
+                                "recompute (Megatron's --recompute-method block --recompute-num-layers); "
+                                "default: every layer")
     layers_per_stage: list[int] | Literal["auto"] | None = Field(
         None, description="layers (transformer layers, or layer-stack units) of each model chunk, pp*vpp entries in "
                           "stage order; 'auto' balances the slowest stage within the memory limit; even by default"

@@ -91,12 +91,14 @@ def build_stack_stage(units: tuple[UnitWork, ...], options: StageOptions) -> Sta
     embeddings = {name for unit in units for name in unit.embeddings}
     forward, backward, backward_input, backward_weight = [], [], [], []
     params = activation = w_buffer = layer_params = layer_activation = largest = 0.0
+    layer_index = 0
     for unit in units:
         work = unit.work
         # a head tied to an embedding on this stage reads the embedding's table
         unit_params = work.params - sum(p for name, p in unit.tied if name in embeddings)
-        redo = {"full": work.forward, "selective": work.recompute_selective}.get(options.recompute, ()) \
-            if unit.is_layer else ()
+        recompute = options.layer_recompute(layer_index) if unit.is_layer else "none"
+        layer_index += unit.is_layer
+        redo = {"full": work.forward, "selective": work.recompute_selective}.get(recompute, ())
         fwd, bwd, bwd_in, bwd_w = unit_blocks(unit.label, unit_params, work.forward, work.backward,
                                           work.backward_input, work.backward_weight, redo, options,
                                           work.param_tensors)
@@ -105,9 +107,9 @@ def build_stack_stage(units: tuple[UnitWork, ...], options: StageOptions) -> Sta
         backward_input[:0] = list(bwd_in)
         backward_weight[:0] = [bwd_w]
         kept = work.saved_bytes
-        if unit.is_layer and options.recompute == "full":
+        if unit.is_layer and recompute == "full":
             kept = unit.input_bytes
-        elif unit.is_layer and options.recompute == "selective":
+        elif unit.is_layer and recompute == "selective":
             kept = work.saved_bytes - work.selective_saved_bytes
         params += unit_params
         activation += kept
@@ -127,7 +129,8 @@ def stack_options(scenario: Scenario, layout: Layout) -> StageOptions:
                         bias=False, tied_embeddings=False, mla=None, moe=None,
                         shard_params=layout.zero_stage >= 3, grad_bytes=scenario.training.grad_bytes,
                         reshard_after_forward=layout.reshard_after_forward,
-                        accumulate_grads=scenario.training.layers_impl == "pytorch")
+                        accumulate_grads=scenario.training.layers_impl == "pytorch",
+                        recompute_layers=scenario.parallel.recompute_num_layers)
 
 
 def _widest_context(stack: LayerStackSpec, env: StackEnv) -> LayerContext:

@@ -44,6 +44,15 @@ class StageOptions:
     # fp8 runs: transformer layers on one pipeline rank over all its chunks (the model's layers
     # over the pipeline ranks), whose amaxes every chunk's reduction carries (fp8_scaling.py)
     rank_layers: float = 0.0
+    # with recompute "full": the chunk's first this many layers recompute, the rest keep their
+    # activations (Megatron's block method); None: every layer
+    recompute_layers: int | None = None
+
+    def layer_recompute(self, index: int) -> str:
+        """The recompute of a chunk's ``index``-th transformer layer (from 0)."""
+        if self.recompute_layers is not None and index >= self.recompute_layers:
+            return "none"
+        return self.recompute
 
 
 @dataclass(frozen=True, eq=False)

@@ -90,10 +90,12 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
     # LM head's) and after its first layer's backward (before the embedding's)
     forward_amax, backward_amax = chunk_amax_reductions(ctx, works, options.rank_layers)
     params = expert = activation = w_buffer = 0.0
+    layer_index = 0
     for label, work in parts:
         is_layer = isinstance(work, LayerWork)
-        redo = {"full": work.forward, "selective": work.recompute_selective}.get(options.recompute, ()) \
-            if is_layer else ()
+        recompute = options.layer_recompute(layer_index) if is_layer else "none"
+        layer_index += is_layer
+        redo = {"full": work.forward, "selective": work.recompute_selective}.get(recompute, ())
         fwd, bwd, bwd_in, bwd_w = unit_blocks(label, work.params + work.expert_params, work.forward, work.backward,
                                           work.backward_input, work.backward_weight, redo, options,
                                           work.param_tensors)
@@ -113,10 +115,10 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
             w_buffer += work.weight_grad_buffer_bytes
         params += work.params
         expert += work.expert_params
-        activation += work.activation_bytes(options.recompute) if is_layer else work.saved_bytes
+        activation += work.activation_bytes(recompute) if is_layer else work.saved_bytes
     layer_total = sum(work.params + work.expert_params for work in works)
     largest = max([w.params + w.expert_params for w in works], default=0.0)
-    layer_activation = sum(work.activation_bytes(options.recompute) for work in works)
+    layer_activation = sum(work.activation_bytes(options.layer_recompute(i)) for i, work in enumerate(works))
     return StageWork(layers, has_embedding, has_head, tuple(forward), tuple(backward), tuple(backward_input),
                      tuple(backward_weight), params, expert, layer_total, activation, w_buffer, largest,
                      layer_activation)
@@ -155,7 +157,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         reshard_after_forward=layout.reshard_after_forward,
         accumulate_grads=training.layers_impl == "pytorch",
         defer_head_wgrad=training.defer_embedding_wgrad,
-        rank_layers=sum(layout.layers_per_chunk) / layout.pp if training.dtype == "fp8" else 0.0)
+        rank_layers=sum(layout.layers_per_chunk) / layout.pp if training.dtype == "fp8" else 0.0,
+        recompute_layers=scenario.parallel.recompute_num_layers)
 
 
 def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:
