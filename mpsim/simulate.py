@@ -234,9 +234,13 @@ def overlapped_param_gather_s(workload: Workload, schedule: Schedule, model: Cos
     of the ranks' waits; it is added to every rank's optimizer step.
     """
     layout, training = model.layout, model.scenario.training
-    if not training.overlap_param_gather or layout.zero_stage not in (1, 2):
+    # FSDP under torch.distributed.pipelining gathers each chunk unit by unit, dispatched at the
+    # start of the rank's list: its schedules open with UNSHARD actions for the first stages they
+    # compute (_add_unshard_reshard in torch/distributed/pipelining/schedules.py)
+    fsdp = layout.fsdp_whole_step
+    if not fsdp and (not training.overlap_param_gather or layout.zero_stage not in (1, 2)):
         return 0.0
-    aligned = layout.vpp > 1
+    aligned = layout.vpp > 1 or fsdp
     chains = schedule.topology
     total = 0.0
     for rank in range(schedule.num_ranks):
@@ -252,7 +256,8 @@ def overlapped_param_gather_s(workload: Workload, schedule: Schedule, model: Cos
         while before is not None:  # the forwards of the chain before it: the earliest its input can come
             head += model.on_rank(schedule.stage_to_rank[before]).price(workload.stages[before].forward).duration_s
             before = chains.previous(before)
-        total += param_gather_exposed_s(work, here, forward_s, bucketed=first == 0, aligned=aligned, head_s=head)
+        total += param_gather_exposed_s(work, here, forward_s, bucketed=first == 0, aligned=aligned, head_s=head,
+                                        per_layer=fsdp)
     return total
 
 

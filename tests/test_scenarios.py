@@ -46,12 +46,15 @@ PUBLISHED_TOLERANCE = 0.10
 # 64 MiB down): the H100 scenarios whose DP, EP or ZeRO traffic crosses nodes moved, Mixtral
 # -18.3 % (EP all-to-alls over two nodes), DeepSeek-V3 -8.9 %, Llama 3 405B 128K -4.9 %,
 # Llama 3 8B DP 8 -4.5 %, ViT-22B -2.7 %, Grok-1-like -0.8 %.
+# Then the Llama 3 405B 8K scenario took the paper's FSDP without resharding after the forward,
+# which under its pipeline gathers each chunk once per step at the step's start (Layout.fsdp_whole_step)
+# where the distributed optimizer gathered after the optimizer step: -1.8 %.
 REGRESSION_PIN_S = {
     "deepseek_v3_2048xh100.yaml": 36.55,
     "deepspeech2_8xa100.yaml": 1.011,
     "grok1_like_512xh100.yaml": 9.716,
     "llama3_405b_128k_16384xh100.yaml": 11.34,
-    "llama3_405b_16384xh100.yaml": 5.755,
+    "llama3_405b_16384xh100.yaml": 5.649,
     "llama3_70b_32xh100.yaml": 5.033,
     "llama3_8b_64xh100_dp8.yaml": 1.429,
     "megatron_1t_3072xa100.yaml": 17.05,

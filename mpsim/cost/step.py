@@ -157,6 +157,10 @@ def final_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int,
     buckets: tuple[Bucket, ...] = ()
     if layout.zero_stage == 0:
         buckets += _buckets(dense, "all-reduce", "dp", model, "grad all-reduce", copy_ranks, bucketed)
+    elif layout.fsdp_whole_step:
+        # FSDP reduce-scatters each unit (a layer) as the chunk's last backward finishes it
+        buckets += _buckets(dense, "reduce-scatter", "zero", model, "FSDP grad reduce-scatter", copy_ranks,
+                            units=max(1, work.layers))
     elif layout.zero_stage == 1:
         buckets += _buckets(dense, "reduce-scatter", "zero", model, "grad reduce-scatter", copy_ranks, bucketed)
     if layout.zero_stage >= 1:
@@ -274,7 +278,7 @@ def optimizer_s(works: list[StageWork], model: CostModel) -> float:
 
 
 def param_gather_exposed_s(work: StageWork, model: CostModel, forward_compute_s: float, bucketed: bool,
-                           aligned: bool, head_s: float = 0.0) -> float:
+                           aligned: bool, head_s: float = 0.0, per_layer: bool = False) -> float:
     """Seconds a stage's first forward of the step waits for the parameter all-gather when it
     is overlapped with the forward (Megatron-Core's ``--overlap-param-gather``).
 
@@ -286,9 +290,12 @@ def param_gather_exposed_s(work: StageWork, model: CostModel, forward_compute_s:
     ``align_param_gather``) every bucket is dispatched at the start of the step, one after
     the other, while the stage waits ``head_s`` for its first input anyway. A bucket's
     share of the forward is its share of the stage's parameters. The compute beside a gather
-    runs on the SMs the gather leaves it (``cost/contention.py``).
+    runs on the SMs the gather leaves it (``cost/contention.py``). ``per_layer``: one bucket
+    per layer (FSDP's units, ``Layout.fsdp_whole_step``), each prefetched while the layer
+    before it computes.
     """
-    sizes = bucket_sizes(work.params, model, bucketed)
+    layers = max(1, work.layers)
+    sizes = (work.params / layers,) * layers if per_layer else bucket_sizes(work.params, model, bucketed)
     total = sum(sizes)
     if total <= 0 or model.placements["zero"].size <= 1:
         return 0.0

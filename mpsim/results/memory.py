@@ -130,7 +130,7 @@ GATHERED_PARAM_BYTES = 2  # ZeRO-3 / FSDP gathers the bf16 weights
 
 def held_params(layout: Layout) -> bool:
     """Whether gathered ZeRO-3 parameters stay from a stage's forward to its backward."""
-    return layout.zero_stage >= 3 and not layout.reshard_after_forward
+    return layout.state_zero_stage >= 3 and not layout.reshard_after_forward
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,8 @@ def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
     ctx = workload.context
     gathered_input = ctx.activation_message if layout.tp > 1 and layout.sequence_parallel else 0.0
     largest = max((w.largest_layer_params for w in works), default=0.0)
-    zero3_layers = 2 * largest * GATHERED_PARAM_BYTES if layout.zero_stage >= 3 and not held_params(layout) else 0.0
+    zero3_layers = 2 * largest * GATHERED_PARAM_BYTES if layout.state_zero_stage >= 3 and not held_params(layout) \
+        else 0.0
     return gathered_input + zero3_layers
 
 
@@ -226,7 +227,7 @@ def rank_states(scenario: Scenario, layout: Layout, stage_to_rank: tuple[int, ..
     capacity = scenario.cluster.system.accelerator.memory.capacity
     # a heterogeneous cluster: each pipeline rank has its own part's memory
     part_of = part_of_pp_ranks(scenario, layout) if scenario.cluster.parts else ()
-    kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.zero_stage, optimizer=training.optimizer)
+    kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage, optimizer=training.optimizer)
     held = stages_by_rank(stage_to_rank, num_ranks)
     # ranks holding the same stage works (one object per kind of stage) on the same memory hold
     # the same state: the middle ranks of a pipeline are computed once

@@ -69,6 +69,27 @@ class Layout:
         return self.zero_shard_size * self.cp
 
     @property
+    def fsdp_whole_step(self) -> bool:
+        """FSDP (ZeRO-3) driven by a pipeline schedule without resharding after the forward.
+
+        torch.distributed.pipelining runs every backward but the last with FSDP's gradient
+        sync and its resharding after the backward turned off (``backward_maybe_with_nosync``
+        in torch/distributed/pipelining/stage.py: ``set_requires_gradient_sync(False)``,
+        ``set_reshard_after_backward(False)``), and torchtitan, as Llama 3, does not reshard
+        after the forward under a pipeline. So each model chunk's parameters are gathered
+        once, before its first forward, and stay gathered for the step; its gradients
+        accumulate unsharded (in the reduce dtype) and are reduce-scattered once, after its
+        last backward. The step's collectives and memory are then ZeRO-1's
+        (``state_zero_stage``).
+        """
+        return self.zero_stage >= 3 and self.pp > 1 and not self.reshard_after_forward
+
+    @property
+    def state_zero_stage(self) -> int:
+        """The ZeRO stage the step's collectives and its memory follow: 1 for ``fsdp_whole_step``."""
+        return 1 if self.fsdp_whole_step else self.zero_stage
+
+    @property
     def expert_dp(self) -> int:
         """Replicas of each expert: the ranks of a pipeline stage that share its experts' shards."""
         return self.tp * self.cp * self.dp // (self.ep * self.etp)

@@ -127,7 +127,7 @@ def stack_options(scenario: Scenario, layout: Layout) -> StageOptions:
     """The stage options a stack uses (recompute and ZeRO); the transformer-only ones stay empty."""
     return StageOptions(recompute=scenario.parallel.recompute, vocab_local=0, learned_positions=False, norm_params=0,
                         bias=False, tied_embeddings=False, mla=None, moe=None,
-                        shard_params=layout.zero_stage >= 3, grad_bytes=scenario.training.grad_bytes,
+                        shard_params=layout.state_zero_stage >= 3, grad_bytes=scenario.training.grad_bytes,
                         reshard_after_forward=layout.reshard_after_forward,
                         accumulate_grads=scenario.training.layers_impl == "pytorch",
                         recompute_layers=scenario.parallel.recompute_num_layers)

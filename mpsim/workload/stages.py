@@ -153,7 +153,7 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         recompute=scenario.parallel.recompute, vocab_local=vocab // layout.tp,
         learned_positions=model.position_embedding == "learned", norm_params=2 if model.norm == "layernorm" else 1,
         bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
-        shard_params=layout.zero_stage >= 3, grad_bytes=training.grad_bytes,
+        shard_params=layout.state_zero_stage >= 3, grad_bytes=training.grad_bytes,
         reshard_after_forward=layout.reshard_after_forward,
         accumulate_grads=training.layers_impl == "pytorch",
         defer_head_wgrad=training.defer_embedding_wgrad,
