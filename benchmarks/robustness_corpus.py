@@ -74,6 +74,7 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("parallel.schedule", ("nope", "1f1bb", "''")),
     ("parallel.vpp", ("0", "3")),
     ("parallel.recompute", ("sometimes", "1")),
+    ("parallel.recompute_num_layers", ("0", "-2", "abc", "1.5")),
     ("parallel.cp", ("0", "5")),
     ("parallel.sequence_parallel", ("maybe", "2")),
     ("model.num_layers", ("40000000", "0", "true")),
@@ -87,6 +88,7 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("training.grad_reduce_bucket_bytes", ("'80 GB/s'", "-1", "'lots'")),
     ("training.memory_reserved", ("abc",)),
     ("training.transformer_impl", ("megatron", "true")),
+    ("training.fused_norm", ("maybe", "false")),  # false: the base model's norm is not RMSNorm
     ("cluster.nodes", ("0", "1073741824", "0.5", "1.0")),
     ("cluster.system", ("nope-system",)),
     ("cluster.system.accelerator", ("nope-gpu",)),
@@ -119,6 +121,9 @@ def _set_cases() -> list[Case]:
     for name, values in DP_SET_CASES:
         for value in values:
             cases.append(_run_set(f"dp set {name}={value}", f"{name}={value}", name.split(".")[-1], base=DP_BASE))
+    # a layer count of full recompute where the scenario recomputes only the attention core
+    cases.append(_run_set("set recompute_num_layers with selective recompute", "parallel.recompute_num_layers=2",
+                          "recompute_num_layers", base=BASE.replace("recompute: full", "recompute: selective")))
     return cases
 
 
