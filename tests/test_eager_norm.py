@@ -17,8 +17,8 @@ from mpsim.results import summarize
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.workload import build_workload
-from mpsim.workload.blocks import (EAGER_RMSNORM_FORWARD, EAGER_RMSNORM_GRAD_INPUT, EAGER_RMSNORM_GRAD_WEIGHT,
-                                   EAGER_RMSNORM_SAVED_EXTRA)
+from mpsim.workload.norms import (EAGER_RMSNORM_FORWARD, EAGER_RMSNORM_GRAD_INPUT, EAGER_RMSNORM_GRAD_WEIGHT,
+                                  EAGER_RMSNORM_SAVED_EXTRA)
 from tests.conftest import SCENARIOS
 
 LLAMA8 = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"

@@ -50,7 +50,7 @@ class LayerContext:
     # whose layers run the model (TrainingOptions.transformer_impl): Megatron's own ("local"),
     # Transformer Engine's, or plain PyTorch modules under autograd ("pytorch")
     layers_impl: str = "local"
-    # RMSNorm as PyTorch's operators run it eagerly (TrainingOptions.fused_norm): EAGER_RMSNORM_*
+    # RMSNorm as PyTorch's operators run it eagerly (TrainingOptions.fused_norm): norms.py
     eager_rmsnorm: bool = False
     cross_entropy_fusion: bool = False  # Megatron-Core's fused vocab-parallel cross entropy
     ub_sms: tuple[tuple[str, int], ...] = ()  # userbuffers SMs per GEMM site a recipe tunes (tp_comm_overlap_sms)
@@ -216,74 +216,6 @@ def scattered_gemm(ctx: LayerContext, gemm_op: Op, reduce: Op | None) -> list[It
         return [Overlap(reduce, (gemm_op,), chunks=UB_PIPELINE_SPLITS,
                         comm_sms=ub_sms(ctx, gemm_op.name, "fprop", UB_PIPELINE_SMS))]
     return [gemm_op, reduce]
-
-
-# RMSNorm in PyTorch operators, y = (x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w
-# (torchtitan's RMSNorm, torchtitan/models/norms.py; Hugging Face's LlamaRMSNorm), run eagerly:
-# (bytes per element of the normalized tensor, fixed part, per byte of the activation e; kernels),
-# as PyTorch dispatches them (tests/test_eager_norm.py counts them). Forward: the cast to fp32
-# (e + 4), the square (8), the mean (4), eps and rsqrt on one number per token, the scale (8), the
-# cast back (4 + e), the weight (2e): 28 + 4e in 8 kernels. Backward, input side: the weight's
-# product (2e), the cast (e + 4), the scale's two gradients (8 + 12, and 4 for the sum over the
-# hidden), three kernels on one number per token, the mean's backward (8), the square's (8, 8, 12),
-# the two paths summed into the fp32 input (12), the cast back (4 + e): 80 + 4e in 14 kernels;
-# the weight's gradient, a product and a sum over the tokens, 4e in 2. Kept for the backward: the
-# fp32 input (4, which the square and the scale share) and the cast output (e) for the weight,
-# where a fused norm keeps its input (e): 4 bytes per element more.
-EAGER_RMSNORM_FORWARD = (28, 4, 8)
-EAGER_RMSNORM_GRAD_INPUT = (80, 4, 14)
-EAGER_RMSNORM_GRAD_WEIGHT = (0, 4, 2)
-EAGER_RMSNORM_SAVED_EXTRA = 4
-
-
-def _eager_bytes(part: tuple[int, int, int], elements: float, act_bytes: int) -> tuple[float, int]:
-    fixed, per_act_byte, kernels = part
-    return elements * (fixed + per_act_byte * act_bytes), kernels
-
-
-def norm(ctx: LayerContext, name: str) -> Op:
-    """LayerNorm / RMSNorm over the rank's tokens (its backward: :func:`norm_grad`)."""
-    elems = ctx.norm_tokens * ctx.hidden
-    if ctx.eager_rmsnorm:
-        moved, kernels = _eager_bytes(EAGER_RMSNORM_FORWARD, elems, ctx.act_bytes)
-        return memory_op(name, moved, launches=kernels)
-    return memory_op(name, elems * ctx.act_bytes * 2)
-
-
-def norm_saved_bytes(ctx: LayerContext) -> float:
-    """Bytes a norm keeps for its backward beyond its input (the eager RMSNorm's fp32 copy)."""
-    return ctx.norm_tokens * ctx.hidden * EAGER_RMSNORM_SAVED_EXTRA if ctx.eager_rmsnorm else 0.0
-
-
-def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
-    """A norm's backward: (input-gradient ops, parameter-gradient ops).
-
-    The input gradient reads the input and the output gradient and writes the input's
-    gradient. The scale's (and shift's) gradient is a reduction over the tokens of the same
-    two tensors: Transformer Engine's norm backward computes it in the same pass; Apex's
-    fused norm (Megatron's local layers) and PyTorch's ``native_layer_norm_backward`` run
-    it as a kernel of its own, which a split backward of plain PyTorch
-    (``torch.distributed.pipelining``'s weight pass) runs with the weights.
-    """
-    elements = ctx.norm_tokens * ctx.hidden
-    if ctx.eager_rmsnorm:
-        moved, kernels = _eager_bytes(EAGER_RMSNORM_GRAD_INPUT, elements, ctx.act_bytes)
-        weight, weight_kernels = _eager_bytes(EAGER_RMSNORM_GRAD_WEIGHT, elements, ctx.act_bytes)
-        # autograd runs the weight's gradient beside the input's, in the same backward
-        return [memory_op(f"{name}.grad", moved, launches=kernels)], \
-            [memory_op(f"{name}.grad_params", weight, launches=weight_kernels)]
-    return norm_grad_ops(name, elements, ctx.act_bytes, ctx.layers_impl)
-
-
-def norm_grad_ops(name: str, elements: float, act_bytes: int, layers_impl: str) -> tuple[list[Op], list[Op]]:
-    """:func:`norm_grad` over ``elements`` activations of ``act_bytes`` each."""
-    grad_input = [memory_op(f"{name}.grad", elements * act_bytes * 3)]
-    if layers_impl == "transformer_engine":
-        return grad_input, []
-    grad_params = [memory_op(f"{name}.grad_params", elements * act_bytes * 2)]
-    if layers_impl == "pytorch":
-        return grad_input, grad_params
-    return grad_input + grad_params, []
 
 
 def bias_dropout_add(ctx: LayerContext, name: str) -> Op:

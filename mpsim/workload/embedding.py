@@ -8,7 +8,8 @@ VocabParallelEmbedding and vocab-parallel cross entropy).
 
 from __future__ import annotations
 
-from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, norm, norm_grad, param_tensors
+from mpsim.workload.blocks import BlockWork, LayerContext, column_backward, linear, param_tensors
+from mpsim.workload.norms import norm, norm_grad
 from mpsim.workload.ops import Item, Op, collective, memory_op
 
 # Megatron's vocab-parallel cross entropy (VocabParallelCrossEntropy) works on an fp32 copy of

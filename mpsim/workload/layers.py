@@ -24,8 +24,9 @@ from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, Cu
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
-                                   linear, norm_grad_ops, param_tensors, present, residual_grad, scattered_gemm,
-                                   tp_collectives, weight_pass_regather)
+                                   linear, param_tensors, present, residual_grad, scattered_gemm, tp_collectives,
+                                   weight_pass_regather)
+from mpsim.workload.norms import norm_grad_ops
 from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
                                       embedding_block)
 from mpsim.workload.ops import Item, Op, collective, memory_op

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropout_add, bias_dropout_add_grad,
-                                   bias_grad, column_backward, gathered_gemm, grad_gather, linear, norm, norm_grad,
-                                   norm_saved_bytes, param_tensors, present, scattered_gemm, tp_collectives,
-                                   weight_pass_regather)
+                                   bias_grad, column_backward, gathered_gemm, grad_gather, linear, param_tensors,
+                                   present, scattered_gemm, tp_collectives, weight_pass_regather)
+from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.ops import Item, memory_op
 
 

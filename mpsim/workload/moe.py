@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear, norm,
-                                   norm_grad, norm_saved_bytes, param_tensors)
+from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear,
+                                   param_tensors)
+from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.mlp import ffn_activation, mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 

@@ -125,8 +125,8 @@ def fsdp_copies(params: float, grad_bytes: int) -> tuple[Op, Op]:
 
 
 # the items of a layer with FSDP's copies around them, one tuple for every twin layer (a pass
-# prices a tuple once): original tuple's id and the copies' -> (original, with copies)
-_WITH_COPIES: dict[tuple[int, int, int], tuple[tuple, tuple]] = {}
+# prices a tuple once): ids of the original tuple and of the copies -> (them, with the copies)
+_WITH_COPIES: dict[tuple[int, int, int], tuple[tuple, Op | None, Op | None, tuple]] = {}
 
 
 def _around(items: tuple, before: Op | None, after: Op | None) -> tuple:
@@ -135,12 +135,13 @@ def _around(items: tuple, before: Op | None, after: Op | None) -> tuple:
         return items
     key = (id(items), id(before), id(after))
     found = _WITH_COPIES.get(key)
-    if found is not None and found[0] is items:
-        return found[1]
+    if found is not None and found[0] is items and found[1] is before and found[2] is after:
+        return found[3]
     if len(_WITH_COPIES) >= 4096:
         _WITH_COPIES.clear()
     wrapped = (*((before,) if before is not None else ()), *items, *((after,) if after is not None else ()))
-    _WITH_COPIES[key] = (items, wrapped)  # holds ``items``, so its id names it while the entry lives
+    # the entry holds the objects, so their ids name them while it lives
+    _WITH_COPIES[key] = (items, before, after, wrapped)
     return wrapped
 
 
