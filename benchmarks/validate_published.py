@@ -94,8 +94,8 @@ from published_common import DATA, Case, Result, Table  # noqa: E402
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
 from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, nemo_table  # noqa: E402
-from published_torchtitan import ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, LEFT_OUT as TORCHTITAN_LEFT_OUT  # noqa: E402
-from published_torchtitan import torchtitan_table  # noqa: E402
+from published_torchtitan import (ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, LEFT_OUT as TORCHTITAN_LEFT_OUT,  # noqa: E402
+                                  torchtitan_table)
 from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_ASSUMPTIONS,  # noqa: E402
                                    ZB_T11_LEFT_OUT, zero_bubble_table4, zero_bubble_table6,
                                    zero_bubble_table7, zero_bubble_table9, zero_bubble_table10, zero_bubble_table11,

@@ -177,16 +177,7 @@ def unit_blocks(label: str, params: float, forward, backward, backward_input, ba
     accumulate = accumulate_grads(label, param_tensors, options)
     if accumulate:  # otherwise the layer's own tuples, which its twins share (a pass prices them once)
         backward, backward_weight = (*backward, *accumulate), (*backward_weight, *accumulate)
-    if gather is None:  # no sharded parameters: the blocks as they are
-        fwd = Block(label, "forward", forward)
-        if redo:
-            first = Block(label, "recompute", redo)
-            bwd = (first, Block(label, "backward", backward))
-            return fwd, bwd, (first, Block(label, "backward", backward_input)), \
-                Block(label, "weight-grad", backward_weight)
-        return fwd, (Block(label, "backward", backward),), (Block(label, "backward", backward_input),), \
-            Block(label, "weight-grad", backward_weight)
-    copy_out, copy_in = fsdp_copies(params, options.grad_bytes)
+    copy_out, copy_in = fsdp_copies(params, options.grad_bytes) if gather is not None else (None, None)
 
     def block(category: str, items: tuple, gathers: Op | None, releases: Op | None = None) -> Block:
         """A block with FSDP's copy after its gather and before its reduce-scatter."""

@@ -91,17 +91,11 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
     forward_amax, backward_amax = chunk_amax_reductions(ctx, works, options.rank_layers)
     params = expert = activation = w_buffer = 0.0
     layer_index = 0
-    every_layer = options.recompute_layers is None
     for label, work in parts:
         is_layer = isinstance(work, LayerWork)
-        if not is_layer:
-            recompute = "none"
-        elif every_layer:
-            recompute = options.recompute
-        else:
-            recompute = options.layer_recompute(layer_index)
-            layer_index += 1
-        redo = () if recompute == "none" else work.forward if recompute == "full" else work.recompute_selective
+        recompute = options.layer_recompute(layer_index) if is_layer else "none"
+        layer_index += is_layer
+        redo = {"full": work.forward, "selective": work.recompute_selective}.get(recompute, ())
         fwd, bwd, bwd_in, bwd_w = unit_blocks(label, work.params + work.expert_params, work.forward, work.backward,
                                           work.backward_input, work.backward_weight, redo, options,
                                           work.param_tensors)
@@ -124,8 +118,7 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
         activation += work.activation_bytes(recompute) if is_layer else work.saved_bytes
     layer_total = sum(work.params + work.expert_params for work in works)
     largest = max([w.params + w.expert_params for w in works], default=0.0)
-    layer_activation = sum(work.activation_bytes(options.recompute) for work in works) if every_layer else \
-        sum(work.activation_bytes(options.layer_recompute(i)) for i, work in enumerate(works))
+    layer_activation = sum(work.activation_bytes(options.layer_recompute(i)) for i, work in enumerate(works))
     return StageWork(layers, has_embedding, has_head, tuple(forward), tuple(backward), tuple(backward_input),
                      tuple(backward_weight), params, expert, layer_total, activation, w_buffer, largest,
                      layer_activation)
