@@ -151,3 +151,36 @@ def test_mi300x_carries_aiters_measured_sweep():
     held = accelerator.efficiency.sustained_attention or accelerator.efficiency.sustained_compute
     assert burst_s * held == pytest.approx(1e12 / 585e12, rel=1e-12)
     assert accelerator.efficiency.attention_forward * accelerator.peak("bf16") != pytest.approx(585e12, rel=0.01)
+
+
+# FA2-A100 (docs/hardware-sources.md): FlashAttention-2's forward + backward on an A100 80GB SXM4,
+# head dim 128, as the flash-attention README prints it, without a mask and with a causal one
+FA2_A100_FWD_BWD = {512: (152, 99), 1024: (173, 133), 2048: (187, 155), 4096: (196, 173), 8192: (201, 182),
+                    16384: (203, 189)}
+
+
+@pytest.mark.parametrize("name", ["a100-sxm-80gb", "a100-sxm-40gb"])
+def test_a100_sweep_recombines_to_flashattention2s_printed_forward_plus_backward(name):
+    sweep = load_accelerator(name).efficiency.attention_sweep
+    assert sweep is not None and sweep.kernel == "FlashAttention-2" and sweep.head_dim == 128
+    for seq, printed in FA2_A100_FWD_BWD.items():
+        for causal, measured in zip((False, True), printed):
+            forward, backward = sweep.rate(seq, False, causal), sweep.rate(seq, True, causal)
+            # the backward does 2.5x the forward's FLOPs (the benchmark's own count)
+            combined = 3.5 / (1.0 / forward + 2.5 / backward)
+            # the file keeps one decimal of each series
+            assert combined == pytest.approx(measured * TFLOPS, abs=0.15 * TFLOPS)
+
+
+def test_a100_sweep_splits_at_flashattention2s_own_maxima():
+    # Dao 2023: the forward reaches up to 73 % of the A100's peak, the backward up to 63 %; the
+    # split keeps that ratio at every length, and at 16k unmasked it lands on those maxima
+    accelerator = load_accelerator("a100-sxm-80gb")
+    sweep, peak = accelerator.efficiency.attention_sweep, accelerator.peak("bf16")
+    for seq in sweep.seq_lengths:
+        for causal in (False, True):
+            assert sweep.rate(seq, True, causal) / sweep.rate(seq, False, causal) == pytest.approx(63 / 73, abs=1e-3)
+    assert sweep.rate(16384, False, False) / peak == pytest.approx(0.73, abs=0.01)
+    assert sweep.rate(16384, True, False) / peak == pytest.approx(0.63, abs=0.01)
+    # a short causal call runs well below the single fraction that was used before for every length
+    assert sweep.rate(2048, False, True) < 0.6 * peak
