@@ -191,6 +191,13 @@ def _file_cases() -> list[Case]:
         Case("accelerator file nan memory efficiency", ("run", "s.yaml"), ("acc.yaml", "memory"), 2,
              {"s.yaml": with_system.encode(), "sys.yaml": with_accelerator.encode(),
               "acc.yaml": _set_key(accelerator, "  memory", ".nan", after="efficiency:")}),
+        Case("accelerator file head-size series short", ("run", "s.yaml"),
+             ("acc.yaml", "other_head_dims (head_dim 64).forward", "5 values for 6"), 2,
+             {"s.yaml": with_system.encode(), "sys.yaml": with_accelerator.encode(),
+              "acc.yaml": accelerator.replace('forward: ["147.0 TFLOP/s", ', 'forward: [').encode()}),
+        Case("accelerator file head size twice", ("run", "s.yaml"), ("acc.yaml", "repeats a head dimension"), 2,
+             {"s.yaml": with_system.encode(), "sys.yaml": with_accelerator.encode(),
+              "acc.yaml": accelerator.replace("- head_dim: 64", "- head_dim: 128").encode()}),
     ]
     return cases
 

@@ -8,6 +8,8 @@ parallel ring makes ``cp`` calls over ``s / cp`` keys, one of them masked.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from mpsim.cost.compute import ComputeModel
@@ -184,3 +186,67 @@ def test_a100_sweep_splits_at_flashattention2s_own_maxima():
     assert sweep.rate(16384, True, False) / peak == pytest.approx(0.63, abs=0.01)
     # a short causal call runs well below the single fraction that was used before for every length
     assert sweep.rate(2048, False, True) < 0.6 * peak
+
+
+def test_h100_heads_of_64_and_256_run_at_their_own_published_forward():
+    # FA3-SWEEP's cuDNN forward at 4k tokens: head dim 64 408 unmasked, 363 causal; 256: 581, 483
+    assert SWEEP.rate(4096, False, False, head_dim=64) == pytest.approx(408e12)
+    assert SWEEP.rate(4096, False, True, head_dim=64) == pytest.approx(363e12)
+    assert SWEEP.rate(4096, False, False, head_dim=256) == pytest.approx(581e12)
+    assert SWEEP.rate(4096, False, True, head_dim=256) == pytest.approx(483e12)
+    # head 128 and an unknown head size read the sweep's own series
+    for head_dim in (0, 128):
+        assert SWEEP.rate(4096, False, True, head_dim=head_dim) == pytest.approx(518e12)
+
+
+def test_a_head_size_without_a_published_backward_scales_the_reference_backward_by_its_forward():
+    for seq in SWEEP.seq_lengths:
+        for causal in (False, True):
+            ratio = SWEEP.rate(seq, False, causal, head_dim=64) / SWEEP.rate(seq, False, causal)
+            assert SWEEP.rate(seq, True, causal, head_dim=64) == pytest.approx(SWEEP.rate(seq, True, causal) * ratio,
+                                                                               rel=1e-12)
+
+
+def test_between_head_sizes_the_rate_is_interpolated_in_log_head_size_and_held_outside():
+    # heads of 96, between 64 (363) and 128 (518), causal forward at 4k: log2(96 / 64) = 0.585 of the way
+    weight = math.log2(96 / 64)
+    assert SWEEP.rate(4096, False, True, head_dim=96) == pytest.approx((363 + weight * (518 - 363)) * TFLOPS, rel=1e-12)
+    assert SWEEP.rate(4096, False, True, head_dim=32) == SWEEP.rate(4096, False, True, head_dim=64)
+    assert SWEEP.rate(4096, True, False, head_dim=512) == SWEEP.rate(4096, True, False, head_dim=256)
+
+
+@pytest.mark.parametrize("name", ["h100-sxm-80gb", "a100-sxm-80gb"])
+def test_small_heads_cost_more_per_flop_than_heads_of_128(name):
+    accelerator = load_accelerator(name)
+    model = ComputeModel(accelerator, "bf16")
+    for seq in (512, 2048, 8192):
+        for direction in ("forward", "backward"):
+            small = Op("attn.flash", "attention", flops=1e12, direction=direction, kernel_seq=seq, causal_share=1.0,
+                       head_dim=64)
+            large = Op("attn.flash", "attention", flops=1e12, direction=direction, kernel_seq=seq, causal_share=1.0,
+                       head_dim=128)
+            assert model.time(small) > model.time(large)
+
+
+def test_a_layers_attention_kernels_carry_its_head_size():
+    # wav2vec 2.0 large: 16 heads of 64
+    scenario = load_scenario(SCENARIOS / "wav2vec2_large_16xa100.yaml", ["training.attention=flash"]).scenario
+    workload = build_workload(scenario, resolve(scenario))
+    ops = [op for block in workload.stages[0].forward for op in compute_ops(block.items) if op.kind == "attention"]
+    assert ops and {op.head_dim for op in ops} == {64}
+
+
+def test_other_head_sizes_are_checked_like_the_sweep(tmp_path):
+    with pytest.raises(ValueError, match=r"other_head_dims \(head_dim 64\)\.forward has 2 values for 3"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024, 2048), forward=(1, 1, 1),
+                           forward_causal=(1, 1, 1), backward=(1, 1, 1),
+                           other_head_dims=[{"head_dim": 64, "forward": (1, 1), "forward_causal": (1, 1, 1)}])
+    with pytest.raises(ValueError, match="repeats a head dimension"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward=(1, 1), forward_causal=(1, 1),
+                           backward=(1, 1), other_head_dims=[{"head_dim": 128, "forward": (1, 1),
+                                                              "forward_causal": (1, 1)}])
+    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h100_sxm_80gb.yaml").read_text()
+    bad = tmp_path / "fast.yaml"
+    bad.write_text(text.replace('"581 TFLOP/s"]', '"5810 TFLOP/s"]'))
+    with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
+        load_accelerator(str(bad))

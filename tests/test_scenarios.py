@@ -49,8 +49,12 @@ PUBLISHED_TOLERANCE = 0.10
 # Then the Llama 3 405B 8K scenario took the paper's FSDP without resharding after the forward,
 # which under its pipeline gathers each chunk once per step at the step's start (Layout.fsdp_whole_step)
 # where the distributed optimizer gathered after the optimizer step: -1.8 %.
+# Then fused attention took FlashAttention-2's published A100 sweep and the rate at each call's
+# head size (efficiency.attention_sweep.other_head_dims): wav2vec 2.0 (heads of 64) +1.2 %,
+# ViT-H/14 (heads of 80, between the measured 64 and 128) +1.0 %, DeepSeek-V3 (MLA's query/key
+# heads of 192, between 128 and 256 on H100) +0.1 %.
 REGRESSION_PIN_S = {
-    "deepseek_v3_2048xh100.yaml": 36.55,
+    "deepseek_v3_2048xh100.yaml": 36.59,
     "deepspeech2_8xa100.yaml": 1.011,
     "grok1_like_512xh100.yaml": 9.716,
     "llama3_405b_128k_16384xh100.yaml": 11.34,
@@ -61,8 +65,8 @@ REGRESSION_PIN_S = {
     "mixtral_8x7b_64xh100.yaml": 3.608,
     "validation_2xcpu.yaml": 0.7649,
     "vit_22b_512xh100.yaml": 0.9416,
-    "vit_h14_32xa100.yaml": 0.7845,
-    "wav2vec2_large_16xa100.yaml": 0.393,
+    "vit_h14_32xa100.yaml": 0.7923,
+    "wav2vec2_large_16xa100.yaml": 0.3976,
 }
 REGRESSION_TOLERANCE = 0.01
 

@@ -14,10 +14,10 @@ overhead. The compute side is not one efficiency number:
   as tensor parallelism makes them, spends a larger share of its time there.
 * Fused attention kernels run at their published rate: where the accelerator carries a
   sweep of the kernel over sequence lengths (``efficiency.attention_sweep``), the rate at
-  the keys per query one kernel call sees, masked and unmasked work priced apart (short
-  calls fill the SMs poorly and pay each query block's fixed load and store over fewer
-  key blocks; a causal mask adds partly masked diagonal blocks); else one fraction of
-  peak per pass.
+  the keys per query one kernel call sees and at its head size, masked and unmasked work
+  priced apart (short calls fill the SMs poorly and pay each query block's fixed load and
+  store over fewer key blocks; a causal mask adds partly masked diagonal blocks; small
+  heads do less work per loaded block); else one fraction of peak per pass.
 * Both are measured by short benchmarks, which find the GPU cool and at its top clock; a
   training step keeps it at its power limit, where it holds a lower clock. GEMMs run at
   ``efficiency.sustained_compute`` of the benchmarks' rate, fp8 GEMMs at
@@ -104,8 +104,8 @@ class ComputeModel:
             fraction = eff.attention_backward if backward else eff.attention_forward
             return op.flops / (self.accelerator.peak(dtype) * fraction * self._sustained_attention)
         masked = op.flops * op.causal_share
-        seconds = masked / sweep.rate(op.kernel_seq, backward, causal=True) if masked else 0.0
-        seconds += (op.flops - masked) / sweep.rate(op.kernel_seq, backward, causal=False)
+        seconds = masked / sweep.rate(op.kernel_seq, backward, causal=True, head_dim=op.head_dim) if masked else 0.0
+        seconds += (op.flops - masked) / sweep.rate(op.kernel_seq, backward, causal=False, head_dim=op.head_dim)
         return seconds / self._sustained_attention
 
     def _time(self, op: Op) -> float:

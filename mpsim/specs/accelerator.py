@@ -40,8 +40,41 @@ class MemorySpec(Spec):
     bandwidth: Bandwidth = Field(gt=0)
 
 
+class HeadDimSweepSpec(Spec):
+    """The same kernel's sweep at another head dimension, over the parent's sequence lengths.
+
+    Sources often print only the forward at other head dimensions; an absent backward is
+    the parent's backward (same length and mask) times this forward over the parent's.
+    """
+
+    head_dim: int = Field(gt=0, description="head dimension of these series")
+    forward: tuple[FlopRate, ...] = Field(description="forward without a mask, FLOP/s at each of the parent's lengths")
+    forward_causal: tuple[FlopRate, ...] = Field(description="forward with a causal mask, FLOP/s at each length")
+    backward: tuple[FlopRate, ...] | None = Field(None, description="backward without a mask; absent: inferred "
+                                                                      "from the forward, as the class docstring says")
+    backward_causal: tuple[FlopRate, ...] | None = Field(None, description="backward with a causal mask; absent: "
+                                                                             "inferred as the parent's is")
+
+    def series(self) -> tuple[tuple[float, ...], ...]:
+        """Every series given (for the checks)."""
+        return tuple(s for s in (self.forward, self.forward_causal, self.backward, self.backward_causal)
+                     if s is not None)
+
+
+def _log2_between(x: float, points: tuple[int, ...], values: list[float]) -> float:
+    """Linear in log2(x) between the two points around ``x``; the end value outside them."""
+    if x <= points[0]:
+        return values[0]
+    if x >= points[-1]:
+        return values[-1]
+    upper = next(i for i, point in enumerate(points) if point >= x)
+    lo, hi = points[upper - 1], points[upper]
+    weight = (math.log2(x) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+    return values[upper - 1] + weight * (values[upper] - values[upper - 1])
+
+
 class AttentionSweepSpec(Spec):
-    """A fused attention kernel's published throughput against sequence length.
+    """A fused attention kernel's published throughput against sequence length and head size.
 
     One series per pass and mask, measured at one head dimension in bf16/fp16 over a
     sweep of sequence lengths (keys per query of one kernel call). Between two measured
@@ -50,6 +83,12 @@ class AttentionSweepSpec(Spec):
     backward under a causal mask is the unmasked backward times the forward's
     masked/unmasked ratio at that length (the mask costs both passes the same skipped and
     partly masked blocks).
+
+    ``other_head_dims`` carries the same kernel at other head dimensions (a head of 64
+    keeps its tensor cores busy for half as long per loaded block as one of 128, so runs
+    slower per FLOP; one of 256 faster, until its tiles no longer fit). A call is priced
+    at its own head dimension: between two measured ones linearly in log2(head_dim),
+    outside them at the nearest.
     """
 
     kernel: str = Field(min_length=1, description="the kernel measured (cuDNN fused attention, FlashAttention-2, ...)")
@@ -60,37 +99,66 @@ class AttentionSweepSpec(Spec):
     backward: tuple[FlopRate, ...] = Field(description="backward without a mask, FLOP/s at each length")
     backward_causal: tuple[FlopRate, ...] | None = Field(None, description="backward with a causal mask; absent: "
                                                                              "inferred as the class docstring says")
+    other_head_dims: tuple[HeadDimSweepSpec, ...] = Field(
+        (), description="the same kernel measured at other head dimensions, over the same lengths")
 
     @model_validator(mode="after")
     def _consistent(self) -> "AttentionSweepSpec":
         if any(b <= a for a, b in zip(self.seq_lengths, self.seq_lengths[1:])) or self.seq_lengths[0] <= 0:
             raise ValueError(f"seq_lengths must be positive and increasing, got {list(self.seq_lengths)}")
-        for name in ("forward", "forward_causal", "backward", "backward_causal"):
-            series = getattr(self, name)
+        named = [("", name, getattr(self, name)) for name in ("forward", "forward_causal", "backward",
+                                                              "backward_causal")]
+        for other in self.other_head_dims:
+            named += [(f"other_head_dims (head_dim {other.head_dim}).", name, getattr(other, name))
+                      for name in ("forward", "forward_causal", "backward", "backward_causal")]
+        for where, name, series in named:
             if series is None:
                 continue
             if len(series) != len(self.seq_lengths):
-                raise ValueError(f"{name} has {len(series)} values for {len(self.seq_lengths)} seq_lengths")
+                raise ValueError(f"{where}{name} has {len(series)} values for {len(self.seq_lengths)} seq_lengths")
             if any(not value > 0 for value in series):
-                raise ValueError(f"{name} must be positive FLOP/s at every length")
+                raise ValueError(f"{where}{name} must be positive FLOP/s at every length")
+        dims = [self.head_dim, *(other.head_dim for other in self.other_head_dims)]
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"other_head_dims repeats a head dimension: {dims}")
         return self
 
-    def rate(self, seq: int, backward: bool, causal: bool) -> float:
-        """FLOP/s of one kernel call whose queries see ``seq`` keys."""
+    def fastest(self) -> float:
+        """The highest rate any series gives (for the check against the peak)."""
+        series = [self.forward, self.forward_causal, self.backward, self.backward_causal or (0.0,)]
+        series += [s for other in self.other_head_dims for s in other.series()]
+        return max(max(s) for s in series)
+
+    def _own_rate(self, seq: int, backward: bool, causal: bool) -> float:
         if backward and causal and self.backward_causal is None:
-            return self.rate(seq, True, False) * self.rate(seq, False, True) / self.rate(seq, False, False)
+            return self._own_rate(seq, True, False) * self._own_rate(seq, False, True) / self._own_rate(seq, False, False)
         series = (self.backward_causal if causal else self.backward) if backward else \
             (self.forward_causal if causal else self.forward)
         assert series is not None
-        lengths = self.seq_lengths
-        if seq <= lengths[0]:
-            return series[0]
-        if seq >= lengths[-1]:
-            return series[-1]
-        upper = next(i for i, length in enumerate(lengths) if length >= seq)
-        lo, hi = lengths[upper - 1], lengths[upper]
-        weight = (math.log2(seq) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
-        return series[upper - 1] + weight * (series[upper] - series[upper - 1])
+        return _log2_between(seq, self.seq_lengths, list(series))
+
+    def _other_rate(self, other: HeadDimSweepSpec, seq: int, backward: bool, causal: bool) -> float:
+        forward = _log2_between(seq, self.seq_lengths, list(other.forward_causal if causal else other.forward))
+        if not backward:
+            return forward
+        given = other.backward_causal if causal else other.backward
+        if given is not None:
+            return _log2_between(seq, self.seq_lengths, list(given))
+        if causal and other.backward is not None:  # the parent's rule, on this head dimension's series
+            return self._other_rate(other, seq, True, False) * forward / self._other_rate(other, seq, False, False)
+        # the parent's backward scaled by how this head dimension's forward compares with the parent's
+        return self._own_rate(seq, True, causal) * forward / self._own_rate(seq, False, causal)
+
+    def rate(self, seq: int, backward: bool, causal: bool, head_dim: int = 0) -> float:
+        """FLOP/s of one kernel call whose queries see ``seq`` keys, with heads of ``head_dim``
+        (0: the sweep's own)."""
+        if not self.other_head_dims or head_dim <= 0 or head_dim == self.head_dim:
+            return self._own_rate(seq, backward, causal)
+        by_dim = sorted([(self.head_dim, None), *((other.head_dim, other) for other in self.other_head_dims)],
+                        key=lambda item: item[0])
+        rates = [self._own_rate(seq, backward, causal) if other is None else
+                 self._other_rate(other, seq, backward, causal) for _, other in by_dim]
+        return _log2_between(head_dim, tuple(dim for dim, _ in by_dim), rates)
 
 
 class EfficiencySpec(Spec):
@@ -160,8 +228,7 @@ class AcceleratorSpec(Spec):
             peak = self.peak_flops.get("bf16") or self.peak_flops.get("fp16")
             if peak is None:
                 raise ValueError("efficiency.attention_sweep needs a bf16 or fp16 peak to be measured against")
-            fastest = max(max(series) for series in (sweep.forward, sweep.forward_causal, sweep.backward,
-                                                      sweep.backward_causal or (0.0,)))
+            fastest = sweep.fastest()
             if fastest > peak:
                 raise ValueError(f"efficiency.attention_sweep: {fastest / 1e12:.0f} TFLOP/s is above the 16-bit "
                                  f"peak of {peak / 1e12:.0f} TFLOP/s")

@@ -105,10 +105,11 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
         plain = ctx.layers_impl == "pytorch"
         fwd = Op("attn.flash", "attention", flops=fwd_flops, bytes=qkv_bytes + out_bytes + lse_bytes,
                  direction="forward", dtype=ctx.attention_dtype, kernel_seq=kernel_seq, causal_share=causal_share,
+                 head_dim=d_qk,
                  launches=SDPA_FORWARD_LAUNCHES if plain else 1)
         bwd = Op("attn.flash.grad", "attention", flops=fwd_flops * FLASH_BACKWARD_FLOPS_RATIO,
                  bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward", dtype=ctx.attention_dtype,
-                 kernel_seq=kernel_seq, causal_share=causal_share,
+                 kernel_seq=kernel_seq, causal_share=causal_share, head_dim=d_qk,
                  launches=SDPA_BACKWARD_LAUNCHES + PACKED_QKV_BACKWARD_LAUNCHES if plain else 1)
         return [fwd], [bwd], float(lse_bytes)
     # Megatron's unfused path: the full s x s scores are computed, written, then masked

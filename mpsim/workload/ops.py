@@ -44,6 +44,9 @@ class Op:
     # that run under a causal mask (the rest attend to every key they are given)
     kernel_seq: int = 0
     causal_share: float = 0.0
+    # fused attention kernels: the query/key head size, which picks the kernel's tile shapes
+    # (the rate of the sweep at that head dimension; 0: unknown, the sweep's own)
+    head_dim: int = 0
     # collectives: what, over which group, payload as nccl-tests counts it
     collective: CollectiveKind | None = None
     group: str = ""
