@@ -246,6 +246,18 @@ def test_hardware_show_system(capsys):
         assert fragment in out, fragment
 
 
+def test_hardware_show_says_which_attention_sweep_prices_the_kernels(capsys):
+    assert main(["hardware", "show", "a100-sxm-80gb"]) == 0
+    out = capsys.readouterr().out
+    for fragment in ("FlashAttention-2, measured over 512-16,384 tokens at heads of 64, 128",
+                     "forward 223.8 TFLOP/s (202.6 TFLOP/s causal), backward 193.1 TFLOP/s",
+                     "(where the sweep below does not apply)"):
+        assert fragment in out, fragment
+    assert main(["hardware", "show", "v100-sxm2-32gb"]) == 0  # no sweep published: one fraction per pass
+    out = capsys.readouterr().out
+    assert "\nattention " not in out and "sweep" not in out
+
+
 def test_hardware_show_names_the_protocols_of_a_systems_collectives(capsys):
     assert main(["hardware", "show", "dgx-h100"]) == 0
     assert "NCCL's Simple and LL protocols, the node priced as NVLINK" in capsys.readouterr().out
