@@ -71,6 +71,8 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("parallel.dp", ("0", "3", "yes")),
     ("parallel.microbatch_size", ("yes", "0", "3", "1.5")),
     ("parallel.global_batch_size", ("0", "-5", "1000000000")),
+    # a kernel the A100 file does not carry (cudnn is the Hopper files'), an empty name, a list
+    ("training.attention_kernel", ("cudnn", "''", "[flash-attention-2]")),
     ("parallel.schedule", ("nope", "1f1bb", "''")),
     ("parallel.vpp", ("0", "3")),
     ("parallel.recompute", ("sometimes", "1")),

@@ -250,3 +250,64 @@ def test_other_head_sizes_are_checked_like_the_sweep(tmp_path):
     bad.write_text(text.replace('"581 TFLOP/s"]', '"5810 TFLOP/s"]'))
     with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
         load_accelerator(str(bad))
+
+
+# FA2-H100 (docs/hardware-sources.md): FlashAttention-2's forward + backward on an H100 80GB SXM5,
+# head dim 128, without a mask and with a causal one
+FA2_H100_FWD_BWD = {512: (248, 163), 1024: (294, 221), 2048: (320, 265), 4096: (326, 294), 8192: (335, 308),
+                    16384: (338, 328)}
+
+
+def test_h100_carries_flashattention2_beside_cudnn_and_it_recombines_to_the_printed_chart():
+    efficiency = H100.efficiency
+    assert [sweep.id for sweep in efficiency.attention_kernels()] == ["cudnn", "flash-attention-2"]
+    assert efficiency.attention_kernel(None) is efficiency.attention_kernel("cudnn") is SWEEP
+    fa2 = efficiency.attention_kernel("flash-attention-2")
+    for seq, printed in FA2_H100_FWD_BWD.items():
+        for causal, measured in zip((False, True), printed):
+            combined = 3.5 / (1.0 / fa2.rate(seq, False, causal) + 2.5 / fa2.rate(seq, True, causal))
+            assert combined == pytest.approx(measured * TFLOPS, abs=0.15 * TFLOPS)
+    assert efficiency.attention_kernel("flash-attention-3") is None
+
+
+def test_picking_a_kernel_prices_attention_from_its_own_sweep():
+    op = _attention(1e12, 4096, 1.0)
+    fa2 = ComputeModel(H100, "bf16", attention_kernel="flash-attention-2")
+    burst_s = fa2.time(op) - H100.efficiency.kernel_overhead
+    assert burst_s * H100.efficiency.sustained_attention == pytest.approx(1e12 / 317.3e12, rel=1e-12)
+    assert ComputeModel(H100, "bf16", attention_kernel="cudnn").time(op) == ComputeModel(H100, "bf16").time(op)
+    with pytest.raises(InputError, match="no measured sweep of attention kernel 'fa9'"):
+        ComputeModel(H100, "bf16", attention_kernel="fa9")
+
+
+def test_a_run_on_flashattention2_is_slower_than_on_cudnn_on_hopper():
+    def step(*overrides: str) -> float:
+        scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml", list(overrides)).scenario
+        from mpsim.simulate import simulate
+        return simulate(scenario).timeline.step_time_s
+
+    assert step("training.attention_kernel=flash-attention-2") > step() == step("training.attention_kernel=cudnn")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["training.attention_kernel=fa9"], "h100-sxm-80gb has no measured sweep of 'fa9'; it carries cudnn, "
+                                         "flash-attention-2"),
+    (["training.attention_kernel=cudnn", "training.attention=unfused"], "training.attention is unfused"),
+])
+def test_a_kernel_the_part_does_not_carry_is_refused_in_one_line(overrides, message):
+    with pytest.raises(InputError, match=message) as caught:
+        scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml", overrides).scenario
+        resolve(scenario)
+    assert caught.value.field == "training.attention_kernel" or "training.attention_kernel" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_other_kernels_need_an_id_and_distinct_ids(tmp_path):
+    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h100_sxm_80gb.yaml").read_text()
+    bad = tmp_path / "noid.yaml"
+    bad.write_text(text.replace("      id: flash-attention-2", "      # no id"))
+    with pytest.raises((ValueError, InputError), match="needs an id"):
+        load_accelerator(str(bad))
+    bad.write_text(text.replace("      id: flash-attention-2", "      id: cudnn"))
+    with pytest.raises((ValueError, InputError), match="ids repeat"):
+        load_accelerator(str(bad))

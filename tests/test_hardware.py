@@ -249,10 +249,15 @@ def test_hardware_show_system(capsys):
 def test_hardware_show_says_which_attention_sweep_prices_the_kernels(capsys):
     assert main(["hardware", "show", "a100-sxm-80gb"]) == 0
     out = capsys.readouterr().out
-    for fragment in ("FlashAttention-2, measured over 512-16,384 tokens at heads of 64, 128",
+    for fragment in ("FlashAttention-2 [training.attention_kernel: flash-attention-2, the default], measured over "
+                     "512-16,384 tokens at heads of 64, 128",
                      "forward 223.8 TFLOP/s (202.6 TFLOP/s causal), backward 193.1 TFLOP/s",
-                     "(where the sweep below does not apply)"):
+                     "(where no sweep below applies)"):
         assert fragment in out, fragment
+    assert main(["hardware", "show", "h100-sxm-80gb"]) == 0  # a second kernel, picked by name
+    out = capsys.readouterr().out
+    assert "[training.attention_kernel: cudnn, the default]" in out
+    assert "[training.attention_kernel: flash-attention-2, when picked]" in out
     assert main(["hardware", "show", "v100-sxm2-32gb"]) == 0  # no sweep published: one fraction per pass
     out = capsys.readouterr().out
     assert "\nattention " not in out and "sweep" not in out

@@ -36,18 +36,19 @@ def _accelerator_lines(acc) -> list[str]:
         f"compute units {acc.compute_units} (GEMM output tile {eff.gemm_tile[0]} x {eff.gemm_tile[1]})",
         f"efficiency    GEMM {eff.gemm:.1%}{fp8}, HBM {eff.memory:.0%}, attention forward "
         f"{eff.attention_forward:.0%} / backward {eff.attention_backward:.0%}"
-        f"{' (where the sweep below does not apply)' if eff.attention_sweep is not None else ''}, kernel overhead "
+        f"{' (where no sweep below applies)' if eff.attention_sweep is not None else ''}, kernel overhead "
         f"{format_seconds(eff.kernel_overhead)}",
     ]
-    sweep = eff.attention_sweep
-    if sweep is not None:
+    for index, sweep in enumerate(eff.attention_kernels()):
         heads = sorted([sweep.head_dim, *(other.head_dim for other in sweep.other_head_dims)])
         lengths = f"{sweep.seq_lengths[0]:,}-{sweep.seq_lengths[-1]:,} tokens"
         at = 8192 if sweep.seq_lengths[0] <= 8192 <= sweep.seq_lengths[-1] else sweep.seq_lengths[-1]
-        lines.append(f"attention     {sweep.kernel}, measured over {lengths} at heads of "
-                     f"{', '.join(map(str, heads))} (the rate each call's length, mask and head size reads); at "
-                     f"{at:,} tokens, heads of {sweep.head_dim}: forward {_tflops(round(sweep.rate(at, False, False), -11))}"
-                     f" ({_tflops(round(sweep.rate(at, False, True), -11))} causal), backward "
+        picked = "the default" if index == 0 else "when picked"
+        name = f" [training.attention_kernel: {sweep.id}, {picked}]" if sweep.id else ""
+        lines.append(f"{'attention' if index == 0 else '':<13} {sweep.kernel}{name}, measured over {lengths} at heads "
+                     f"of {', '.join(map(str, heads))}; at {at:,} tokens, heads of {sweep.head_dim}: forward "
+                     f"{_tflops(round(sweep.rate(at, False, False), -11))} "
+                     f"({_tflops(round(sweep.rate(at, False, True), -11))} causal), backward "
                      f"{_tflops(round(sweep.rate(at, True, False), -11))}")
     factors = (("GEMMs", eff.sustained_compute), ("fp8 GEMMs", eff.sustained_compute_fp8),
                ("attention", eff.sustained_attention))

@@ -77,7 +77,8 @@ class CostModel:
         self.calibration = calibrated_costs(scenario)
         if self.calibration is not None:
             self.system = self.calibration.system(self.system)
-        self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype, self.calibration)
+        self.compute = ComputeModel(self.system.accelerator, scenario.training.dtype, self.calibration,
+                                    scenario.training.attention_kernel)
         self.compute_speed = 1.0 if device is None else device.compute_speed
         if self.compute_speed != 1.0:
             self.compute = _SlowedCompute(self.compute, self.compute_speed)  # type: ignore[assignment]

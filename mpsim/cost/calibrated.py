@@ -212,5 +212,6 @@ def calibrated_costs(scenario) -> CalibratedCosts | None:
     profile = getattr(scenario, "calibration", None)
     if profile is None:
         return None
-    datasheet = ComputeModel(scenario.cluster.system.accelerator, scenario.training.dtype)
+    datasheet = ComputeModel(scenario.cluster.system.accelerator, scenario.training.dtype,
+                             attention_kernel=scenario.training.attention_kernel)
     return CalibratedCosts(profile, datasheet)

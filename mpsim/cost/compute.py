@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from mpsim.errors import InputError
 from mpsim.specs.accelerator import BYTES_PER_ELEMENT, AcceleratorSpec
 from mpsim.workload.ops import Op
 
@@ -70,10 +71,16 @@ def tile_fill_efficiency(k: int, tile: tuple[int, int], tile_k: int, operand_byt
 class ComputeModel:
     """Prices compute ops for one accelerator and compute dtype."""
 
-    def __init__(self, accelerator: AcceleratorSpec, dtype: str, calibration=None):
+    def __init__(self, accelerator: AcceleratorSpec, dtype: str, calibration=None,
+                 attention_kernel: str | None = None):
         self.accelerator = accelerator
         self.dtype = dtype
         eff = accelerator.efficiency
+        # the fused attention kernel the run calls (training.attention_kernel; None: the file's default)
+        self.attention_sweep = eff.attention_kernel(attention_kernel)
+        if attention_kernel is not None and self.attention_sweep is None:
+            raise InputError(f"{accelerator.name} has no measured sweep of attention kernel {attention_kernel!r}",
+                             field="training.attention_kernel")
         self.peak_flops = accelerator.peak(dtype)
         self.gemm_flops = self._gemm_flops(dtype)
         self.memory_bandwidth = accelerator.memory.bandwidth * eff.memory
@@ -99,7 +106,7 @@ class ComputeModel:
         each kernel call sees, its masked and unmasked shares priced apart; else one fraction."""
         eff = self.accelerator.efficiency
         backward = op.direction != "forward"
-        sweep = eff.attention_sweep
+        sweep = self.attention_sweep
         if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16"):
             fraction = eff.attention_backward if backward else eff.attention_forward
             return op.flops / (self.accelerator.peak(dtype) * fraction * self._sustained_attention)

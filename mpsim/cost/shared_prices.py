@@ -84,7 +84,7 @@ def price(model: Any, work: Pass, compute_scale: float) -> Any:
     groups, prices = entry
     training = model.scenario.training
     held = (model.system, model.calibration, *(model.placements[group] for group in groups))
-    key = (compute_scale, training.dtype, model.compute_speed, model.host_launch_forward_s,
+    key = (compute_scale, training.dtype, training.attention_kernel, model.compute_speed, model.host_launch_forward_s,
            model.host_launch_backward_s, training.host_sync_between_passes, *map(id, held))
     known = prices.get(key)
     if known is not None and all(a is b for a, b in zip(known[0], held)):

@@ -92,6 +92,8 @@ class AttentionSweepSpec(Spec):
     """
 
     kernel: str = Field(min_length=1, description="the kernel measured (cuDNN fused attention, FlashAttention-2, ...)")
+    id: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$",
+                           description="the short name a scenario picks this kernel by (training.attention_kernel)")
     head_dim: int = Field(gt=0, description="head dimension of the sweep")
     seq_lengths: tuple[int, ...] = Field(min_length=2, description="sequence lengths measured, increasing")
     forward: tuple[FlopRate, ...] = Field(description="forward without a mask, FLOP/s at each length")
@@ -195,7 +197,35 @@ class EfficiencySpec(Spec):
     attention_sweep: AttentionSweepSpec | None = Field(
         None, description="the fused attention kernel's published throughput by sequence length (bf16/fp16); "
                           "absent: attention_forward/backward at every length")
+    # A part runs whichever fused kernel the framework calls: Transformer Engine cuDNN's on Hopper,
+    # the flash-attn package and older PyTorch FlashAttention-2's, at very different rates
+    other_attention_kernels: tuple[AttentionSweepSpec, ...] = Field(
+        (), description="other fused attention kernels measured on this part, each with an id a scenario picks it "
+                        "by (training.attention_kernel); attention_sweep is the one a run gets otherwise")
     kernel_overhead: Seconds = Field(ge=0, description="fixed cost per kernel (launch gap)")
+
+    @model_validator(mode="after")
+    def _kernels_named(self) -> "EfficiencySpec":
+        if self.other_attention_kernels and self.attention_sweep is None:
+            raise ValueError("other_attention_kernels needs attention_sweep, the kernel a run gets by default")
+        for sweep in self.other_attention_kernels:
+            if sweep.id is None:
+                raise ValueError(f"other_attention_kernels: {sweep.kernel!r} needs an id to be picked by")
+        ids = [sweep.id for sweep in self.attention_kernels() if sweep.id is not None]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"attention kernel ids repeat: {ids}")
+        return self
+
+    def attention_kernels(self) -> tuple[AttentionSweepSpec, ...]:
+        """Every fused attention kernel measured on this part, the default first."""
+        return (self.attention_sweep, *self.other_attention_kernels) if self.attention_sweep is not None else ()
+
+    def attention_kernel(self, kernel_id: str | None) -> AttentionSweepSpec | None:
+        """The sweep of the kernel ``kernel_id`` (None: the default, attention_sweep); None when the part
+        carries no sweep of it."""
+        if kernel_id is None:
+            return self.attention_sweep
+        return next((sweep for sweep in self.attention_kernels() if sweep.id == kernel_id), None)
 
 
 class AcceleratorSpec(Spec):
@@ -223,14 +253,15 @@ class AcceleratorSpec(Spec):
         for dtype, value in self.peak_flops.items():
             if value <= 0:
                 raise ValueError(f"peak_flops.{dtype} must be positive, got {value}")
-        sweep = self.efficiency.attention_sweep
-        if sweep is not None:
+        for sweep in self.efficiency.attention_kernels():
             peak = self.peak_flops.get("bf16") or self.peak_flops.get("fp16")
             if peak is None:
                 raise ValueError("efficiency.attention_sweep needs a bf16 or fp16 peak to be measured against")
             fastest = sweep.fastest()
             if fastest > peak:
-                raise ValueError(f"efficiency.attention_sweep: {fastest / 1e12:.0f} TFLOP/s is above the 16-bit "
+                where = "attention_sweep" if sweep is self.efficiency.attention_sweep else \
+                    f"other_attention_kernels ({sweep.id})"
+                raise ValueError(f"efficiency.{where}: {fastest / 1e12:.0f} TFLOP/s is above the 16-bit "
                                  f"peak of {peak / 1e12:.0f} TFLOP/s")
         return self
 

@@ -442,6 +442,16 @@ def _check_dtype(scenario: Scenario) -> None:
     if training.fused_norm is False and scenario.model.norm != "rmsnorm":
         raise _fail("training.fused_norm", f"false prices RMSNorm's PyTorch operators; model.norm is "
                                            f"{scenario.model.norm}, which PyTorch runs as one kernel each way")
+    kernel = training.attention_kernel
+    if kernel is not None:
+        if training.attention != "flash":
+            raise _fail("training.attention_kernel", f"{kernel!r} picks a fused attention kernel, but "
+                                                     f"training.attention is {training.attention}")
+        if accelerator.efficiency.attention_kernel(kernel) is None:
+            known = [sweep.id for sweep in accelerator.efficiency.attention_kernels() if sweep.id]
+            carried = f"it carries {', '.join(known)}" if known else "it carries no measured attention kernel"
+            raise _fail("training.attention_kernel", f"{accelerator.name} has no measured sweep of {kernel!r}; "
+                                                     f"{carried}")
     if scenario.training.dtype not in accelerator.peak_flops:
         raise _fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for {accelerator.name}; "
                                       f"use one of {', '.join(accelerator.peak_flops)}")

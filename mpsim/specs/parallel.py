@@ -112,6 +112,11 @@ class TrainingOptions(Spec):
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="fused FlashAttention-style kernel, or Megatron's unfused QK^T/softmax/dropout/AV path"
     )
+    # which fused kernel the framework calls: Transformer Engine runs cuDNN's on Hopper, the
+    # flash-attn package (Hugging Face's flash_attention_2, many FSDP stacks) FlashAttention-2
+    attention_kernel: str | None = Field(
+        None, description="the fused attention kernel the run calls, by the id of a sweep its accelerator carries "
+                          "(mpsim hardware show NAME lists them); unset: the accelerator file's attention_sweep")
     # Megatron's --transformer-impl: its own layers ("local", megatron/core/tensor_parallel/layers.py)
     # add the QKV projection's bias in an elementwise kernel after the GEMM (the other biases are
     # fused into bias-GeLU and bias-dropout-add) and sum each bias gradient over the tokens in a
