@@ -6,8 +6,9 @@ follow the best measured matmul throughput scaled by how well the output tiles f
 chip (wave quantization) and how long each tile's main loop runs against its fixed load
 and store phases (``gemm_tile_k``), memory-bound ops follow the HBM bandwidth, fused
 attention kernels have their own published fraction of peak, or, where a sweep of the
-kernel over sequence lengths is published, its measured rate at the length each call
-sees (``attention_sweep``).
+kernel over sequence lengths is published, its measured rate at the length and head size
+each call sees (``attention_sweep``; ``other_attention_kernels``: other kernels measured
+on the part, which a scenario picks by id).
 
 ``device_kind`` and ``device_names`` say which real devices the file describes, so a
 calibration profile measured on one device is not applied to another: a profile
@@ -133,7 +134,8 @@ class AttentionSweepSpec(Spec):
 
     def _own_rate(self, seq: int, backward: bool, causal: bool) -> float:
         if backward and causal and self.backward_causal is None:
-            return self._own_rate(seq, True, False) * self._own_rate(seq, False, True) / self._own_rate(seq, False, False)
+            masked_share = self._own_rate(seq, False, True) / self._own_rate(seq, False, False)
+            return self._own_rate(seq, True, False) * masked_share
         series = (self.backward_causal if causal else self.backward) if backward else \
             (self.forward_causal if causal else self.forward)
         assert series is not None
