@@ -15,6 +15,7 @@ import pytest
 from mpsim.cost.compute import ComputeModel
 from mpsim.errors import InputError
 from mpsim.resolve import resolve
+from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.specs.accelerator import AttentionSweepSpec
 from mpsim.specs.catalog import load_accelerator
@@ -283,7 +284,6 @@ def test_picking_a_kernel_prices_attention_from_its_own_sweep():
 def test_a_run_on_flashattention2_is_slower_than_on_cudnn_on_hopper():
     def step(*overrides: str) -> float:
         scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml", list(overrides)).scenario
-        from mpsim.simulate import simulate
         return simulate(scenario).timeline.step_time_s
 
     assert step("training.attention_kernel=flash-attention-2") > step() == step("training.attention_kernel=cudnn")
