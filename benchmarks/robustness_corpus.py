@@ -200,6 +200,16 @@ def _file_cases() -> list[Case]:
         Case("accelerator file head size twice", ("run", "s.yaml"), ("acc.yaml", "repeats a head dimension"), 2,
              {"s.yaml": with_system.encode(), "sys.yaml": with_accelerator.encode(),
               "acc.yaml": accelerator.replace("- head_dim: 64", "- head_dim: 128").encode()}),
+        Case("accelerator file sweep forward without backward", ("run", "s.yaml"),
+             ("acc.yaml", "attention_sweep", "go together"), 2,
+             {"s.yaml": with_system.encode(), "sys.yaml": with_accelerator.encode(),
+              "acc.yaml": accelerator.replace('    backward: ["146.1', '    # backward: ["146.1').encode()}),
+        Case("accelerator file causal-only sweep without its backward", ("run", "s.yaml"),
+             ("acc.yaml", "backward_causal is needed"), 2,
+             {"s.yaml": with_system.encode(), "sys.yaml": with_accelerator.encode(),
+              "acc.yaml": accelerator.replace('    backward: ["146.1', '    # backward: ["146.1')
+              .replace('    forward: ["169.2', '    # forward: ["169.2')
+              .replace('        forward: ["147.0', '        # forward: ["147.0').encode()}),
     ]
     return cases
 

@@ -311,3 +311,91 @@ def test_other_kernels_need_an_id_and_distinct_ids(tmp_path):
     bad.write_text(text.replace("      id: flash-attention-2", "      id: cudnn"))
     with pytest.raises((ValueError, InputError), match="ids repeat"):
         load_accelerator(str(bad))
+
+
+# CUDNN-SDPA-B200 (docs/hardware-sources.md): cuDNN Frontend's table of one B200, batch 1, 128 query
+# heads of 128, causal: forward and backward milliseconds per call, cuDNN through PyTorch's SDPA and the
+# flash-attn package, at 512 to 128k tokens
+B200_MS = {  # seq: ((cuDNN forward, backward), (flash-attn forward, backward))
+    512: ((0.102, 0.160), (0.134, 0.264)), 1024: ((0.135, 0.278), (0.223, 0.819)),
+    2048: ((0.287, 0.925), (0.540, 1.728)), 4096: ((0.642, 1.960), (1.603, 5.025)),
+    8192: ((1.877, 5.833), (5.499, 17.288)), 16384: ((6.602, 20.460), (20.690, 65.324)),
+    32768: ((24.795, 79.338), (80.742, 254.491)), 65536: ((101.812, 327.889), (318.926, 1008.204)),
+    131072: ((415.333, 1343.117), (1268.653, 4041.247)),
+}
+B200 = load_accelerator("b200")
+
+
+def test_b200_sweeps_give_back_the_published_call_times():
+    # the causal forward of one call: 4 s^2 heads d / 2 FLOPs (the unmasked half), the backward 2.5x it
+    kernels = B200.efficiency.attention_kernels()
+    assert [kernel.id for kernel in kernels] == ["cudnn", "flash-attention-2"]
+    for seq, times in B200_MS.items():
+        forward_flops = 4 * seq * seq * 128 * 128 / 2
+        for kernel, milliseconds in zip(kernels, times):
+            for backward, ms in zip((False, True), milliseconds):
+                flops = forward_flops * (2.5 if backward else 1.0)
+                # the table prints times to 1 us and the file rates to 0.1 TFLOP/s: both roundings allowed
+                rel = 0.5e-3 / ms + 0.05e12 / (flops / (ms / 1e3))
+                assert flops / kernel.rate(seq, backward, True) == pytest.approx(ms / 1e3, rel=rel)
+
+
+def test_a_causal_only_sweep_prices_unmasked_calls_at_the_single_fraction():
+    sweep = B200.efficiency.attention_sweep
+    assert sweep.covers(True) and not sweep.covers(False)
+    with pytest.raises(ValueError, match="causal mask only"):
+        sweep.rate(8192, False, False)
+    model, eff = ComputeModel(B200, "bf16"), B200.efficiency
+
+    def compute_s(op: Op) -> float:
+        return (model.time(op) - eff.kernel_overhead) * eff.sustained_attention
+
+    peak = B200.peak("bf16")
+    assert compute_s(_attention(1e12, 8192, 0.0)) == pytest.approx(1e12 / (peak * eff.attention_forward), rel=1e-12)
+    assert compute_s(_attention(1e12, 8192, 0.0, "backward")) == \
+        pytest.approx(1e12 / (peak * eff.attention_backward), rel=1e-12)
+    assert compute_s(_attention(1e12, 2048, 1.0)) == pytest.approx(1e12 / (478.9 * TFLOPS), rel=1e-12)
+    # half and half: each share at its own rate
+    assert compute_s(_attention(1e12, 2048, 0.5)) == \
+        pytest.approx(0.5e12 / (478.9 * TFLOPS) + 0.5e12 / (peak * eff.attention_forward), rel=1e-12)
+
+
+def test_short_causal_calls_cost_more_per_flop_on_b200_than_the_single_fraction_said():
+    # the fraction the file carried alone (0.52, the table's median) is the 8k rate; a 2k call runs
+    # at 479 TFLOP/s, so a GPT-3 step at 2,048 tokens gets slower and a Llama step at 8k does not move
+    sweep = B200.efficiency.attention_sweep
+    rates = [sweep.rate(seq, False, True) for seq in (1024, 2048, 4096, 8192)]
+    assert rates == sorted(rates)
+    assert sweep.rate(2048, False, True) < B200.peak("bf16") * B200.efficiency.attention_forward < \
+        sweep.rate(16384, False, True)
+
+
+def test_a_run_on_flashattention2_is_slower_than_on_cudnn_on_blackwell():
+    def step(*overrides: str) -> float:
+        scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml",
+                                 ["cluster.system=hgx-b200", *overrides]).scenario
+        return simulate(scenario).timeline.step_time_s
+
+    assert step("training.attention_kernel=flash-attention-2") > step() == step("training.attention_kernel=cudnn")
+
+
+def test_a_causal_only_sweep_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="forward and backward .without a mask. go together"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward=(1, 1), forward_causal=(1, 1),
+                           backward_causal=(1, 1))
+    with pytest.raises(ValueError, match="backward_causal is needed"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward_causal=(1, 1))
+    with pytest.raises(ValueError, match=r"other_head_dims \(head_dim 64\)\.forward must be given exactly"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward_causal=(1, 1),
+                           backward_causal=(1, 1), other_head_dims=[{"head_dim": 64, "forward": (1, 1),
+                                                                     "forward_causal": (1, 1)}])
+    causal_only = AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward_causal=(2, 4),
+                                     backward_causal=(1, 2), other_head_dims=[{"head_dim": 64,
+                                                                               "forward_causal": (1, 2)}])
+    # a head size without its own backward: the parent's causal backward times the forward ratio
+    assert causal_only.rate(1024, True, True, head_dim=64) == pytest.approx(2 * 2 / 4)
+    text = (SCENARIOS.parent / "hardware" / "accelerators" / "b200.yaml").read_text()
+    bad = tmp_path / "b200.yaml"
+    bad.write_text(text.replace('"1355.4 TFLOP/s"]', '"13554 TFLOP/s"]'))
+    with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
+        load_accelerator(str(bad))

@@ -45,11 +45,15 @@ def _accelerator_lines(acc) -> list[str]:
         at = 8192 if sweep.seq_lengths[0] <= 8192 <= sweep.seq_lengths[-1] else sweep.seq_lengths[-1]
         picked = "the default" if index == 0 else "when picked"
         name = f" [training.attention_kernel: {sweep.id}, {picked}]" if sweep.id else ""
+        def rate(backward: bool, causal: bool) -> str:
+            return _tflops(round(sweep.rate(at, backward, causal), -11))
+
+        rates = (f"forward {rate(False, False)} ({rate(False, True)} causal), backward {rate(True, False)}"
+                 if sweep.covers(False) else
+                 f"causal mask only (unmasked calls at the fractions above): forward {rate(False, True)}, backward "
+                 f"{rate(True, True)}")
         lines.append(f"{'attention' if index == 0 else '':<13} {sweep.kernel}{name}, measured over {lengths} at heads "
-                     f"of {', '.join(map(str, heads))}; at {at:,} tokens, heads of {sweep.head_dim}: forward "
-                     f"{_tflops(round(sweep.rate(at, False, False), -11))} "
-                     f"({_tflops(round(sweep.rate(at, False, True), -11))} causal), backward "
-                     f"{_tflops(round(sweep.rate(at, True, False), -11))}")
+                     f"of {', '.join(map(str, heads))}; at {at:,} tokens, heads of {sweep.head_dim}: {rates}")
     factors = (("GEMMs", eff.sustained_compute), ("fp8 GEMMs", eff.sustained_compute_fp8),
                ("attention", eff.sustained_attention))
     held = [(name, value) for name, value in factors if value is not None]

@@ -107,12 +107,17 @@ class ComputeModel:
         eff = self.accelerator.efficiency
         backward = op.direction != "forward"
         sweep = self.attention_sweep
+        fixed_rate = self.accelerator.peak(dtype) * (eff.attention_backward if backward else eff.attention_forward)
         if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16"):
-            fraction = eff.attention_backward if backward else eff.attention_forward
-            return op.flops / (self.accelerator.peak(dtype) * fraction * self._sustained_attention)
-        masked = op.flops * op.causal_share
-        seconds = masked / sweep.rate(op.kernel_seq, backward, causal=True, head_dim=op.head_dim) if masked else 0.0
-        seconds += (op.flops - masked) / sweep.rate(op.kernel_seq, backward, causal=False, head_dim=op.head_dim)
+            return op.flops / (fixed_rate * self._sustained_attention)
+        seconds = 0.0
+        # the masked and unmasked shares apart; a share the sweep did not measure (a source that
+        # measured a causal mask only) at the part's single fraction
+        for causal, flops in ((True, op.flops * op.causal_share), (False, op.flops * (1.0 - op.causal_share))):
+            if flops:
+                rate = sweep.rate(op.kernel_seq, backward, causal, head_dim=op.head_dim) if sweep.covers(causal) \
+                    else fixed_rate
+                seconds += flops / rate
         return seconds / self._sustained_attention
 
     def _time(self, op: Op) -> float:

@@ -49,7 +49,8 @@ class HeadDimSweepSpec(Spec):
     """
 
     head_dim: int = Field(gt=0, description="head dimension of these series")
-    forward: tuple[FlopRate, ...] = Field(description="forward without a mask, FLOP/s at each of the parent's lengths")
+    forward: tuple[FlopRate, ...] | None = Field(None, description="forward without a mask, FLOP/s at each of the "
+                                                                   "parent's lengths; absent where the parent's is")
     forward_causal: tuple[FlopRate, ...] = Field(description="forward with a causal mask, FLOP/s at each length")
     backward: tuple[FlopRate, ...] | None = Field(None, description="backward without a mask; absent: inferred "
                                                                       "from the forward, as the class docstring says")
@@ -97,9 +98,13 @@ class AttentionSweepSpec(Spec):
                            description="the short name a scenario picks this kernel by (training.attention_kernel)")
     head_dim: int = Field(gt=0, description="head dimension of the sweep")
     seq_lengths: tuple[int, ...] = Field(min_length=2, description="sequence lengths measured, increasing")
-    forward: tuple[FlopRate, ...] = Field(description="forward without a mask, FLOP/s at each length")
+    # a source may measure the causal mask only (cuDNN's own B200 table): then unmasked calls
+    # are not covered and take the part's single attention fractions (ComputeModel)
+    forward: tuple[FlopRate, ...] | None = Field(None, description="forward without a mask, FLOP/s at each length; "
+                                                                   "absent: measured under a causal mask only")
     forward_causal: tuple[FlopRate, ...] = Field(description="forward with a causal mask, FLOP/s at each length")
-    backward: tuple[FlopRate, ...] = Field(description="backward without a mask, FLOP/s at each length")
+    backward: tuple[FlopRate, ...] | None = Field(None, description="backward without a mask, FLOP/s at each "
+                                                                    "length; absent with forward")
     backward_causal: tuple[FlopRate, ...] | None = Field(None, description="backward with a causal mask; absent: "
                                                                              "inferred as the class docstring says")
     other_head_dims: tuple[HeadDimSweepSpec, ...] = Field(
@@ -121,6 +126,16 @@ class AttentionSweepSpec(Spec):
                 raise ValueError(f"{where}{name} has {len(series)} values for {len(self.seq_lengths)} seq_lengths")
             if any(not value > 0 for value in series):
                 raise ValueError(f"{where}{name} must be positive FLOP/s at every length")
+        if (self.forward is None) != (self.backward is None):
+            raise ValueError("forward and backward (without a mask) go together: give both, or neither where the "
+                             "source measured a causal mask only")
+        if self.forward is None and self.backward_causal is None:
+            raise ValueError("backward_causal is needed where the sweep has no unmasked series (it cannot be "
+                             "inferred from them)")
+        for other in self.other_head_dims:
+            if (other.forward is None) != (self.forward is None):
+                raise ValueError(f"other_head_dims (head_dim {other.head_dim}).forward must be given exactly where "
+                                 f"the sweep's own unmasked forward is")
         dims = [self.head_dim, *(other.head_dim for other in self.other_head_dims)]
         if len(set(dims)) != len(dims):
             raise ValueError(f"other_head_dims repeats a head dimension: {dims}")
@@ -128,9 +143,13 @@ class AttentionSweepSpec(Spec):
 
     def fastest(self) -> float:
         """The highest rate any series gives (for the check against the peak)."""
-        series = [self.forward, self.forward_causal, self.backward, self.backward_causal or (0.0,)]
+        series = [s for s in (self.forward, self.forward_causal, self.backward, self.backward_causal) if s is not None]
         series += [s for other in self.other_head_dims for s in other.series()]
         return max(max(s) for s in series)
+
+    def covers(self, causal: bool) -> bool:
+        """Whether the sweep prices calls with (``causal``) or without a causal mask."""
+        return causal or self.forward is not None
 
     def _own_rate(self, seq: int, backward: bool, causal: bool) -> float:
         if backward and causal and self.backward_causal is None:
@@ -142,7 +161,9 @@ class AttentionSweepSpec(Spec):
         return _log2_between(seq, self.seq_lengths, list(series))
 
     def _other_rate(self, other: HeadDimSweepSpec, seq: int, backward: bool, causal: bool) -> float:
-        forward = _log2_between(seq, self.seq_lengths, list(other.forward_causal if causal else other.forward))
+        series = other.forward_causal if causal else other.forward
+        assert series is not None
+        forward = _log2_between(seq, self.seq_lengths, list(series))
         if not backward:
             return forward
         given = other.backward_causal if causal else other.backward
@@ -155,7 +176,9 @@ class AttentionSweepSpec(Spec):
 
     def rate(self, seq: int, backward: bool, causal: bool, head_dim: int = 0) -> float:
         """FLOP/s of one kernel call whose queries see ``seq`` keys, with heads of ``head_dim``
-        (0: the sweep's own)."""
+        (0: the sweep's own); only for a mask the sweep :meth:`covers`."""
+        if not self.covers(causal):
+            raise ValueError(f"{self.kernel}: the sweep measured a causal mask only")
         if not self.other_head_dims or head_dim <= 0 or head_dim == self.head_dim:
             return self._own_rate(seq, backward, causal)
         by_dim = sorted([(self.head_dim, None), *((other.head_dim, other) for other in self.other_head_dims)],
