@@ -19,7 +19,7 @@ from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.specs.accelerator import AttentionSweepSpec
 from mpsim.specs.catalog import load_accelerator
-from mpsim.workload.attention import _kernel_calls
+from mpsim.workload.attention import _kernel_calls, flash_backward_flops
 from mpsim.workload import build_workload
 from mpsim.workload.ops import Op, compute_ops
 from mpsim.workload.stages import layer_context
@@ -399,3 +399,52 @@ def test_a_causal_only_sweep_is_checked(tmp_path):
     bad.write_text(text.replace('"1355.4 TFLOP/s"]', '"13554 TFLOP/s"]'))
     with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
         load_accelerator(str(bad))
+
+
+# CUDNN-SDPA-GB200-MLA: cuDNN on a GB200 at DeepSeek-V3's shapes (batch 2, 128 heads, query/key heads of
+# 192, value heads of 128): milliseconds per call at 2k-32k tokens
+GB200_MLA_MS = {  # seq: (forward unmasked, causal; non-deterministic backward unmasked, causal)
+    2048: (0.461, 0.321, 1.706, 1.056), 4096: (1.650, 0.977, 6.085, 3.383), 8192: (6.249, 3.470, 25.403, 11.984),
+    16384: (24.270, 13.103, 105.115, 50.424), 32768: (111.031, 50.456, 421.194, 212.546),
+}
+
+
+def test_gb200_mla_heads_give_back_the_published_call_times():
+    sweep = load_accelerator("gb200").efficiency.attention_sweep
+    for seq, times in GB200_MLA_MS.items():
+        forward = 2 * 2 * 128 * seq * seq * (192 + 128)
+        backward = flash_backward_flops(forward, 192, 128)
+        for (is_backward, causal), ms in zip(((False, False), (False, True), (True, False), (True, True)), times):
+            # a causal call counts the s (s + 1) / 2 pairs of the lower triangle, diagonal included
+            flops = (backward if is_backward else forward) * ((1 + 1 / seq) / 2 if causal else 1)
+            rel = 0.5e-3 / ms + 0.5e12 / (flops / (ms / 1e3))  # times to 1 us, rates to 1 TFLOP/s
+            assert flops / sweep.rate(seq, is_backward, causal, head_dim=192) == pytest.approx(ms / 1e3, rel=rel)
+
+
+def test_the_backward_does_five_matmuls_over_the_head_sizes_each_runs_at():
+    # equal head sizes: FlashAttention-2's 2.5 (Dao 2023); MLA's 192 / 128: 2.6
+    assert flash_backward_flops(1.0, 128, 128) == 2.5
+    assert flash_backward_flops(1.0, 192, 128) == pytest.approx(2.6)
+    scenario = load_scenario(SCENARIOS / "deepseek_v3_2048xh100.yaml").scenario
+    workload = build_workload(scenario, resolve(scenario))
+    stage = workload.stages[1]
+    forward = [op for block in stage.forward for op in compute_ops(block.items) if op.name == "attn.flash"]
+    backward = [op for block in stage.backward for op in compute_ops(block.items) if op.name == "attn.flash.grad"]
+    assert forward and len(forward) == len(backward)
+    assert backward[0].flops == pytest.approx(2.6 * forward[0].flops)
+
+
+def test_a_causal_call_counts_the_triangles_pairs_as_the_published_rates_do():
+    # the rates count s (s + 1) / 2 pairs per head; the partly masked diagonal blocks' time is inside
+    # them, so an op that counted whole blocks (129 / 256 of the square at 2k in blocks of 128, not
+    # 2049 / 4096) would be charged for those blocks twice
+    scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml", ["parallel.cp=1"]).scenario
+    layout = resolve(scenario)
+    workload = build_workload(scenario, layout)
+    model = scenario.model
+    s, heads = model.seq_length, model.num_attention_heads // layout.tp
+    d = model.hidden_size // model.num_attention_heads
+    tokens = scenario.parallel.microbatch_size * s
+    forward = [op for block in workload.stages[0].forward for op in compute_ops(block.items) if op.name == "attn.flash"]
+    assert forward and forward[0].causal_share == 1.0
+    assert forward[0].flops == pytest.approx(2 * tokens * s * heads * 2 * d * (s + 1) / (2 * s), rel=1e-12)

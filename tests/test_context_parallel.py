@@ -25,7 +25,6 @@ from tests.conftest import SCENARIOS
 LLAMA70 = SCENARIOS / "llama3_70b_32xh100.yaml"  # TP 8 x PP 4 per CP rank, one 8K sequence per microbatch
 SEQ, HEADS, KV_HEADS, HEAD_DIM, TP, MICROBATCH = 8192, 64, 8, 128, 8, 1
 BF16 = 2
-FLASH_BLOCK = 128  # FlashAttention's key block: causal attention skips the blocks above the diagonal
 
 
 def setup(cp: int, *overrides: str):
@@ -75,9 +74,8 @@ def sm_share(model: CostModel) -> float:
 def test_each_rank_computes_one_cpth_of_the_causal_attention(cp):
     _, work = layer(cp)
     # QK^T and PV over the whole sequence: 2 x 2 s^2 d FLOPs per head, for the rank's 8 heads;
-    # causal, with the key blocks above the diagonal skipped: (1 + 1 / 64) / 2 of that
-    blocks = SEQ // FLASH_BLOCK
-    full_causal = 2 * 2 * MICROBATCH * SEQ * SEQ * HEAD_DIM * (HEADS // TP) * (1 + 1 / blocks) / 2
+    # causal: the lower triangle's s (s + 1) / 2 pairs, as the kernels' published rates count them
+    full_causal = 2 * 2 * MICROBATCH * SEQ * SEQ * HEAD_DIM * (HEADS // TP) * (1 + 1 / SEQ) / 2
     forward = flash_op(work.forward, "forward")
     assert forward.flops == pytest.approx(full_causal / cp, rel=1e-12)
     # FlashAttention-2's backward: 5 matmuls to the forward's 2 (Dao 2023)

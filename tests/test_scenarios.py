@@ -52,7 +52,10 @@ PUBLISHED_TOLERANCE = 0.10
 # Then fused attention took FlashAttention-2's published A100 sweep and the rate at each call's
 # head size (efficiency.attention_sweep.other_head_dims): wav2vec 2.0 (heads of 64) +1.2 %,
 # ViT-H/14 (heads of 80, between the measured 64 and 128) +1.0 %, DeepSeek-V3 (MLA's query/key
-# heads of 192, between 128 and 256 on H100) +0.1 %.
+# heads of 192, between 128 and 256 on H100) +0.1 %. Then a causal fused-attention call counted the
+# triangle's s (s + 1) / 2 query-key pairs, as the published rates do, not whole 128-token key blocks:
+# the validation model's 128-token sequence had been charged the full square, -3.5 %; the H100
+# scenarios moved by less than 0.2 %.
 REGRESSION_PIN_S = {
     "deepseek_v3_2048xh100.yaml": 36.59,
     "deepspeech2_8xa100.yaml": 1.011,
@@ -63,7 +66,7 @@ REGRESSION_PIN_S = {
     "llama3_8b_64xh100_dp8.yaml": 1.429,
     "megatron_1t_3072xa100.yaml": 17.05,
     "mixtral_8x7b_64xh100.yaml": 3.608,
-    "validation_2xcpu.yaml": 0.7649,
+    "validation_2xcpu.yaml": 0.7383,
     "vit_22b_512xh100.yaml": 0.9416,
     "vit_h14_32xa100.yaml": 0.7923,
     "wav2vec2_large_16xa100.yaml": 0.3976,

@@ -23,11 +23,24 @@ from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.context_parallel import context_parallel
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
-# FlashAttention works on key blocks of this many tokens; with a causal mask it skips the
-# blocks above the diagonal, so it runs (1 + 1/blocks) / 2 of the full score FLOPs.
-FLASH_BLOCK_TOKENS = 128
-# FlashAttention-2's backward does 5 matmuls of the forward's 2 (Dao 2023, Sec. 3.1.2).
-FLASH_BACKWARD_FLOPS_RATIO = 2.5
+# A fused kernel under a causal mask computes the s (s + 1) / 2 query-key pairs of the lower
+# triangle, diagonal included, and its published rates count exactly those (cuDNN's benchmark
+# sums the mask; FlashAttention's halve the full count). Its whole key blocks on the diagonal,
+# partly masked, cost time that is already in those rates, so the FLOPs here are the
+# triangle's, not the blocks': counting the blocks too would charge that time twice.
+
+
+def flash_backward_flops(forward_flops: float, d_qk: int, d_v: int) -> float:
+    """FLOPs of FlashAttention's backward given its forward's.
+
+    The forward runs two matmuls per query-key pair, S = QK^T (over the query/key head
+    size) and PV (over the value head size); the backward five: S again, dV = P^T dO and
+    dP = dO V^T (value size), dQ = dS K and dK = dS^T Q (query/key size) (Dao 2023,
+    Sec. 3.1.2). So it does (3 d_qk + 2 d_v) / (d_qk + d_v) of the forward, 2.5 where the two
+    sizes are equal; MLA's 192 and 128 make it 2.6, as cuDNN's own benchmark counts it
+    (CUDNN-SDPA-GB200-MLA).
+    """
+    return forward_flops * (3 * d_qk + 2 * d_v) / (d_qk + d_v)
 
 
 @dataclass(frozen=True)
@@ -95,8 +108,7 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
     if ctx.cp_comm == "all-to-all" and ctx.cp > 1:
         heads, kv, queries = max(1, heads // ctx.cp), max(1, kv // ctx.cp), ctx.tokens * ctx.cp
     if ctx.flash_attention:
-        blocks = max(1, -(-s // FLASH_BLOCK_TOKENS))
-        causal_fraction = (1 + 1 / blocks) / 2 if ctx.causal else 1.0
+        causal_fraction = (1 + 1 / s) / 2 if ctx.causal else 1.0
         fwd_flops = 2.0 * queries * s * heads * (d_qk + d_v) * causal_fraction
         qkv_bytes = queries * (heads * d_qk + kv * (d_qk + d_v)) * e
         out_bytes = queries * heads * d_v * e
@@ -107,7 +119,7 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
                  direction="forward", dtype=ctx.attention_dtype, kernel_seq=kernel_seq, causal_share=causal_share,
                  head_dim=d_qk,
                  launches=SDPA_FORWARD_LAUNCHES if plain else 1)
-        bwd = Op("attn.flash.grad", "attention", flops=fwd_flops * FLASH_BACKWARD_FLOPS_RATIO,
+        bwd = Op("attn.flash.grad", "attention", flops=flash_backward_flops(fwd_flops, d_qk, d_v),
                  bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward", dtype=ctx.attention_dtype,
                  kernel_seq=kernel_seq, causal_share=causal_share, head_dim=d_qk,
                  launches=SDPA_BACKWARD_LAUNCHES + PACKED_QKV_BACKWARD_LAUNCHES if plain else 1)
