@@ -86,15 +86,32 @@ def test_fp8_attention_and_unknown_lengths_use_the_single_fraction():
         flops / (H100.peak("fp8") * H100.efficiency.attention_forward), rel=1e-12)
 
 
-@pytest.mark.parametrize("cp_comm, cp, seq, share", [
-    ("ring", 1, 8192, 1.0), ("ring", 2, 4096, 0.5), ("ring", 4, 2048, 0.25),
-    ("all-gather", 4, 8192, 1.0), ("all-to-all", 4, 8192, 1.0),
+@pytest.mark.parametrize("cp_comm, cp, seq, share, half_keys", [
+    ("ring", 1, 8192, 1.0, 0), ("ring", 2, 4096, 0.5, 2048), ("ring", 4, 2048, 0.25, 1024),
+    ("all-gather", 4, 8192, 1.0, 0), ("all-to-all", 4, 8192, 1.0, 0),
 ])
-def test_a_context_parallel_ring_calls_the_kernel_on_blocks_of_s_over_cp(cp_comm, cp, seq, share):
+def test_a_context_parallel_ring_calls_the_kernel_on_blocks_of_s_over_cp(cp_comm, cp, seq, share, half_keys):
     overrides = ["model.seq_length=8192", f"parallel.cp={cp}", f"parallel.cp_comm={cp_comm}", "parallel.tp=8",
                  "parallel.pp=1", f"parallel.dp={8 // cp}"]
     scenario = load_scenario(SCENARIOS / "llama3_8b_64xh100_dp8.yaml", overrides).scenario
-    assert _kernel_calls(layer_context(scenario, resolve(scenario))) == (seq, share)
+    assert _kernel_calls(layer_context(scenario, resolve(scenario))) == (seq, share, half_keys)
+
+
+def test_a_rings_unmasked_calls_go_at_the_slower_of_its_ranks_lengths():
+    # a ring of two over 8k tokens: rank 0's unmasked call sees half the queries against 4k keys,
+    # rank 1's all its queries against 2k; the ranks meet at each step, so the slower sets the pace
+    def ring(direction: str) -> float:
+        op = Op("attn.flash", "attention", flops=1e12, direction=direction, kernel_seq=4096, causal_share=0.5,
+                unmasked_seq=2048)
+        return _compute_s(op)
+
+    # H100 cuDNN: backward 465 at 2k and 499 at 4k unmasked (2k the slower); forward 617 and 609 (4k)
+    assert ring("backward") == pytest.approx(0.5e12 / SWEEP.rate(4096, True, True) + 0.5e12 / (465 * TFLOPS), rel=1e-12)
+    assert ring("forward") == pytest.approx(0.5e12 / (518 * TFLOPS) + 0.5e12 / (609 * TFLOPS), rel=1e-12)
+    # the masked call is the rank's own diagonal block at s / cp keys: it takes no part
+    causal_only = Op("attn.flash", "attention", flops=1e12, direction="forward", kernel_seq=4096, causal_share=1.0,
+                     unmasked_seq=2048)
+    assert _compute_s(causal_only) == pytest.approx(1e12 / (518 * TFLOPS), rel=1e-12)
 
 
 def test_a_ring_of_two_prices_its_masked_and_unmasked_calls_at_the_shorter_length():

@@ -114,10 +114,13 @@ class ComputeModel:
         # the masked and unmasked shares apart; a share the sweep did not measure (a source that
         # measured a causal mask only) at the part's single fraction
         for causal, flops in ((True, op.flops * op.causal_share), (False, op.flops * (1.0 - op.causal_share))):
-            if flops:
-                rate = sweep.rate(op.kernel_seq, backward, causal, head_dim=op.head_dim) if sweep.covers(causal) \
-                    else fixed_rate
-                seconds += flops / rate
+            if not flops:
+                continue
+            if not sweep.covers(causal):
+                seconds += flops / fixed_rate
+                continue
+            lengths = (op.kernel_seq, op.unmasked_seq) if op.unmasked_seq and not causal else (op.kernel_seq,)
+            seconds += flops / min(sweep.rate(seq, backward, causal, head_dim=op.head_dim) for seq in lengths)
         return seconds / self._sustained_attention
 
     def _time(self, op: Op) -> float:

@@ -81,22 +81,27 @@ ROPE_FUSED = (2, 2, 1, 1)  # (forward traffic, backward traffic, launches forwar
 ROPE_PLAIN = (10, 15, 2 * 5, 2 * 9)  # the query and the key each through the kernels above
 
 
-def _kernel_calls(ctx: LayerContext) -> tuple[int, float]:
-    """(keys per query in one fused kernel call, share of the FLOPs under a causal mask).
+def _kernel_calls(ctx: LayerContext) -> tuple[int, float, int]:
+    """(keys per query in one fused kernel call, share of the FLOPs under a causal mask,
+    keys per query of the unmasked calls on the rank that sees the fewest; 0: the first).
 
     Without context parallelism, or with an all-gather of K/V (Llama 3) or Ulysses'
     all-to-all, one call covers the whole sequence under the model's mask. A ring
     (Megatron / Transformer Engine) makes ``cp`` calls over blocks of ``s / cp`` keys: the
     first on the rank's own, load-balanced chunks under the causal mask, the others on a
-    block that is wholly visible (half its queries or half its keys), each with the same
-    FLOPs, so ``1 / cp`` of the work is masked.
+    block that is wholly visible, each with the same FLOPs, so ``1 / cp`` of the work is
+    masked. A visible block is half the arriving keys for all its queries on a step from a
+    rank before this one, half the queries against all the keys on a step from one after
+    it (``AttnFuncWithCPAndKVP2P``, Transformer Engine 1.11): the last rank makes all its
+    unmasked calls over ``s / 2cp`` keys, the first over ``s / cp``, and the ranks meet at
+    every step's transfer, so the pass goes at whichever of the two is slower.
     """
     s = ctx.seq_length
     if not ctx.causal:
-        return s, 0.0
+        return s, 0.0, 0
     if ctx.cp > 1 and ctx.cp_comm == "ring":
-        return max(1, s // ctx.cp), 1.0 / ctx.cp
-    return s, 1.0
+        return max(1, s // ctx.cp), 1.0 / ctx.cp, max(1, s // (2 * ctx.cp))
+    return s, 1.0, 0
 
 
 def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
@@ -113,15 +118,15 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
         qkv_bytes = queries * (heads * d_qk + kv * (d_qk + d_v)) * e
         out_bytes = queries * heads * d_v * e
         lse_bytes = b * heads * (queries // b) * 4
-        kernel_seq, causal_share = _kernel_calls(ctx)
+        kernel_seq, causal_share, unmasked_seq = _kernel_calls(ctx)
         plain = ctx.layers_impl == "pytorch"
         fwd = Op("attn.flash", "attention", flops=fwd_flops, bytes=qkv_bytes + out_bytes + lse_bytes,
                  direction="forward", dtype=ctx.attention_dtype, kernel_seq=kernel_seq, causal_share=causal_share,
-                 head_dim=d_qk,
+                 unmasked_seq=unmasked_seq, head_dim=d_qk,
                  launches=SDPA_FORWARD_LAUNCHES if plain else 1)
         bwd = Op("attn.flash.grad", "attention", flops=flash_backward_flops(fwd_flops, d_qk, d_v),
                  bytes=2 * qkv_bytes + 2 * out_bytes + lse_bytes, direction="backward", dtype=ctx.attention_dtype,
-                 kernel_seq=kernel_seq, causal_share=causal_share, head_dim=d_qk,
+                 kernel_seq=kernel_seq, causal_share=causal_share, unmasked_seq=unmasked_seq, head_dim=d_qk,
                  launches=SDPA_BACKWARD_LAUNCHES + PACKED_QKV_BACKWARD_LAUNCHES if plain else 1)
         return [fwd], [bwd], float(lse_bytes)
     # Megatron's unfused path: the full s x s scores are computed, written, then masked

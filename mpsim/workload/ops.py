@@ -44,6 +44,10 @@ class Op:
     # that run under a causal mask (the rest attend to every key they are given)
     kernel_seq: int = 0
     causal_share: float = 0.0
+    # fused attention kernels: keys per query of the unmasked calls where some rank's differ from
+    # kernel_seq (a context-parallel ring's steps on half the keys); the pass goes at the slower
+    # of the two (0: kernel_seq alone)
+    unmasked_seq: int = 0
     # fused attention kernels: the query/key head size, which picks the kernel's tile shapes
     # (the rate of the sweep at that head dimension; 0: unknown, the sweep's own)
     head_dim: int = 0
