@@ -330,31 +330,37 @@ def test_other_kernels_need_an_id_and_distinct_ids(tmp_path):
         load_accelerator(str(bad))
 
 
-# CUDNN-SDPA-B200 (docs/hardware-sources.md): cuDNN Frontend's table of one B200, batch 1, 128 query
-# heads of 128, causal: forward and backward milliseconds per call, cuDNN through PyTorch's SDPA and the
-# flash-attn package, at 512 to 128k tokens
-B200_MS = {  # seq: ((cuDNN forward, backward), (flash-attn forward, backward))
-    512: ((0.102, 0.160), (0.134, 0.264)), 1024: ((0.135, 0.278), (0.223, 0.819)),
-    2048: ((0.287, 0.925), (0.540, 1.728)), 4096: ((0.642, 1.960), (1.603, 5.025)),
-    8192: ((1.877, 5.833), (5.499, 17.288)), 16384: ((6.602, 20.460), (20.690, 65.324)),
-    32768: ((24.795, 79.338), (80.742, 254.491)), 65536: ((101.812, 327.889), (318.926, 1008.204)),
-    131072: ((415.333, 1343.117), (1268.653, 4041.247)),
+# CUDNN-FP8-B200 and CUDNN-SDPA-B200 (docs/hardware-sources.md): cuDNN Frontend's tables of one B200,
+# batch 1, 128 query heads of 128, causal: forward and backward milliseconds per call at 512 to 128k
+# tokens, cuDNN through its own graph API (bf16 and fp8 inputs), through PyTorch's SDPA, and the
+# flash-attn package
+B200_SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+B200_MS = {  # (kernel id, fp8): forward and backward ms at each length
+    ("cudnn", False): ((0.035, 0.061, 0.151, 0.482, 1.589, 5.962, 23.228, 94.215, 395.922),
+                       (0.107, 0.228, 0.630, 1.650, 5.526, 19.094, 74.527, 284.695, 1248.042)),
+    ("cudnn", True): ((0.044, 0.067, 0.141, 0.447, 1.464, 5.197, 19.751, 77.531, 307.690),
+                      (0.126, 0.228, 0.618, 1.414, 4.382, 14.964, 55.593, 216.304, 870.832)),
+    ("sdpa-cudnn", False): ((0.102, 0.135, 0.287, 0.642, 1.877, 6.602, 24.795, 101.812, 415.333),
+                            (0.160, 0.278, 0.925, 1.960, 5.833, 20.460, 79.338, 327.889, 1343.117)),
+    ("flash-attention-2", False): ((0.134, 0.223, 0.540, 1.603, 5.499, 20.690, 80.742, 318.926, 1268.653),
+                                   (0.264, 0.819, 1.728, 5.025, 17.288, 65.324, 254.491, 1008.204, 4041.247)),
 }
 B200 = load_accelerator("b200")
 
 
 def test_b200_sweeps_give_back_the_published_call_times():
-    # the causal forward of one call: 4 s^2 heads d / 2 FLOPs (the unmasked half), the backward 2.5x it
-    kernels = B200.efficiency.attention_kernels()
-    assert [kernel.id for kernel in kernels] == ["cudnn", "flash-attention-2"]
-    for seq, times in B200_MS.items():
-        forward_flops = 4 * seq * seq * 128 * 128 / 2
-        for kernel, milliseconds in zip(kernels, times):
+    # the causal forward of one call: 4 s^2 heads d / 2 FLOPs (these tables halve the square), the
+    # backward 2.5x it
+    assert [kernel.id for kernel in B200.efficiency.attention_kernels()] == ["cudnn", "sdpa-cudnn",
+                                                                            "flash-attention-2"]
+    for (kernel_id, fp8), (forward_ms, backward_ms) in B200_MS.items():
+        kernel = B200.efficiency.attention_kernel(kernel_id)
+        for seq, milliseconds in zip(B200_SEQS, zip(forward_ms, backward_ms)):
             for backward, ms in zip((False, True), milliseconds):
-                flops = forward_flops * (2.5 if backward else 1.0)
+                flops = 4 * seq * seq * 128 * 128 / 2 * (2.5 if backward else 1.0)
                 # the table prints times to 1 us and the file rates to 0.1 TFLOP/s: both roundings allowed
                 rel = 0.5e-3 / ms + 0.05e12 / (flops / (ms / 1e3))
-                assert flops / kernel.rate(seq, backward, True) == pytest.approx(ms / 1e3, rel=rel)
+                assert flops / kernel.rate(seq, backward, True, fp8=fp8) == pytest.approx(ms / 1e3, rel=rel)
 
 
 def test_a_causal_only_sweep_prices_unmasked_calls_at_the_single_fraction():
@@ -371,20 +377,64 @@ def test_a_causal_only_sweep_prices_unmasked_calls_at_the_single_fraction():
     assert compute_s(_attention(1e12, 8192, 0.0)) == pytest.approx(1e12 / (peak * eff.attention_forward), rel=1e-12)
     assert compute_s(_attention(1e12, 8192, 0.0, "backward")) == \
         pytest.approx(1e12 / (peak * eff.attention_backward), rel=1e-12)
-    assert compute_s(_attention(1e12, 2048, 1.0)) == pytest.approx(1e12 / (478.9 * TFLOPS), rel=1e-12)
+    assert compute_s(_attention(1e12, 2048, 1.0)) == pytest.approx(1e12 / (907.5 * TFLOPS), rel=1e-12)
     # half and half: each share at its own rate
     assert compute_s(_attention(1e12, 2048, 0.5)) == \
-        pytest.approx(0.5e12 / (478.9 * TFLOPS) + 0.5e12 / (peak * eff.attention_forward), rel=1e-12)
+        pytest.approx(0.5e12 / (907.5 * TFLOPS) + 0.5e12 / (peak * eff.attention_forward), rel=1e-12)
 
 
-def test_short_causal_calls_cost_more_per_flop_on_b200_than_the_single_fraction_said():
-    # the fraction the file carried alone (0.52, the table's median) is the 8k rate; a 2k call runs
-    # at 479 TFLOP/s, so a GPT-3 step at 2,048 tokens gets slower and a Llama step at 8k does not move
-    sweep = B200.efficiency.attention_sweep
+def test_short_causal_calls_cost_more_per_flop_on_b200_and_pytorchs_wrapper_costs_more_still():
+    # the single fraction (the median at 2k-32k) is the 8k rate: a 2k call runs below it, a 16k one
+    # above; PyTorch's SDPA around the same cuDNN kernel runs slower at every length, most at short ones
+    sweep, sdpa = B200.efficiency.attention_sweep, B200.efficiency.attention_kernel("sdpa-cudnn")
     rates = [sweep.rate(seq, False, True) for seq in (1024, 2048, 4096, 8192)]
     assert rates == sorted(rates)
     assert sweep.rate(2048, False, True) < B200.peak("bf16") * B200.efficiency.attention_forward < \
         sweep.rate(16384, False, True)
+    ratios = [sdpa.rate(seq, False, True) / sweep.rate(seq, False, True) for seq in (2048, 8192, 131072)]
+    assert all(ratio < 1 for ratio in ratios) and ratios == sorted(ratios)
+
+
+def test_fp8_attention_runs_at_its_own_measured_rate_where_a_part_has_one():
+    # H200, cuDNN at 8k tokens, causal: fp8 forward 964 where bf16 runs 644, but fp8 backward 430
+    # where bf16 runs 541; a part without fp8 series keeps its fractions of the fp8 peak
+    h200 = load_accelerator("h200-sxm-141gb")
+    model = ComputeModel(h200, "fp8")
+
+    def compute_s(op: Op) -> float:
+        return (model.time(op) - h200.efficiency.kernel_overhead) * h200.efficiency.sustained_attention
+
+    fp8_forward = Op("attn.flash", "attention", flops=1e12, direction="forward", kernel_seq=8192, causal_share=1.0,
+                     dtype="fp8")
+    fp8_backward = Op("attn.flash.grad", "attention", flops=1e12, direction="backward", kernel_seq=8192,
+                      causal_share=1.0, dtype="fp8")
+    assert compute_s(fp8_forward) == pytest.approx(1e12 / (964 * TFLOPS), rel=1e-12)
+    assert compute_s(fp8_backward) == pytest.approx(1e12 / (430 * TFLOPS), rel=1e-12)
+    bf16_backward = Op("attn.flash.grad", "attention", flops=1e12, direction="backward", kernel_seq=8192,
+                       causal_share=1.0, dtype="bf16")
+    assert compute_s(bf16_backward) < compute_s(fp8_backward)
+    h100 = ComputeModel(H100, "fp8")
+    assert (h100.time(fp8_forward) - H100.efficiency.kernel_overhead) * H100.efficiency.sustained_attention == \
+        pytest.approx(1e12 / (H100.peak("fp8") * H100.efficiency.attention_forward), rel=1e-12)
+    # another head size: the fp8 rate scaled as the bf16 sweep scales (GB200: MLA's 192 against 128)
+    gb200 = load_accelerator("gb200").efficiency.attention_sweep
+    assert gb200.rate(8192, False, True, head_dim=192, fp8=True) == pytest.approx(
+        2047e12 * gb200.rate(8192, False, True, head_dim=192) / gb200.rate(8192, False, True), rel=1e-12)
+
+
+def test_fp8_series_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="fp8.forward and fp8.backward"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward_causal=(1, 1),
+                           backward_causal=(1, 1), fp8={"forward": (1, 1), "forward_causal": (1, 1),
+                                                        "backward_causal": (1, 1)})
+    with pytest.raises(ValueError, match=r"fp8\.forward_causal has 1 values for 2"):
+        AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward_causal=(1, 1),
+                           backward_causal=(1, 1), fp8={"forward_causal": (1,), "backward_causal": (1, 1)})
+    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h200_sxm_141gb.yaml").read_text()
+    bad = tmp_path / "h200.yaml"
+    bad.write_text(text.replace('"1062 TFLOP/s"]', '"10620 TFLOP/s"]'))
+    with pytest.raises((ValueError, InputError), match="above the fp8 peak"):
+        load_accelerator(str(bad))
 
 
 def test_a_run_on_flashattention2_is_slower_than_on_cudnn_on_blackwell():

@@ -108,7 +108,8 @@ class ComputeModel:
         backward = op.direction != "forward"
         sweep = self.attention_sweep
         fixed_rate = self.accelerator.peak(dtype) * (eff.attention_backward if backward else eff.attention_forward)
-        if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16"):
+        fp8 = dtype == "fp8"
+        if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16", "fp8") or (fp8 and sweep.fp8 is None):
             return op.flops / (fixed_rate * self._sustained_attention)
         seconds = 0.0
         # the masked and unmasked shares apart; a share the sweep did not measure (a source that
@@ -116,11 +117,11 @@ class ComputeModel:
         for causal, flops in ((True, op.flops * op.causal_share), (False, op.flops * (1.0 - op.causal_share))):
             if not flops:
                 continue
-            if not sweep.covers(causal):
+            if not sweep.covers(causal, fp8):
                 seconds += flops / fixed_rate
                 continue
             lengths = (op.kernel_seq, op.unmasked_seq) if op.unmasked_seq and not causal else (op.kernel_seq,)
-            seconds += flops / min(sweep.rate(seq, backward, causal, head_dim=op.head_dim) for seq in lengths)
+            seconds += flops / min(sweep.rate(seq, backward, causal, head_dim=op.head_dim, fp8=fp8) for seq in lengths)
         return seconds / self._sustained_attention
 
     def _time(self, op: Op) -> float:

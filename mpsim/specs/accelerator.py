@@ -41,14 +41,9 @@ class MemorySpec(Spec):
     bandwidth: Bandwidth = Field(gt=0)
 
 
-class HeadDimSweepSpec(Spec):
-    """The same kernel's sweep at another head dimension, over the parent's sequence lengths.
+class SweepSeries(Spec):
+    """One set of a kernel's measured rates over its parent sweep's sequence lengths."""
 
-    Sources often print only the forward at other head dimensions; an absent backward is
-    the parent's backward (same length and mask) times this forward over the parent's.
-    """
-
-    head_dim: int = Field(gt=0, description="head dimension of these series")
     forward: tuple[FlopRate, ...] | None = Field(None, description="forward without a mask, FLOP/s at each of the "
                                                                    "parent's lengths; absent where the parent's is")
     forward_causal: tuple[FlopRate, ...] = Field(description="forward with a causal mask, FLOP/s at each length")
@@ -61,6 +56,23 @@ class HeadDimSweepSpec(Spec):
         """Every series given (for the checks)."""
         return tuple(s for s in (self.forward, self.forward_causal, self.backward, self.backward_causal)
                      if s is not None)
+
+
+class HeadDimSweepSpec(SweepSeries):
+    """The same kernel's sweep at another head dimension, over the parent's sequence lengths.
+
+    Sources often print only the forward at other head dimensions; an absent backward is
+    the parent's backward (same length and mask) times this forward over the parent's.
+    """
+
+    head_dim: int = Field(gt=0, description="head dimension of these series")
+
+
+class Fp8SweepSpec(SweepSeries):
+    """The same kernel with fp8 inputs (Transformer Engine's fp8 attention), at the parent's
+    head dimension and lengths; a call with another head size scales it by the bf16 sweep's
+    ratio between the two sizes. An absent backward follows the parent's rules on these series.
+    """
 
 
 def _log2_between(x: float, points: tuple[int, ...], values: list[float]) -> float:
@@ -109,6 +121,8 @@ class AttentionSweepSpec(Spec):
                                                                              "inferred as the class docstring says")
     other_head_dims: tuple[HeadDimSweepSpec, ...] = Field(
         (), description="the same kernel measured at other head dimensions, over the same lengths")
+    fp8: Fp8SweepSpec | None = Field(None, description="the same kernel measured with fp8 inputs; absent: fp8 "
+                                                       "attention takes the part's single fractions of its fp8 peak")
 
     @model_validator(mode="after")
     def _consistent(self) -> "AttentionSweepSpec":
@@ -119,6 +133,9 @@ class AttentionSweepSpec(Spec):
         for other in self.other_head_dims:
             named += [(f"other_head_dims (head_dim {other.head_dim}).", name, getattr(other, name))
                       for name in ("forward", "forward_causal", "backward", "backward_causal")]
+        if self.fp8 is not None:
+            named += [("fp8.", name, getattr(self.fp8, name))
+                      for name in ("forward", "forward_causal", "backward", "backward_causal")]
         for where, name, series in named:
             if series is None:
                 continue
@@ -126,12 +143,13 @@ class AttentionSweepSpec(Spec):
                 raise ValueError(f"{where}{name} has {len(series)} values for {len(self.seq_lengths)} seq_lengths")
             if any(not value > 0 for value in series):
                 raise ValueError(f"{where}{name} must be positive FLOP/s at every length")
-        if (self.forward is None) != (self.backward is None):
-            raise ValueError("forward and backward (without a mask) go together: give both, or neither where the "
-                             "source measured a causal mask only")
-        if self.forward is None and self.backward_causal is None:
-            raise ValueError("backward_causal is needed where the sweep has no unmasked series (it cannot be "
-                             "inferred from them)")
+        for where, series in (("", self), *((("fp8.", self.fp8),) if self.fp8 is not None else ())):
+            if (series.forward is None) != (series.backward is None):
+                raise ValueError(f"{where}forward and {where}backward (without a mask) go together: give both, or "
+                                 f"neither where the source measured a causal mask only")
+            if series.forward is None and series.backward_causal is None:
+                raise ValueError(f"{where}backward_causal is needed where the sweep has no unmasked series (it "
+                                 f"cannot be inferred from them)")
         for other in self.other_head_dims:
             if (other.forward is None) != (self.forward is None):
                 raise ValueError(f"other_head_dims (head_dim {other.head_dim}).forward must be given exactly where "
@@ -147,16 +165,25 @@ class AttentionSweepSpec(Spec):
         series += [s for other in self.other_head_dims for s in other.series()]
         return max(max(s) for s in series)
 
-    def covers(self, causal: bool) -> bool:
-        """Whether the sweep prices calls with (``causal``) or without a causal mask."""
+    def fastest_fp8(self) -> float:
+        """The highest fp8 rate (for the check against the fp8 peak); 0 without fp8 series."""
+        return max(max(s) for s in self.fp8.series()) if self.fp8 is not None else 0.0
+
+    def covers(self, causal: bool, fp8: bool = False) -> bool:
+        """Whether the sweep prices calls with (``causal``) or without a causal mask, in fp8 or not."""
+        if fp8:
+            return self.fp8 is not None and (causal or self.fp8.forward is not None)
         return causal or self.forward is not None
 
-    def _own_rate(self, seq: int, backward: bool, causal: bool) -> float:
-        if backward and causal and self.backward_causal is None:
-            masked_share = self._own_rate(seq, False, True) / self._own_rate(seq, False, False)
-            return self._own_rate(seq, True, False) * masked_share
-        series = (self.backward_causal if causal else self.backward) if backward else \
-            (self.forward_causal if causal else self.forward)
+    def _own_rate(self, seq: int, backward: bool, causal: bool,
+                  measured: "AttentionSweepSpec | SweepSeries | None" = None) -> float:
+        """The rate of the sweep's own series, or of ``measured`` (its fp8 series), at its head size."""
+        measured = self if measured is None else measured
+        if backward and causal and measured.backward_causal is None:
+            masked_share = self._own_rate(seq, False, True, measured) / self._own_rate(seq, False, False, measured)
+            return self._own_rate(seq, True, False, measured) * masked_share
+        series = (measured.backward_causal if causal else measured.backward) if backward else \
+            (measured.forward_causal if causal else measured.forward)
         assert series is not None
         return _log2_between(seq, self.seq_lengths, list(series))
 
@@ -174,11 +201,19 @@ class AttentionSweepSpec(Spec):
         # the parent's backward scaled by how this head dimension's forward compares with the parent's
         return self._own_rate(seq, True, causal) * forward / self._own_rate(seq, False, causal)
 
-    def rate(self, seq: int, backward: bool, causal: bool, head_dim: int = 0) -> float:
+    def rate(self, seq: int, backward: bool, causal: bool, head_dim: int = 0, fp8: bool = False) -> float:
         """FLOP/s of one kernel call whose queries see ``seq`` keys, with heads of ``head_dim``
-        (0: the sweep's own); only for a mask the sweep :meth:`covers`."""
-        if not self.covers(causal):
-            raise ValueError(f"{self.kernel}: the sweep measured a causal mask only")
+        (0: the sweep's own), with fp8 inputs or not; only for what the sweep :meth:`covers`."""
+        if not self.covers(causal, fp8):
+            what = "no fp8 series" if fp8 and self.fp8 is None else "a causal mask only"
+            raise ValueError(f"{self.kernel}: the sweep measured {what}")
+        if fp8:
+            assert self.fp8 is not None
+            own = self._own_rate(seq, backward, causal, self.fp8)
+            if head_dim <= 0 or head_dim == self.head_dim or not self.covers(causal):
+                return own
+            # another head size: the fp8 rate scaled as the bf16 sweep scales between the two sizes
+            return own * self.rate(seq, backward, causal, head_dim) / self._own_rate(seq, backward, causal)
         if not self.other_head_dims or head_dim <= 0 or head_dim == self.head_dim:
             return self._own_rate(seq, backward, causal)
         by_dim = sorted([(self.head_dim, None), *((other.head_dim, other) for other in self.other_head_dims)],
@@ -283,11 +318,18 @@ class AcceleratorSpec(Spec):
             if peak is None:
                 raise ValueError("efficiency.attention_sweep needs a bf16 or fp16 peak to be measured against")
             fastest = sweep.fastest()
+            where = "attention_sweep" if sweep is self.efficiency.attention_sweep else \
+                f"other_attention_kernels ({sweep.id})"
             if fastest > peak:
-                where = "attention_sweep" if sweep is self.efficiency.attention_sweep else \
-                    f"other_attention_kernels ({sweep.id})"
                 raise ValueError(f"efficiency.{where}: {fastest / 1e12:.0f} TFLOP/s is above the 16-bit "
                                  f"peak of {peak / 1e12:.0f} TFLOP/s")
+            if sweep.fp8 is not None:
+                fp8_peak = self.peak_flops.get("fp8")
+                if fp8_peak is None:
+                    raise ValueError(f"efficiency.{where}.fp8 needs an fp8 peak to be measured against")
+                if sweep.fastest_fp8() > fp8_peak:
+                    raise ValueError(f"efficiency.{where}.fp8: {sweep.fastest_fp8() / 1e12:.0f} TFLOP/s is above "
+                                     f"the fp8 peak of {fp8_peak / 1e12:.0f} TFLOP/s")
         return self
 
     def matches_device(self, kind: str, name: str) -> bool:
