@@ -63,8 +63,17 @@ def test_plain_pytorch_writes_weight_gradients_fresh_and_megatron_accumulates_th
         # the fused GEMM reads the accumulated gradient back: one more pass over C
         assert op.bytes < fused[name].bytes, name
     assert not named(local[0].backward, ".accumulate_grad")
-    # the embedding's gradient table is zeroed before the tokens' gradients are added into it
-    assert named(pytorch[0].backward, "embedding.wgrad.zero") and not named(local[0].backward, ".zero")
+    # the embedding's gradient table is zeroed before the tokens' gradients are added into it, in
+    # both: autograd's embedding backward builds a dense table whatever the framework
+    assert named(pytorch[0].backward, "embedding.wgrad.zero") and named(local[0].backward, "embedding.wgrad.zero")
+    # Megatron fuses accumulation into its linear layers only: its hook adds the whole dense table
+    # into main_grad (read both, write the sum); plain PyTorch's AccumulateGrad adds it into .grad
+    (add,) = named(local[0].backward, "embedding.wgrad.main_grad_add")
+    (zero,) = named(local[0].backward, "embedding.wgrad.zero")
+    scenario = load_scenario(VALIDATION, ["training.transformer_impl=local"]).scenario
+    act, acc = 2 if scenario.training.dtype in ("bf16", "fp16") else 4, scenario.training.grad_bytes
+    assert add.bytes == pytest.approx(zero.bytes / act * (act + 2 * acc))
+    assert not named(pytorch[0].backward, "main_grad_add")
 
 
 def test_plain_pytorch_adds_biases_in_the_gemm_and_sums_their_gradients():

@@ -36,6 +36,25 @@ def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
     return -(-vocab // step) * step
 
 
+def _table_grad(ctx: LayerContext, label: str, rows: int) -> tuple[Op, ...]:
+    """The weight gradient of an embedding table of ``rows`` rows on one TP rank.
+
+    Autograd's embedding backward (``embedding_dense_backward``) zeroes a dense gradient of
+    the whole table and scatters the token gradients into their rows. Plain PyTorch then
+    adds it into ``.grad`` (AccumulateGrad, :func:`stage_work.accumulate_grads`), at the
+    gradient dtype. Megatron fuses gradient accumulation into its linear layers' GEMMs, not
+    into the embedding's: the dense gradient comes in the parameter's dtype and Megatron's
+    backward hook adds the whole table into ``main_grad`` (``param.main_grad.add_(param.grad.data)``
+    in ``DistributedDataParallel._make_backward_post_hook``), reading both and writing the sum.
+    """
+    e, table, tokens = ctx.act_bytes, rows * ctx.hidden, ctx.tokens * ctx.hidden
+    if not ctx.grad_accumulation_fused:
+        acc = ctx.wgrad_accumulate_bytes
+        return (memory_op(f"{label}.wgrad.zero", table * acc), memory_op(f"{label}.wgrad", tokens * (e + 2 * acc)))
+    return (memory_op(f"{label}.wgrad.zero", table * e), memory_op(f"{label}.wgrad", tokens * 2 * e),
+            memory_op(f"{label}.wgrad.main_grad_add", table * (e + 2 * ctx.wgrad_accumulate_bytes)))
+
+
 def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool) -> BlockWork:
     """Token (and position) embedding lookup on one TP rank."""
     elems = ctx.tokens * ctx.hidden
@@ -54,19 +73,9 @@ def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool
         local = ctx.norm_tokens * ctx.hidden
         forward.append(memory_op("embedding.dropout", local * (2 * e + 1)))
         backward_input.insert(0, memory_op("embedding.dropout.grad", local * (2 * e + 1)))
-    # the weight gradient is a scatter-add of the token gradients into an fp32 table; plain
-    # PyTorch first zeroes a fresh table for it (embedding_dense_backward), which autograd then
-    # adds into .grad
-    grad_bytes = elems * (e + 2 * ctx.wgrad_accumulate_bytes)
-    backward_weight: list[Item] = []
-    if not ctx.grad_accumulation_fused:
-        backward_weight.append(memory_op("embedding.wgrad.zero", vocab_local * ctx.hidden * ctx.wgrad_accumulate_bytes))
-    backward_weight.append(memory_op("embedding.wgrad", grad_bytes))
+    backward_weight = list(_table_grad(ctx, "embedding", vocab_local))
     if learned_positions:
-        if not ctx.grad_accumulation_fused:
-            backward_weight.append(memory_op("embedding.positions.wgrad.zero",
-                                             ctx.seq_length * ctx.hidden * ctx.wgrad_accumulate_bytes))
-        backward_weight.append(memory_op("embedding.positions.wgrad", grad_bytes))
+        backward_weight += _table_grad(ctx, "embedding.positions", ctx.seq_length)
     params = vocab_local * ctx.hidden + (ctx.seq_length * ctx.hidden if learned_positions else 0)
     saved = ctx.norm_tokens * ctx.hidden if ctx.dropout else 0  # the dropout mask
     tensors = (vocab_local * ctx.hidden, *((ctx.seq_length * ctx.hidden,) if learned_positions else ()))
