@@ -258,6 +258,11 @@ def test_hardware_show_says_which_attention_sweep_prices_the_kernels(capsys):
     out = capsys.readouterr().out
     assert "[training.attention_kernel: cudnn, the default]" in out
     assert "[training.attention_kernel: flash-attention-2, when picked]" in out
+    assert main(["hardware", "show", "b200"]) == 0  # a causal-only table, and fp8 inputs measured
+    out = capsys.readouterr().out
+    assert "causal mask only (unmasked calls at the fractions above): forward 1384.2 TFLOP/s, backward " \
+           "994.9 TFLOP/s; fp8 inputs, causal: forward 1502.1 TFLOP/s, backward 1254.7 TFLOP/s" in out
+    assert "[training.attention_kernel: sdpa-cudnn, when picked]" in out
     assert main(["hardware", "show", "v100-sxm2-32gb"]) == 0  # no sweep published: one fraction per pass
     out = capsys.readouterr().out
     assert "\nattention " not in out and "sweep" not in out

@@ -23,6 +23,21 @@ def _tflops(flops: float) -> str:
     return f"{flops / 1e12:g} TFLOP/s"
 
 
+def _sweep_rates(sweep, seq: int) -> str:
+    """A fused attention sweep's rates at ``seq`` tokens, in words."""
+    def rate(backward: bool, causal: bool, fp8: bool = False) -> str:
+        return _tflops(round(sweep.rate(seq, backward, causal, fp8=fp8), -11))
+
+    if sweep.covers(False):
+        text = f"forward {rate(False, False)} ({rate(False, True)} causal), backward {rate(True, False)}"
+    else:
+        text = f"causal mask only (unmasked calls at the fractions above): forward {rate(False, True)}, backward " \
+               f"{rate(True, True)}"
+    if sweep.fp8 is not None:
+        text += f"; fp8 inputs, causal: forward {rate(False, True, True)}, backward {rate(True, True, True)}"
+    return text
+
+
 def _accelerator_lines(acc) -> list[str]:
     from mpsim.units import format_bytes, format_seconds
 
@@ -45,13 +60,7 @@ def _accelerator_lines(acc) -> list[str]:
         at = 8192 if sweep.seq_lengths[0] <= 8192 <= sweep.seq_lengths[-1] else sweep.seq_lengths[-1]
         picked = "the default" if index == 0 else "when picked"
         name = f" [training.attention_kernel: {sweep.id}, {picked}]" if sweep.id else ""
-        def rate(backward: bool, causal: bool) -> str:
-            return _tflops(round(sweep.rate(at, backward, causal), -11))
-
-        rates = (f"forward {rate(False, False)} ({rate(False, True)} causal), backward {rate(True, False)}"
-                 if sweep.covers(False) else
-                 f"causal mask only (unmasked calls at the fractions above): forward {rate(False, True)}, backward "
-                 f"{rate(True, True)}")
+        rates = _sweep_rates(sweep, at)
         lines.append(f"{'attention' if index == 0 else '':<13} {sweep.kernel}{name}, measured over {lengths} at heads "
                      f"of {', '.join(map(str, heads))}; at {at:,} tokens, heads of {sweep.head_dim}: {rates}")
     factors = (("GEMMs", eff.sustained_compute), ("fp8 GEMMs", eff.sustained_compute_fp8),
