@@ -42,6 +42,16 @@ def _compute_s(op: Op, dtype: str = "bf16") -> float:
     return burst_s * H100.efficiency.sustained_attention
 
 
+def _refused(tmp_path, file: str, old: str, new: str, match: str) -> None:
+    """The shipped accelerator ``file`` with ``old`` replaced by ``new`` fails to load with ``match``."""
+    text = (SCENARIOS.parent / "hardware" / "accelerators" / file).read_text()
+    assert old in text
+    bad = tmp_path / file
+    bad.write_text(text.replace(old, new))
+    with pytest.raises((ValueError, InputError), match=match):
+        load_accelerator(str(bad))
+
+
 def test_at_a_measured_length_the_rate_is_the_published_one():
     # FA3-SWEEP, cuDNN at 4k: forward 609 unmasked, 518 causal; backward 499 unmasked
     flops = 1e12
@@ -130,11 +140,7 @@ def test_a_sweep_must_be_increasing_consistent_and_below_peak(tmp_path):
     with pytest.raises(ValueError, match="3 values for 2"):
         AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward=(1, 1, 1),
                            forward_causal=(1, 1), backward=(1, 1))
-    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h100_sxm_80gb.yaml").read_text()
-    bad = tmp_path / "fast.yaml"
-    bad.write_text(text.replace('"595 TFLOP/s"]', '"5950 TFLOP/s"]'))
-    with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
-        load_accelerator(str(bad))
+    _refused(tmp_path, "h100_sxm_80gb.yaml", '"595 TFLOP/s"]', '"5950 TFLOP/s"]', "above the 16-bit peak")
 
 
 def test_an_encoder_attends_without_a_mask():
@@ -263,11 +269,7 @@ def test_other_head_sizes_are_checked_like_the_sweep(tmp_path):
         AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward=(1, 1), forward_causal=(1, 1),
                            backward=(1, 1), other_head_dims=[{"head_dim": 128, "forward": (1, 1),
                                                               "forward_causal": (1, 1)}])
-    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h100_sxm_80gb.yaml").read_text()
-    bad = tmp_path / "fast.yaml"
-    bad.write_text(text.replace('"581 TFLOP/s"]', '"5810 TFLOP/s"]'))
-    with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
-        load_accelerator(str(bad))
+    _refused(tmp_path, "h100_sxm_80gb.yaml", '"581 TFLOP/s"]', '"5810 TFLOP/s"]', "above the 16-bit peak")
 
 
 # FA2-H100 (docs/hardware-sources.md): FlashAttention-2's forward + backward on an H100 80GB SXM5,
@@ -320,14 +322,8 @@ def test_a_kernel_the_part_does_not_carry_is_refused_in_one_line(overrides, mess
 
 
 def test_other_kernels_need_an_id_and_distinct_ids(tmp_path):
-    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h100_sxm_80gb.yaml").read_text()
-    bad = tmp_path / "noid.yaml"
-    bad.write_text(text.replace("      id: flash-attention-2", "      # no id"))
-    with pytest.raises((ValueError, InputError), match="needs an id"):
-        load_accelerator(str(bad))
-    bad.write_text(text.replace("      id: flash-attention-2", "      id: cudnn"))
-    with pytest.raises((ValueError, InputError), match="ids repeat"):
-        load_accelerator(str(bad))
+    _refused(tmp_path, "h100_sxm_80gb.yaml", "      id: flash-attention-2", "      # no id", "needs an id")
+    _refused(tmp_path, "h100_sxm_80gb.yaml", "      id: flash-attention-2", "      id: cudnn", "ids repeat")
 
 
 # CUDNN-FP8-B200 and CUDNN-SDPA-B200 (docs/hardware-sources.md): cuDNN Frontend's tables of one B200,
@@ -430,11 +426,7 @@ def test_fp8_series_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"fp8\.forward_causal has 1 values for 2"):
         AttentionSweepSpec(kernel="k", head_dim=128, seq_lengths=(512, 1024), forward_causal=(1, 1),
                            backward_causal=(1, 1), fp8={"forward_causal": (1,), "backward_causal": (1, 1)})
-    text = (SCENARIOS.parent / "hardware" / "accelerators" / "h200_sxm_141gb.yaml").read_text()
-    bad = tmp_path / "h200.yaml"
-    bad.write_text(text.replace('"1062 TFLOP/s"]', '"10620 TFLOP/s"]'))
-    with pytest.raises((ValueError, InputError), match="above the fp8 peak"):
-        load_accelerator(str(bad))
+    _refused(tmp_path, "h200_sxm_141gb.yaml", '"1062 TFLOP/s"]', '"10620 TFLOP/s"]', "above the fp8 peak")
 
 
 def test_a_run_on_flashattention2_is_slower_than_on_cudnn_on_blackwell():
@@ -461,11 +453,7 @@ def test_a_causal_only_sweep_is_checked(tmp_path):
                                                                                "forward_causal": (1, 2)}])
     # a head size without its own backward: the parent's causal backward times the forward ratio
     assert causal_only.rate(1024, True, True, head_dim=64) == pytest.approx(2 * 2 / 4)
-    text = (SCENARIOS.parent / "hardware" / "accelerators" / "b200.yaml").read_text()
-    bad = tmp_path / "b200.yaml"
-    bad.write_text(text.replace('"1355.4 TFLOP/s"]', '"13554 TFLOP/s"]'))
-    with pytest.raises((ValueError, InputError), match="above the 16-bit peak"):
-        load_accelerator(str(bad))
+    _refused(tmp_path, "b200.yaml", '"1355.4 TFLOP/s"]', '"13554 TFLOP/s"]', "above the 16-bit peak")
 
 
 # CUDNN-SDPA-GB200-MLA: cuDNN on a GB200 at DeepSeek-V3's shapes (batch 2, 128 heads, query/key heads of
