@@ -505,3 +505,20 @@ def test_a_causal_call_counts_the_triangles_pairs_as_the_published_rates_do():
     forward = [op for block in workload.stages[0].forward for op in compute_ops(block.items) if op.name == "attn.flash"]
     assert forward and forward[0].causal_share == 1.0
     assert forward[0].flops == pytest.approx(2 * tokens * s * heads * 2 * d * (s + 1) / (2 * s), rel=1e-12)
+
+
+def test_fp8_inputs_the_fp8_series_do_not_cover_run_at_the_bf16_rates():
+    # B200: fp8 series measured under a causal mask only; an unmasked fp8 share takes the bf16
+    # fraction of the bf16 peak, and a call of unknown length too, never a fraction of the fp8 peak
+    model, eff = ComputeModel(B200, "fp8"), B200.efficiency
+
+    def compute_s(op: Op) -> float:
+        return (model.time(op) - eff.kernel_overhead) * eff.sustained_attention
+
+    ring = Op("attn.flash", "attention", flops=1e12, direction="forward", kernel_seq=4096, causal_share=0.5,
+              dtype="fp8")
+    assert compute_s(ring) == pytest.approx(0.5e12 / (1230.7 * TFLOPS) + 0.5e12 / (B200.peak("bf16") *
+                                                                                     eff.attention_forward), rel=1e-12)
+    unknown = Op("attn.flash", "attention", flops=1e12, direction="forward", kernel_seq=0, causal_share=1.0,
+                 dtype="fp8")
+    assert compute_s(unknown) == pytest.approx(1e12 / (B200.peak("bf16") * eff.attention_forward), rel=1e-12)

@@ -107,14 +107,14 @@ class ComputeModel:
         eff = self.accelerator.efficiency
         backward = op.direction != "forward"
         sweep = self.attention_sweep
-        if dtype == "fp8" and (sweep is None or sweep.fp8 is None) and "bf16" in self.accelerator.peak_flops:
-            # fp8 inputs that the kernel was never measured with run at its bf16 rate: where they were
-            # measured (cuDNN on H200, GB200, B200) they gain up to 1.5x forward and less backward,
-            # on Hopper losing to bf16 under a causal mask from 8k, never the fp8 peak's 2x
-            dtype = "bf16"
-        fixed_rate = self.accelerator.peak(dtype) * (eff.attention_backward if backward else eff.attention_forward)
-        fp8 = dtype == "fp8"
-        if sweep is None or op.kernel_seq <= 0 or dtype not in ("bf16", "fp16", "fp8"):
+        # fp8 inputs run at the kernel's measured fp8 rates, and where it has none (no fp8 series,
+        # or a mask or length they do not cover) at its bf16 ones: where fp8 attention was measured
+        # (cuDNN on H200, GB200, B200) it gains up to 1.5x forward and less backward, on Hopper
+        # losing to bf16 under a causal mask from 8k, never the fp8 peak's 2x
+        fp8 = dtype == "fp8" and "bf16" in self.accelerator.peak_flops
+        base = "bf16" if fp8 else dtype
+        fixed_rate = self.accelerator.peak(base) * (eff.attention_backward if backward else eff.attention_forward)
+        if sweep is None or op.kernel_seq <= 0 or base not in ("bf16", "fp16"):
             return op.flops / (fixed_rate * self._sustained_attention)
         seconds = 0.0
         # the masked and unmasked shares apart; a share the sweep did not measure (a source that
@@ -122,11 +122,13 @@ class ComputeModel:
         for causal, flops in ((True, op.flops * op.causal_share), (False, op.flops * (1.0 - op.causal_share))):
             if not flops:
                 continue
-            if not sweep.covers(causal, fp8):
+            measured_fp8 = fp8 and sweep.covers(causal, fp8=True)
+            if not measured_fp8 and not sweep.covers(causal):
                 seconds += flops / fixed_rate
                 continue
             lengths = (op.kernel_seq, op.unmasked_seq) if op.unmasked_seq and not causal else (op.kernel_seq,)
-            seconds += flops / min(sweep.rate(seq, backward, causal, head_dim=op.head_dim, fp8=fp8) for seq in lengths)
+            seconds += flops / min(sweep.rate(seq, backward, causal, head_dim=op.head_dim, fp8=measured_fp8)
+                                   for seq in lengths)
         return seconds / self._sustained_attention
 
     def _time(self, op: Op) -> float:
