@@ -109,8 +109,8 @@ class ComputeModel:
         sweep = self.attention_sweep
         # fp8 inputs run at the kernel's measured fp8 rates, and where it has none (no fp8 series,
         # or a mask or length they do not cover) at its bf16 ones: where fp8 attention was measured
-        # (cuDNN on H200, GB200, B200) it gains up to 1.5x forward and less backward, on Hopper
-        # losing to bf16 under a causal mask from 8k, never the fp8 peak's 2x
+        # (cuDNN on H200, GB200, B200) it runs 0.64x (Hopper's causal backward at 32k tokens) to
+        # 1.5x the bf16 rate, never the fp8 peak's 2x
         fp8 = dtype == "fp8" and "bf16" in self.accelerator.peak_flops
         base = "bf16" if fp8 else dtype
         fixed_rate = self.accelerator.peak(base) * (eff.attention_backward if backward else eff.attention_forward)
