@@ -42,15 +42,21 @@ class MemorySpec(Spec):
 
 
 class SweepSeries(Spec):
-    """One set of a kernel's measured rates over its parent sweep's sequence lengths."""
+    """One set of a kernel's measured rates over a sweep's sequence lengths.
 
-    forward: tuple[FlopRate, ...] | None = Field(None, description="forward without a mask, FLOP/s at each of the "
-                                                                   "parent's lengths; absent where the parent's is")
+    A source may measure the causal mask only (cuDNN's own B200 table): then the unmasked
+    series are absent and unmasked calls are not covered (ComputeModel prices them at the
+    part's single attention fractions). An absent backward is inferred as the owning class
+    says.
+    """
+
+    forward: tuple[FlopRate, ...] | None = Field(None, description="forward without a mask, FLOP/s at each length; "
+                                                                   "absent: measured under a causal mask only")
     forward_causal: tuple[FlopRate, ...] = Field(description="forward with a causal mask, FLOP/s at each length")
-    backward: tuple[FlopRate, ...] | None = Field(None, description="backward without a mask; absent: inferred "
-                                                                      "from the forward, as the class docstring says")
+    backward: tuple[FlopRate, ...] | None = Field(None, description="backward without a mask, FLOP/s at each "
+                                                                    "length; absent: inferred")
     backward_causal: tuple[FlopRate, ...] | None = Field(None, description="backward with a causal mask; absent: "
-                                                                             "inferred as the parent's is")
+                                                                             "inferred")
 
     def series(self) -> tuple[tuple[float, ...], ...]:
         """Every series given (for the checks)."""
@@ -87,7 +93,7 @@ def _log2_between(x: float, points: tuple[int, ...], values: list[float]) -> flo
     return values[upper - 1] + weight * (values[upper] - values[upper - 1])
 
 
-class AttentionSweepSpec(Spec):
+class AttentionSweepSpec(SweepSeries):
     """A fused attention kernel's published throughput against sequence length and head size.
 
     One series per pass and mask, measured at one head dimension in bf16/fp16 over a
@@ -110,40 +116,30 @@ class AttentionSweepSpec(Spec):
                            description="the short name a scenario picks this kernel by (training.attention_kernel)")
     head_dim: int = Field(gt=0, description="head dimension of the sweep")
     seq_lengths: tuple[int, ...] = Field(min_length=2, description="sequence lengths measured, increasing")
-    # a source may measure the causal mask only (cuDNN's own B200 table): then unmasked calls
-    # are not covered and take the part's single attention fractions (ComputeModel)
-    forward: tuple[FlopRate, ...] | None = Field(None, description="forward without a mask, FLOP/s at each length; "
-                                                                   "absent: measured under a causal mask only")
-    forward_causal: tuple[FlopRate, ...] = Field(description="forward with a causal mask, FLOP/s at each length")
-    backward: tuple[FlopRate, ...] | None = Field(None, description="backward without a mask, FLOP/s at each "
-                                                                    "length; absent with forward")
-    backward_causal: tuple[FlopRate, ...] | None = Field(None, description="backward with a causal mask; absent: "
-                                                                             "inferred as the class docstring says")
     other_head_dims: tuple[HeadDimSweepSpec, ...] = Field(
         (), description="the same kernel measured at other head dimensions, over the same lengths")
     fp8: Fp8SweepSpec | None = Field(None, description="the same kernel measured with fp8 inputs; absent: fp8 "
-                                                       "attention takes the part's single fractions of its fp8 peak")
+                                                       "attention runs at the bf16 rates")
 
     @model_validator(mode="after")
     def _consistent(self) -> "AttentionSweepSpec":
         if any(b <= a for a, b in zip(self.seq_lengths, self.seq_lengths[1:])) or self.seq_lengths[0] <= 0:
             raise ValueError(f"seq_lengths must be positive and increasing, got {list(self.seq_lengths)}")
-        named = [("", name, getattr(self, name)) for name in ("forward", "forward_causal", "backward",
-                                                              "backward_causal")]
-        for other in self.other_head_dims:
-            named += [(f"other_head_dims (head_dim {other.head_dim}).", name, getattr(other, name))
-                      for name in ("forward", "forward_causal", "backward", "backward_causal")]
-        if self.fp8 is not None:
-            named += [("fp8.", name, getattr(self.fp8, name))
-                      for name in ("forward", "forward_causal", "backward", "backward_causal")]
-        for where, name, series in named:
-            if series is None:
-                continue
-            if len(series) != len(self.seq_lengths):
-                raise ValueError(f"{where}{name} has {len(series)} values for {len(self.seq_lengths)} seq_lengths")
-            if any(not value > 0 for value in series):
-                raise ValueError(f"{where}{name} must be positive FLOP/s at every length")
-        for where, series in (("", self), *((("fp8.", self.fp8),) if self.fp8 is not None else ())):
+        fp8 = (("fp8.", self.fp8),) if self.fp8 is not None else ()
+        owned: list[tuple[str, SweepSeries]] = [
+            ("", self), *((f"other_head_dims (head_dim {other.head_dim}).", other) for other in self.other_head_dims),
+            *fp8]
+        for where, owner in owned:
+            for name in ("forward", "forward_causal", "backward", "backward_causal"):
+                series = getattr(owner, name)
+                if series is None:
+                    continue
+                if len(series) != len(self.seq_lengths):
+                    raise ValueError(f"{where}{name} has {len(series)} values for {len(self.seq_lengths)} "
+                                     f"seq_lengths")
+                if any(not value > 0 for value in series):
+                    raise ValueError(f"{where}{name} must be positive FLOP/s at every length")
+        for where, series in (("", self), *fp8):
             if (series.forward is None) != (series.backward is None):
                 raise ValueError(f"{where}forward and {where}backward (without a mask) go together: give both, or "
                                  f"neither where the source measured a causal mask only")
@@ -161,8 +157,7 @@ class AttentionSweepSpec(Spec):
 
     def fastest(self) -> float:
         """The highest rate any series gives (for the check against the peak)."""
-        series = [s for s in (self.forward, self.forward_causal, self.backward, self.backward_causal) if s is not None]
-        series += [s for other in self.other_head_dims for s in other.series()]
+        series = [*self.series(), *(s for other in self.other_head_dims for s in other.series())]
         return max(max(s) for s in series)
 
     def fastest_fp8(self) -> float:
@@ -175,8 +170,7 @@ class AttentionSweepSpec(Spec):
             return self.fp8 is not None and (causal or self.fp8.forward is not None)
         return causal or self.forward is not None
 
-    def _own_rate(self, seq: int, backward: bool, causal: bool,
-                  measured: "AttentionSweepSpec | SweepSeries | None" = None) -> float:
+    def _own_rate(self, seq: int, backward: bool, causal: bool, measured: SweepSeries | None = None) -> float:
         """The rate of the sweep's own series, or of ``measured`` (its fp8 series), at its head size."""
         measured = self if measured is None else measured
         if backward and causal and measured.backward_causal is None:
