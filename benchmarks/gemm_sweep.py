@@ -34,7 +34,8 @@ from mpsim.workload.ops import Op
 
 DATA = Path(__file__).resolve().parent / "data" / "gemm_sweeps.csv"
 ACCELERATORS = {"H100 SXM": "h100-sxm-80gb", "A100 SXM": "a100-sxm-80gb", "A100": "a100-sxm-80gb",
-                "H200 SXM": "h200-sxm-141gb"}
+                "H200 SXM": "h200-sxm-141gb", "GH200": "gh200", "B200 SXM": "b200", "GB200": "gb200",
+                "MI300X": "mi300x", "MI325X": "mi325x"}
 # this project's H200 readings (benchmarks/hopper_kernels.py): GEMMs as short bursts and under load
 HOPPER = [DATA.parent / "hopper_kernels_h200.json", DATA.parent / "hopper_kernels_h200_burst.json",
           DATA.parent / "hopper_kernels_h200_fp8.json", DATA.parent / "hopper_kernels_h200_attention.json"]
