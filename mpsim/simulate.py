@@ -62,7 +62,7 @@ def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = No
             schedule = search_outline(name, layout.pp, layout.vpp, layout.num_microbatches)
         else:
             schedule = build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, base_dir,
-                                      timer=rank_spans)
+                                      timer=rank_spans, microbatch_group_size=layout.microbatch_group_size)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
     if not training.defer_embedding_wgrad:

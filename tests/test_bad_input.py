@@ -56,6 +56,16 @@ CASES = [
     ("slow GPU without a speed", BASE, ["--set", "faults.slow_gpu=3"],
      ["faults.slow_gpu=3", "3 is not a rank with its speed: write '12@0.5'"]),
     ("slow GPU twice", BASE, ["--set", "faults.slow_gpu=[3@0.5, 3@0.7]"], ["rank 3 is given twice"]),
+    # Megatron-Core's microbatch groups: its interleaved schedule only, between pp and the microbatches,
+    # with no short last group
+    ("microbatch groups without interleaving", BASE + "  microbatch_group_size: 8\n", [],
+     ["scenario.yaml: parallel.microbatch_group_size", "interleaved-1f1b", "parallel.schedule is 1f1b"]),
+    ("microbatch groups below pp", BASE.replace("tp: 8", "tp: 2").replace("pp: 1", "pp: 4\n  vpp: 2").replace(
+        "schedule: 1f1b", "schedule: interleaved-1f1b") + "  microbatch_group_size: 2\n", [],
+     ["parallel.microbatch_group_size", "must lie between pp (4) and the microbatches per pipeline (8)"]),
+    ("microbatch groups with a short last group", BASE.replace("tp: 8", "tp: 2").replace("pp: 1", "pp: 4\n  vpp: 2")
+     .replace("schedule: 1f1b", "schedule: interleaved-1f1b") + "  microbatch_group_size: 6\n", [],
+     ["parallel.microbatch_group_size", "last group of 2 microbatches, fewer than pp (4)"]),
     ("tp across nodes", BASE.replace("tp: 8", "tp: 16").replace("nodes: 1", "nodes: 2"), [],
      ["parallel.tp", "more than one", "allow_tp_across_nodes"]),
     ("too few devices", BASE.replace("pp: 1", "pp: 2"), [], ["parallel", "does not divide the cluster's 8 devices"]),

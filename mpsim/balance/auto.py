@@ -35,7 +35,7 @@ def _schedule(scenario: Scenario, layout: Layout) -> Schedule | None:
     reports later)."""
     try:
         return build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
-                              timer=rank_spans)
+                              timer=rank_spans, microbatch_group_size=layout.microbatch_group_size)
     except Exception:
         return None
 

@@ -39,10 +39,12 @@ def _schedule(args: argparse.Namespace) -> int:
     if args.pp is None or args.microbatches is None:
         raise InputError("give --pp and --microbatches to generate a schedule", args.name)
     try:
-        schedule = build_schedule(args.name, args.pp, args.vpp, args.microbatches, check=True, timer=rank_spans)
+        schedule = build_schedule(args.name, args.pp, args.vpp, args.microbatches, check=True, timer=rank_spans,
+                                  microbatch_group_size=args.microbatch_group_size)
     except ScheduleError as exc:
-        # the registry speaks of the scenario's field; here the option sets it
-        raise InputError(str(exc).replace("parallel.vpp", "--vpp"), args.name) from None
+        # the registry speaks of the scenario's fields; here the options set them
+        message = str(exc).replace("parallel.vpp", "--vpp").replace("microbatch_group_size", "--microbatch-group-size")
+        raise InputError(message, args.name) from None
     text = schedule.to_text()
     if args.out:
         Path(args.out).write_text(text)
@@ -59,5 +61,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--pp", type=positive_int, help="pipeline ranks")
     parser.add_argument("--vpp", type=positive_int, default=1, help="chunks per rank (default 1)")
     parser.add_argument("--microbatches", type=positive_int, help="microbatches per step")
+    parser.add_argument("--microbatch-group-size", type=positive_int, metavar="N",
+                        help="interleaved-1f1b: microbatches each chunk runs in a row (Megatron-Core's "
+                             "--microbatch-group-size-per-virtual-pipeline-stage; default pp)")
     parser.add_argument("--out", metavar="FILE", help="write the text form to FILE instead of printing it")
     parser.set_defaults(handler=_schedule)

@@ -35,15 +35,16 @@ ENGINES = ("fast", "simpy")
 
 
 @lru_cache(maxsize=128)
-def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int) -> Schedule:
-    """A generated schedule, cached: layouts that differ only in recompute or SP share it."""
-    return build_schedule(name, pp, vpp, num_microbatches, timer=rank_spans)
+def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int, group: int | None = None) -> Schedule:
+    """A generated schedule, cached: layouts that differ only in recompute or SP share it
+    (``group``: parallel.microbatch_group_size)."""
+    return build_schedule(name, pp, vpp, num_microbatches, timer=rank_spans, microbatch_group_size=group)
 
 
 @lru_cache(maxsize=128)
-def deferred_schedule(name: str, pp: int, vpp: int, num_microbatches: int, limit: int) -> Schedule:
+def deferred_schedule(name: str, pp: int, vpp: int, num_microbatches: int, group: int | None, limit: int) -> Schedule:
     """A generated schedule with the LM head's weight gradients deferred (``training.defer_embedding_wgrad``), cached."""
-    return defer_head_weight_grads(generated_schedule(name, pp, vpp, num_microbatches), limit)
+    return defer_head_weight_grads(generated_schedule(name, pp, vpp, num_microbatches, group), limit)
 
 
 def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cached: bool = True) -> Schedule:
@@ -53,7 +54,8 @@ def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cach
     name, training = scenario.parallel.schedule, scenario.training
     if name.startswith("file:"):
         return plan_schedule(scenario, layout, base_dir)
-    make, args = generated_schedule, (name, layout.pp, layout.vpp, layout.num_microbatches)
+    make, args = generated_schedule, (name, layout.pp, layout.vpp, layout.num_microbatches,
+                                      layout.microbatch_group_size)
     if training.defer_embedding_wgrad:
         make, args = deferred_schedule, (*args, training.wgrad_deferral_limit)
     try:

@@ -176,14 +176,14 @@ def clear_caches() -> None:
 
 
 def short_schedule(scenario: Scenario, layout: Layout) -> Short:
-    """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches); a
+    """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches, group size); a
     schedule read from a file is generated afresh each time (the file may change)."""
     name = scenario.parallel.schedule
     from_file = name.startswith("file:")
     training = scenario.training
     # the deferral rewrites the head stage's actions: a schedule with it is another schedule
     deferral = training.wgrad_deferral_limit if training.defer_embedding_wgrad else None
-    key = (name, layout.pp, layout.vpp, layout.num_microbatches, deferral)
+    key = (name, layout.pp, layout.vpp, layout.num_microbatches, layout.microbatch_group_size, deferral)
     short = None if from_file else SHORTS.get(key)
     if short is None:
         # a schedule of up to a million actions is made and shortened at once; all but the

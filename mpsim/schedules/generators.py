@@ -49,27 +49,70 @@ def interleaved_rounds(pp: int, num_microbatches: int) -> int:
     return num_microbatches // rounds
 
 
-def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+def microbatch_group_problem(pp: int, num_microbatches: int, group: int) -> str | None:
+    """Why Megatron-Core refuses ``group`` contiguous microbatches per chunk, or None.
+
+    Megatron-Core's interleaved schedule takes ``--microbatch-group-size-per-virtual-pipeline-stage``
+    between PP and the microbatch count, and a last, shorter group of either none or at least
+    PP microbatches (``forward_backward_pipelining_with_interleaving`` in
+    megatron/core/pipeline_parallel/schedules.py): a shorter one would leave a chunk waiting
+    on its own microbatches' earlier chunks.
+    """
+    if not pp <= group <= num_microbatches:
+        return (f"microbatch_group_size={group} must lie between pp ({pp}) and the microbatches per pipeline "
+                f"({num_microbatches}), as Megatron-Core requires")
+    last = num_microbatches % group
+    if 0 < last < pp:
+        return (f"microbatch_group_size={group} leaves a last group of {last} microbatches, fewer than pp ({pp}); "
+                f"Megatron-Core requires the microbatches ({num_microbatches}) to be a multiple of the group "
+                f"size or to leave at least pp over")
+    return None
+
+
+def interleave_chunks(vpp: int, num_microbatches: int, group: int) -> list[int]:
+    """The chunk of each of a rank's forwards, in order (Megatron-Core's ``get_schedule_table``):
+    ``group`` microbatches through chunk 0, the same through chunk 1, ..., then the next group;
+    the last group holds what is left."""
+    chunks: list[int] = []
+    for first in range(0, num_microbatches, group):
+        size = min(group, num_microbatches - first)
+        for chunk in range(vpp):
+            chunks.extend([chunk] * size)
+    return chunks
+
+
+def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, microbatch_group_size: int | None = None) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM; depth-first as in torch).
 
     Each rank holds ``vpp`` chunks (stages ``rank + k*pp``) and runs microbatches in
-    rounds of ``per_round`` per chunk; warm-up is ``(vpp-1)*per_round + 2*(pp-1-rank)``.
+    groups per chunk: ``microbatch_group_size`` of them as Megatron-Core's option of that
+    name sets it, by default ``pp`` (Megatron-Core's default) or, where ``pp`` does not
+    divide the microbatches, the count split evenly into ``microbatches // pp`` rounds
+    (torch's schedule). Warm-up is ``(vpp-1)*group + 2*(pp-1-rank)`` forwards; each
+    backward runs the chunk mirrored from the forward's position in the same order.
     """
-    per_round = interleaved_rounds(pp, num_microbatches)
+    if microbatch_group_size is None:
+        group = interleaved_rounds(pp, num_microbatches)
+    else:
+        problem = microbatch_group_problem(pp, num_microbatches, microbatch_group_size)
+        if problem:
+            raise ValueError(problem)
+        group = microbatch_group_size
+    chunks = interleave_chunks(vpp, num_microbatches, group)
     total = vpp * num_microbatches
     make = tuple.__new__  # Action(...) without a named tuple constructor's keyword handling
     ranks = []
     for rank in range(pp):
-        warmup = min((vpp - 1) * per_round + 2 * (pp - 1 - rank), total)
+        warmup = min((vpp - 1) * group + 2 * (pp - 1 - rank), total)
         next_fwd, next_bwd = [0] * (pp * vpp), [0] * (pp * vpp)  # the next microbatch of each stage
         actions: list[Action] = []
         for step in range(total + warmup):
             if step < total:
-                stage = ((step // per_round) % vpp) * pp + rank
+                stage = chunks[step] * pp + rank
                 actions.append(make(Action, (stage, "F", next_fwd[stage])))
                 next_fwd[stage] += 1
             if step >= warmup:
-                stage = (vpp - 1 - ((step - warmup) // per_round) % vpp) * pp + rank
+                stage = (vpp - 1 - chunks[step - warmup]) * pp + rank
                 actions.append(make(Action, (stage, "B", next_bwd[stage])))
                 next_bwd[stage] += 1
         ranks.append(tuple(actions))

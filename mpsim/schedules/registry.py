@@ -92,16 +92,27 @@ def stage_chains(name: str, pp: int, vpp: int) -> tuple[int, ...]:
     return (pp * vpp // kind.chains,) * kind.chains
 
 
-def generate(name: str, pp: int, vpp: int, num_microbatches: int, timer: Timer | None = None) -> Schedule:
+# the schedules that take Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage
+GROUPED = ("interleaved-1f1b",)
+
+
+def generate(name: str, pp: int, vpp: int, num_microbatches: int, timer: Timer | None = None,
+             microbatch_group_size: int | None = None) -> Schedule:
     """Run a registered generator (ValueError with the reason when the layout does not fit).
 
     A searched schedule needs ``timer``, the timing of fixed schedules it compares
-    candidates with (``mpsim.engine.rank_spans``).
+    candidates with (``mpsim.engine.rank_spans``). ``microbatch_group_size`` (None: the
+    schedule's default) is for the schedules in ``GROUPED`` only.
     """
     kind = SCHEDULES[name]
     problem = kind.check_vpp(name, vpp)
     if problem:
         raise ValueError(problem)
+    if microbatch_group_size is not None:
+        if name not in GROUPED:
+            raise ValueError(f"microbatch_group_size is Megatron-Core's option of its interleaved schedule; "
+                             f"{name} does not take it (use {', '.join(GROUPED)}, or leave it unset)")
+        return kind.generator(pp, vpp, num_microbatches, microbatch_group_size)
     if kind.searched:
         if timer is None:
             raise TypeError(f"{name} is searched: pass the engine's timing function (mpsim.engine.rank_spans)")

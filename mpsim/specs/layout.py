@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from mpsim.errors import InputError
 from mpsim.schedules.chains import StageChains
-from mpsim.schedules.registry import canonical_name, stage_chains
+from mpsim.schedules.generators import microbatch_group_problem
+from mpsim.schedules.registry import GROUPED, canonical_name, stage_chains
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
 from mpsim.specs.stack_tp import plan_tensor_parallel
@@ -53,6 +54,7 @@ class Layout:
     layer_split: str = "even"  # how layers_per_chunk was chosen: even, given or auto
     chains: tuple[int, ...] = ()  # stage chains of the schedule (mpsim/schedules/chains.py); (): one
     reshard_after_forward: bool = True  # ZeRO-3 / FSDP: gather the parameters again for the backward
+    microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
 
     @property
     def shard_ranks(self) -> int:
@@ -141,6 +143,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     layers, split = _layers_per_chunk(scenario, chains)
     order = _rank_order(scenario)
     _check_dtype(scenario)
+    _check_microbatch_groups(scenario, num_microbatches)
     if plan.recompute_num_layers is not None and plan.recompute != "full":
         raise _fail("parallel.recompute_num_layers", f"recomputes whole layers, which needs parallel.recompute: "
                                                      f"full (got {plan.recompute})")
@@ -159,11 +162,27 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
         layer_split=split,
         chains=chains,
         reshard_after_forward=plan.reshard_after_forward,
+        microbatch_group_size=plan.microbatch_group_size,
     )
 
 
 def _fail(field: str, message: str) -> InputError:
     return InputError(message, field=field)
+
+
+def _check_microbatch_groups(scenario: Scenario, num_microbatches: int) -> None:
+    """Megatron-Core's microbatch groups: its interleaved schedule only, a size it accepts."""
+    plan = scenario.parallel
+    group = plan.microbatch_group_size
+    if group is None:
+        return
+    field = "parallel.microbatch_group_size"
+    if plan.schedule.startswith("file:") or canonical_name(plan.schedule) not in GROUPED:
+        raise _fail(field, f"orders Megatron-Core's interleaved schedule ({', '.join(GROUPED)}); "
+                           f"parallel.schedule is {plan.schedule} (leave it unset)")
+    problem = microbatch_group_problem(plan.pp, num_microbatches, group)
+    if problem:
+        raise _fail(field, problem)
 
 
 def _check_tensor_parallel(scenario: Scenario) -> None:

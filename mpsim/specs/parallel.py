@@ -43,6 +43,14 @@ class ParallelPlan(Spec):
     microbatch_size: int = Field(1, gt=0)
     global_batch_size: int = Field(gt=0, description="sequences per optimizer step, over all replicas")
     schedule: str = Field("1f1b", description="pipeline schedule name, or file:PATH of a schedule text file")
+    # Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage (ModelParallelConfig;
+    # default pp): more microbatches per group run further ahead through the chunks, holding
+    # more activations, and leave more compute between a chunk's sends and their use
+    microbatch_group_size: int | None = Field(
+        None, gt=0, description="interleaved-1f1b: microbatches each model chunk runs in a row before the next "
+                                "chunk (Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage), from pp "
+                                "to the microbatches per pipeline; default pp, or where pp does not divide the "
+                                "microbatches, the count split evenly into microbatches // pp rounds (torch's)")
     sequence_parallel: bool = False
     recompute: Literal["none", "selective", "full"] = "none"
     # Megatron's --recompute-granularity full --recompute-method block --recompute-num-layers N: the
