@@ -77,6 +77,8 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("parallel.vpp", ("0", "3")),
     ("parallel.recompute", ("sometimes", "1")),
     ("parallel.recompute_num_layers", ("0", "-2", "abc", "1.5")),
+    # Megatron-Core's microbatch groups: not a size, and a size on a schedule that has none (1f1b)
+    ("parallel.microbatch_group_size", ("0", "-4", "big", "8")),
     ("parallel.cp", ("0", "5")),
     ("parallel.sequence_parallel", ("maybe", "2")),
     ("model.num_layers", ("40000000", "0", "true")),
