@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from mpsim.schedules import ScheduleError, build_schedule, validate
 from mpsim.schedules.generators import interleaved_1f1b, interleaved_rounds, microbatch_group_problem
 from mpsim.results.metrics import summarize
+from mpsim.results.report import format_summary, summary_dict
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from tests.conftest import SCENARIOS
@@ -80,6 +81,10 @@ def test_a_larger_group_holds_more_activations_in_a_run():
     default = run()
     assert default.step_time_s == grouped[0].step_time_s
     assert max(m.peak_memory_bytes for m in default.memory) == peaks[0]
+    # the report says which groups ran; the default says nothing
+    assert "schedule interleaved-1f1b in groups of 8\n" in format_summary(grouped[1])
+    assert "in groups of" not in format_summary(default)
+    assert summary_dict(grouped[1])["microbatch_group_size"] == 8 and summary_dict(default)["microbatch_group_size"] is None
 
 
 def test_torchs_even_rounds_stay_the_default_where_pp_does_not_divide():

@@ -110,6 +110,7 @@ class Summary:
     throughput_per_s: float = 0.0  # the step's rate in that unit (results/throughput.py)
     host_wait_s: float = 0.0  # mean over pipeline ranks of their actions' waits for kernel launches
     calibration: str | None = None  # the calibration profile that priced the step, in words; None: the datasheets
+    microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
 
 
 def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
@@ -222,6 +223,7 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         throughput_per_s=layout.global_batch_size * unit.per_sample / step,
         host_wait_s=mean([r.host_wait_s for r in ranks]),
         calibration=calibration_text(scenario.calibration),
+        microbatch_group_size=layout.microbatch_group_size,
     )
 
 
