@@ -1,4 +1,5 @@
-"""Schedule generators: pure functions of (pp, vpp, microbatches) returning a Schedule.
+"""Schedule generators: pure functions of (pp, vpp, microbatches) returning a Schedule
+(interleaved 1F1B also of Megatron-Core's microbatch group size).
 
 Each generator reproduces the per-rank order of the framework implementation it is
 named after (Megatron-LM and ``torch.distributed.pipelining``), so that simulated and
