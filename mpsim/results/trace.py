@@ -18,13 +18,13 @@ and ``trace_events`` gives the same events as dicts.
 
 from __future__ import annotations
 
-import gc
 import os
 from typing import Any
 
 from mpsim.results.idle import idle_intervals
 from mpsim.results.trace_compact import action_category, compact_rows
 from mpsim.results.trace_writer import Row, as_dict, track_names, write_rows
+from mpsim.engine.core import cyclic_gc_paused, duration_key
 from mpsim.schedules.actions import parts
 from mpsim.simulate import BubbleReference, SimulationResult
 
@@ -79,28 +79,43 @@ def chosen_mode(result: SimulationResult, ops: bool = True, requested: str = "au
 
 def _full_rows(result: SimulationResult, ops: bool, reference: BubbleReference | None) -> list[Row]:
     rows: list[Row] = list(track_names(result, _THREAD_NAMES))
+    append = rows.append
     timeline = result.timeline
+    # each priced action's ops as plain tuples, read once: a large step repeats a few hundred
+    # priced actions over millions of op slices (duration_key: the actions that share a price)
+    ops_of: dict[tuple, tuple[tuple[int, float, float, str, str], ...]] = {}
     for records in timeline.actions:
         for record in records:
             item = record.action
             action = _slice(record.rank, 0, record.start_s, record.end_s, str(item), action_category(item), {
                 "actions": [{"stage": a.stage, "kind": a.kind, "microbatch": a.microbatch} for a in parts(item)],
                 "waited_us": round((record.start_s - record.ready_s) * 1e6, 3)})
-            rows.append(action)
+            append(action)
             if not ops:
                 continue
+            key = duration_key(item)
+            segments = ops_of.get(key)
+            if segments is None:
+                segments = ops_of[key] = tuple((_THREADS[s.stream], s.offset_s, s.duration_s, s.label, s.category)
+                                               for s in result.costs[key].segments)
             # the compute stream runs its ops back to back inside the action: each starts no
             # earlier than the last one ended (their offsets are float sums that can disagree
-            # by a fraction of a nanosecond) and ends within the action, or Perfetto drops it
+            # by a fraction of a nanosecond) and ends within the action, or Perfetto drops it;
+            # times in whole nanoseconds as whole_ns rounds them, written out for speed
             free_ns, action_end_ns = action[3], action[4]
-            for segment in result.cost(item).segments:
-                tid = _THREADS[segment.stream]
-                op_start_s = record.start_s + segment.offset_s
-                start, end = whole_ns(op_start_s), whole_ns(op_start_s + segment.duration_s)
+            rank, start_s = record.rank, record.start_s
+            for tid, offset_s, duration_s, label, category in segments:
+                op_start_s = start_s + offset_s
+                start, end = round(op_start_s * 1e9), round((op_start_s + duration_s) * 1e9)
                 if tid == 0:
-                    start, end = max(start, free_ns), min(end, action_end_ns)
-                    end = free_ns = max(start, end)
-                rows.append(("X", record.rank, tid, start, max(start, end), segment.label, segment.category, None))
+                    if start < free_ns:
+                        start = free_ns
+                    if end > action_end_ns:
+                        end = action_end_ns
+                    free_ns = end = end if end > start else start
+                elif end < start:
+                    end = start
+                append(("X", rank, tid, start, end, label, category, None))
     for rank in range(timeline.num_ranks):
         waits = (reference.waits_before[rank], reference.drain_after[rank]) if reference is not None else None
         for idle in idle_intervals(timeline, rank, timeline.pipeline_end_s, waits):
@@ -152,7 +167,8 @@ def trace_rows(result: SimulationResult, ops: bool = True, reference: BubbleRefe
 def trace_events(result: SimulationResult, ops: bool = True, reference: BubbleReference | None = None,
                  compact: bool = False) -> list[dict[str, Any]]:
     """Trace events as dicts, as a JSON reader gets them back from the written file."""
-    return [as_dict(row) for row in trace_rows(result, ops, reference, compact)]
+    with cyclic_gc_paused():  # millions of dicts and tuples, none in a cycle (write_trace)
+        return [as_dict(row) for row in trace_rows(result, ops, reference, compact)]
 
 
 def write_trace(result: SimulationResult, path: str | os.PathLike, ops: bool = True,
@@ -160,10 +176,5 @@ def write_trace(result: SimulationResult, path: str | os.PathLike, ops: bool = T
     """Write the Chrome trace JSON to ``path`` (gzip-compressed when it ends in ``.gz``)."""
     # hundreds of thousands of tuples, none of them in a reference cycle: the cycle collector
     # would walk them again and again as they pile up, for nothing (a fifth of the time)
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with cyclic_gc_paused():
         write_rows(path, trace_rows(result, ops, reference, compact))
-    finally:
-        if collecting:
-            gc.enable()
