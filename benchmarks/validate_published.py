@@ -34,10 +34,12 @@ written as an mpsim scenario the way its framework ran it (a base scenario file 
   optimizer's post-validation (8), 1F1B and ZB-1p at ZB-2p's memory (30 of 36; six print
   an ambiguous microbatch count and are left out), fewer microbatches than stages (18).
 
-With ``--out-of-sample`` two more tables follow, from outside the shared data and not part of
+With ``--out-of-sample`` four more tables follow, from outside the shared data and not part of
 the published check's last line unless asked for: NVIDIA's NeMo performance summaries, NeMo
 24.07 on DGX H100 and NeMo 25.02 on DGX B200, FP8 (``published_nemo.py``, which says what
-their framework settings are taken from).
+their framework settings are taken from), torchtitan's FSDP2 runs on 64 A100
+(``published_torchtitan.py``) and cuDNN Frontend's Llama 3.2 1B training loop on one H200
+and one B200 (``published_cudnn_llama.py``).
 
 The Zero Bubble tables are built in ``published_zero_bubble.py``; what every table shares
 (rows, predictions, pricing a step or a stage) is in ``published_common.py``.
@@ -91,6 +93,8 @@ import published_zero_bubble  # noqa: E402,F401 (its tables' shapes, for the tes
 import published_common  # noqa: E402
 import published_nemo  # noqa: E402,F401 (its CSV, for the tests)
 from published_common import DATA, Case, Result, Table  # noqa: E402
+from published_cudnn_llama import (ASSUMPTIONS as CUDNN_LLAMA_ASSUMPTIONS, LEFT_OUT as CUDNN_LLAMA_LEFT_OUT,  # noqa: E402
+                                   cudnn_llama_table)
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
 from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, nemo_table  # noqa: E402
@@ -127,6 +131,7 @@ TABLE_GAPS: dict[str, list[tuple[str, str]]] = {
     "zero_bubble_table11": [ZB_CLUSTER_GAP, ZB_T11_LEFT_OUT],
     "zero_bubble_table12": [ZB_CLUSTER_GAP],
     "torchtitan_a100": [TORCHTITAN_LEFT_OUT],
+    "cudnn_llama1b": [CUDNN_LLAMA_LEFT_OUT],
 }
 
 BREAKDOWN = ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer")
@@ -173,7 +178,8 @@ TABLES: dict[str, Table] = {
 
 # Not in the shared validation data, and run only with --out-of-sample: NVIDIA's NeMo performance
 # summaries (published_nemo.py), whose framework settings are those of the nearest published
-# recipes; their rows stay out of the published check's last line unless asked for
+# recipes, torchtitan's runs and cuDNN Frontend's one-GPU training loop; their rows stay out of
+# the published check's last line unless asked for
 OUT_OF_SAMPLE: dict[str, Table] = {
     "nemo_h100_24.07": Table("NeMo performance summary, NeMo 24.07 on DGX H100, FP8 (out of sample)", "step time",
                              "s", "s", nemo_table("nemo_h100_24.07", "NeMo 24.07", "DGX-H100"),
@@ -184,6 +190,9 @@ OUT_OF_SAMPLE: dict[str, Table] = {
     "torchtitan_a100": Table("torchtitan performance page (April 2024): FSDP2 on 64 A100, eager PyTorch "
                              "(out of sample)", "step time", "s", "s", torchtitan_table,
                              assumptions=TORCHTITAN_ASSUMPTIONS),
+    "cudnn_llama1b": Table("cuDNN Frontend's Llama 3.2 1B training loop (October 2025): one H200 or B200, eager "
+                           "Hugging Face transformers (out of sample)", "iteration time", "s", "s", cudnn_llama_table,
+                           assumptions=CUDNN_LLAMA_ASSUMPTIONS),
 }
 ALL_TABLES: dict[str, Table] = {**TABLES, **OUT_OF_SAMPLE}
 
@@ -375,7 +384,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"run only this table (repeatable): {', '.join(ALL_TABLES)}")
     parser.add_argument("--out-of-sample", action="store_true",
                         help=f"add the tables from outside the shared data ({', '.join(OUT_OF_SAMPLE)}; "
-                             "benchmarks/published_nemo.py); not the published check")
+                             "benchmarks/published_nemo.py, published_torchtitan.py, published_cudnn_llama.py); "
+                             "not the published check")
     parser.add_argument("--quick", action="store_true", help="a few rows per table (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows and statistics as JSON")
     parser.add_argument("--data", type=Path, default=DATA, help="folder of the published CSV files")
