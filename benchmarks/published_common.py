@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from mpsim.cost.actions import CostModel
@@ -106,6 +107,16 @@ def simulate_step(base: Path, overrides: list[str]):
     result = simulate(scenario)
     return summarize(result, bubble_reference(result))
 
+
+def predicted_step(base: Path, overrides: list[str]) -> Prediction:
+    """The step time of ``base`` with ``overrides``, and where it went."""
+    summary = simulate_step(base, overrides)
+    return Prediction(summary.step_time_s, step_breakdown(summary))
+
+
+def step_prediction(base: Path, overrides: list[str]) -> Callable[[], Prediction]:
+    """A row's prediction, :func:`predicted_step` of its scenario (``.args``: the base and overrides)."""
+    return partial(predicted_step, base, overrides)
 
 
 def middle_stage(base: Path, overrides: list[str], layers: int):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from published_common import SCENARIOS, Case, Prediction, number, read_csv, simulate_step, step_breakdown
+from published_common import SCENARIOS, Case, number, read_csv, step_prediction
 
 CSV = Path(__file__).resolve().parent / "data" / "cudnn_llama32_1b_training.csv"
 BASE = SCENARIOS / "published" / "cudnn_llama32_1b_1gpu.yaml"
@@ -65,10 +65,7 @@ def cudnn_llama_table(_data: Path) -> list[Case]:
             f"parallel.microbatch_size={batch}", f"parallel.global_batch_size={batch}",
         ]
 
-        def predict(overrides=overrides) -> Prediction:
-            summary = simulate_step(BASE, overrides)
-            return Prediction(summary.step_time_s, step_breakdown(summary))
-
         label = f"{row['gpu']} {attention_kernel} {batch} x {seq}"
-        cases.append(Case("cudnn_llama1b", label, float(row["iteration_s"]), predict, quick=seq == 2048))
+        cases.append(Case("cudnn_llama1b", label, float(row["iteration_s"]), step_prediction(BASE, overrides),
+                          quick=seq == 2048))
     return cases

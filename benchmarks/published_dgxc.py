@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from published_common import SCENARIOS, Case, Prediction, number, read_csv, simulate_step, step_breakdown
+from published_common import SCENARIOS, Case, number, read_csv, step_prediction
 
 
 # --- NVIDIA DGX Cloud benchmarking recipes v24.11.1 (NeMo 24.09 / 24.11 on DGX H100) ------------------------------
@@ -131,11 +131,8 @@ def dgxc_table(data: Path) -> list[Case]:
         ]
         notes = (*recipe.gaps, *precision_gaps)
 
-        def predict(overrides=overrides) -> Prediction:
-            summary = simulate_step(DGXC_BASE, overrides)
-            return Prediction(summary.step_time_s, step_breakdown(summary))
-
         label = f"{row['model']} {row['precision']} {gpus} GPUs"
-        cases.append(Case("dgxc_v24.11", label, float(row["step_time_s"]), predict, notes,
+        cases.append(Case("dgxc_v24.11", label, float(row["step_time_s"]), step_prediction(DGXC_BASE, overrides),
+                          notes,
                           quick=gpus == smallest[(row["model"], row["precision"])]))
     return cases

@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from published_common import (SCENARIOS, Case, Prediction, middle_stage, read_csv, simulate_step,
-                              step_breakdown)
+from published_common import SCENARIOS, Case, Prediction, middle_stage, read_csv, step_prediction
 
 
 # --- Korthikanti et al. 2022: Megatron-LM of 2022 on Selene (DGX A100) --------------------------------------------
@@ -84,13 +83,9 @@ def korthikanti_table5(data: Path) -> list[Case]:
         for mode, column in (("full recompute", "iter_time_full_recompute_s"),
                              ("SP + selective", "iter_time_sp_plus_selective_s")):
             overrides = korthikanti_overrides(row) + KORTHIKANTI_MODES[mode]
-
-            def predict(overrides=overrides) -> Prediction:
-                summary = simulate_step(KORTHIKANTI_BASE, overrides)
-                return Prediction(summary.step_time_s, step_breakdown(summary))
-
             cases.append(Case("korthikanti_table5", f"{row['model']} {mode} ({row['num_gpus']} GPUs)",
-                              float(row[column]), predict, quick=int(row["num_gpus"]) == smallest))
+                              float(row[column]), step_prediction(KORTHIKANTI_BASE, overrides),
+                              quick=int(row["num_gpus"]) == smallest))
     return cases
 
 

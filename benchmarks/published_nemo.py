@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from published_common import Case, Prediction, number, read_csv, simulate_step, step_breakdown
+from published_common import Case, number, read_csv, step_prediction
 from published_dgxc import DGXC_BASE, DGXC_FRAMEWORK
 
 CSV = Path(__file__).resolve().parent / "data" / "nemo_performance_summary.csv"
@@ -120,12 +120,8 @@ def nemo_table(name: str, release: str, system: str):
             ]
             step_s = gbs * seq / (float(row["tokens_per_s_per_gpu"]) * gpus)
 
-            def predict(overrides=overrides) -> Prediction:
-                summary = simulate_step(DGXC_BASE, overrides)
-                return Prediction(summary.step_time_s, step_breakdown(summary))
-
             label = f"{row['model']} {row['precision']} {gpus} GPUs"
-            cases.append(Case(name, label, step_s, predict,
+            cases.append(Case(name, label, step_s, step_prediction(DGXC_BASE, overrides),
                               quick=gpus == fewest))
         return cases
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from published_common import SCENARIOS, Case, Prediction, number, read_csv, simulate_step, step_breakdown
+from published_common import SCENARIOS, Case, number, read_csv, step_prediction
 from published_nemo import LLAMA2
 
 from mpsim.specs import load_scenario
@@ -79,10 +79,7 @@ def torchtitan_table(_data: Path) -> list[Case]:
             overrides.append(f"parallel.recompute_num_layers={layers // every}")
         step_s = batch * seq / float(row["wps_per_gpu"])
 
-        def predict(overrides=overrides) -> Prediction:
-            summary = simulate_step(TORCHTITAN_BASE, overrides)
-            return Prediction(summary.step_time_s, step_breakdown(summary))
-
         label = f"{row['model']} batch {batch} AC {row['activation_checkpointing']}"
-        cases.append(Case("torchtitan_a100", label, step_s, predict, quick=row["model"] == "Llama 2 13B"))
+        cases.append(Case("torchtitan_a100", label, step_s, step_prediction(TORCHTITAN_BASE, overrides),
+                          quick=row["model"] == "Llama 2 13B"))
     return cases

@@ -176,7 +176,9 @@ def test_out_of_sample_rows_reproduce_the_printed_model_flops(harness):
     assert len(printed) == len(cases) == 13
     for case in cases:
         model, _, gpus, _ = case.label.split()
-        summary = simulate_step(DGXC_BASE, case.predict.__defaults__[0])
+        base, overrides = case.predict.args
+        assert base == DGXC_BASE
+        summary = simulate_step(base, overrides)
         rate = summary.model_flops_per_step / case.measured / int(gpus) / 1e12
         assert rate == pytest.approx(printed[(releases[case.table], model, int(gpus))], rel=0.015), case.label
 
