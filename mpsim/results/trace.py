@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mpsim.engine.core import cyclic_gc_paused, duration_key
 from mpsim.results.idle import idle_intervals
 from mpsim.results.trace_compact import action_category, compact_rows
 from mpsim.results.trace_writer import Row, as_dict, track_names, write_rows
-from mpsim.engine.core import cyclic_gc_paused, duration_key
 from mpsim.schedules.actions import parts
 from mpsim.simulate import BubbleReference, SimulationResult
 
