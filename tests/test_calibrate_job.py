@@ -1,6 +1,6 @@
 """The real thing: calibrate and validate on this machine with PyTorch (2 ranks x 1 thread).
 
-One measurement job (module fixture, about two minutes on 2 quiet cores): the validation
+One measurement job (module fixture, about two minutes on 2 quiet cores, up to four on a noisy one): the validation
 scenario's ops and links, GPipe, 1F1B, interleaved 1F1B, ZB-V and DualPipeV with 7
 measured steps each, and the DTensor MLP check. Seven rather than five because a
 zero-bubble schedule has no idle time to absorb an action the machine slowed: its
@@ -16,7 +16,11 @@ between tries of a disturbed measurement, then measures anyway: a step none of w
 least disturbed try, marked, so every schedule yields steps. The profile's conditions
 record how noisy the kept measurements were; when noise was over the job's limits the
 bounds below are loosened by the amount that noise can move a step, stated in a
-warning (``NoisyMeasurementWarning``) that names the measured noise.
+warning (``NoisyMeasurementWarning``) that names the measured noise. A held-out step
+time is judged by the noise its median and the fit schedule's median can carry (the
+median of their steps' gauges); the other checks by the worst kept measurement. The
+canary's slowdowns are against the fastest it ran in the whole job
+(``mpsim/calibrate/measure/guard.py``), so a machine that started slow shows it.
 """
 
 from __future__ import annotations
@@ -37,12 +41,12 @@ torch = pytest.importorskip("torch")
 from mpsim.calibrate.measure.guard import SLOWDOWN_LIMIT  # noqa: E402  (imports torch)
 
 # On a quiet machine (other processes under the job's 15 % CPU limit, the speed canary
-# within QUIET_CANARY of its starting time) held-out step times land within 10 % and
+# within QUIET_CANARY of the fastest it ran in the job) held-out step times land within 10 % and
 # the TP speed-up within 3 % (docs/calibration.md); 15 % leaves room for the run-to-run
 # drift of a shared virtual machine.
 QUIET_HELD_OUT_LIMIT_PCT = 15.0
 QUIET_TP_LIMIT_PCT = 15.0
-# A canary within this of its starting time counts as quiet: below it, what a slower core
+# A canary within this of its fastest time counts as quiet: below it, what a slower core
 # can move (1 - 1/c, under 5 %) is inside the margin between the quiet runs' errors and the
 # bounds above. The job's own SLOWDOWN_LIMIT (1.25) decides what it measures again; a run
 # whose canary stayed just under it was seen here with its fit off by exactly that
@@ -91,7 +95,7 @@ class Noise:
         of itself beyond what a quiet run allows (were all of it on one rank's core, that
         rank would lose up to ``n`` times as much on ``n`` cores; the kernel's balancing
         makes that a transient, which the medians of steps and op passes leave out). A
-        canary at ``c`` times its starting time says the core itself ran ``c`` times
+        canary at ``c`` times its fastest time says the core itself ran ``c`` times
         slower (a neighbour the kernel cannot see), which lengthens a measured time by
         ``1 - 1 / c`` of it: the microbenchmarks and the training steps are not measured in
         the same minutes, so all of it can land between them. Both together leave
@@ -106,18 +110,13 @@ class Noise:
 
     def describe(self) -> str:
         return (f"machine noisy while measuring: other processes took up to {100 * self.share:.1f} % of the CPU "
-                f"(limit {100 * self.limit:.0f} %), the speed canary ran up to {self.canary:.2f}x its starting "
+                f"(limit {100 * self.limit:.0f} %), the speed canary ran up to {self.canary:.2f}x its fastest "
                 f"time (quiet up to {QUIET_CANARY:.2f}x), {self.disturbed_steps} training step(s) kept although "
                 f"disturbed")
 
     def bound(self, quiet_pct: float, what: str) -> float:
         """The quiet bound, loosened by the noise when it was flagged (with a warning that says so)."""
-        if not self.flagged:
-            return quiet_pct
-        loose = quiet_pct + self.extra_pct
-        warnings.warn(NoisyMeasurementWarning(
-            f"{self.describe()}; {what} bound loosened from {quiet_pct:.0f} % to {loose:.1f} %"))
-        return loose
+        return joint_bound([self], quiet_pct, what)
 
     def widen(self, low: float, high: float, what: str) -> tuple[float, float]:
         """A quiet range for a measured time or a ratio of two, widened by the noise when it was flagged.
@@ -132,6 +131,39 @@ class Noise:
         warnings.warn(NoisyMeasurementWarning(
             f"{self.describe()}; {what} range widened from {low:g}-{high:g} to {wide[0]:.3g}-{wide[1]:.3g}"))
         return wide
+
+
+def joint_bound(noises: list[Noise], quiet_pct: float, what: str) -> float:
+    """The quiet bound, loosened by what all of ``noises`` together can move a step (with a warning).
+
+    Each measurement keeps ``1 - extra`` of its time at worst, so a prediction built on one
+    and compared with another can be off by ``1 - prod(1 - extra)`` beyond a quiet run.
+    """
+    flagged = [noise for noise in noises if noise.flagged]
+    if not flagged:
+        return quiet_pct
+    keep = 1.0
+    for noise in flagged:
+        keep *= 1.0 - noise.extra_pct / 100.0
+    loose = quiet_pct + 100.0 * (1.0 - keep)
+    warnings.warn(NoisyMeasurementWarning(
+        f"{'; '.join(noise.describe() for noise in flagged)}; {what} bound loosened from {quiet_pct:.0f} % to "
+        f"{loose:.1f} %"))
+    return loose
+
+
+def median_step_noise(check, limit: float) -> Noise:
+    """The noise that can move a schedule's median step: the median of its kept steps' gauges.
+
+    A step time is the median of the kept steps. Noise only lengthens a step, so when at
+    most half the steps were slowed by more than ``x`` the median is lengthened by at most
+    ``x``: the median of each gauge over the steps bounds it, where the worst step (the
+    profile's conditions) would charge every schedule for one round a neighbour spoiled.
+    """
+    middle = len(check.steps) // 2
+    share = sorted(step.foreign_cpu_share for step in check.steps)[middle]
+    canary = sorted(step.slowdown for step in check.steps)[middle]
+    return Noise(share=share, canary=canary, disturbed_steps=0, limit=limit)
 
 
 PROGRESS: list[str] = []  # what the job reported while it ran
@@ -187,11 +219,19 @@ def test_disturbed_steps_are_flagged_in_the_profile_and_the_report(outcome, nois
 
 
 def test_held_out_schedules_are_predicted_within_the_bound(outcome, noise):
-    limit = noise.bound(QUIET_HELD_OUT_LIMIT_PCT, "held-out step-time")
-    errors = {c.name: (c.error_pct, c.predicted_step_s, c.measured_step_s) for c in _held_out(outcome)}
-    summary = "; ".join(f"{name}: predicted {p:.3f} s, measured {m:.3f} s ({e:+.1f} %)"
-                        for name, (e, p, m) in errors.items())
-    assert all(abs(e) <= limit for e, _, _ in errors.values()), f"bound {limit:.1f} %: {summary}"
+    # A held-out prediction rests on the fit schedule's steps (the multiplier, the overhead)
+    # and is compared with the held-out schedule's steps: the noise of both medians counts.
+    fit_check = next(c for c in outcome.checks if c.name == FIT_SCHEDULE)
+    fit_noise = median_step_noise(fit_check, noise.limit)
+    failures = []
+    for check in _held_out(outcome):
+        limit = joint_bound([median_step_noise(check, noise.limit), fit_noise], QUIET_HELD_OUT_LIMIT_PCT,
+                            f"{check.name} step-time")
+        if abs(check.error_pct) > limit:
+            failures.append(f"{check.name}: predicted {check.predicted_step_s:.3f} s, measured "
+                            f"{check.measured_step_s:.3f} s ({check.error_pct:+.1f} %, bound {limit:.1f} %; "
+                            f"steps {', '.join(f'{s.step_s:.3f}' for s in check.steps)})")
+    assert not failures, "; ".join(failures)
 
 
 def test_fitted_parameters_are_in_sensible_ranges(outcome, noise):

@@ -318,7 +318,7 @@ class Conditions(_Strict):
     foreign_cpu_share: float | None = Field(
         None, description="share of all CPU time that other processes used during the measurements (0-1)")
     canary_slowdown: float | None = Field(
-        None, description="worst slowdown of the speed canary (a fixed small GEMM) against its time at the start of "
+        None, description="worst slowdown of the speed canary (a fixed small GEMM) against the fastest it ran in "
                           "the job while a kept number was measured: about 1.0 means the machine kept its speed")
     busy: bool = Field(False, description="true when other processes took more than the limit: numbers are suspect")
     environment: dict[str, str] = Field(default_factory=dict,

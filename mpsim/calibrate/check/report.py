@@ -25,7 +25,7 @@ def machine_lines(profile: CalibrationProfile) -> list[str]:
              f"core(s); torch {d.torch}, python {d.python}",
              f"machine load load average (1/5/15 min) {_load(c.load_average_before)} before, "
              f"{_load(c.load_average_after)} after; during kept measurements other processes used at most {share} "
-             f"of the CPU and the speed canary ran at most {slow} its starting time" + ("  BUSY: numbers suspect" if c.busy
+             f"of the CPU and the speed canary ran at most {slow} its fastest time" + ("  BUSY: numbers suspect" if c.busy
                                                                                   else "")]
     return lines
 

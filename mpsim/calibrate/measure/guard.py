@@ -3,10 +3,15 @@
 * **Foreign CPU share** (``/proc/stat``): the share of the machine's CPU time that
   processes other than our workers used since :meth:`LoadGuard.start`.
 * **Speed canary**: a fixed 256^3 GEMM timed before and after each measurement,
-  against what it ran at when the job started. A virtual machine can be slowed
-  by neighbours it cannot see (other guests on the same physical cores or memory):
-  nothing shows in ``/proc/stat`` while every GEMM runs a third slower for seconds.
-  The canary sees that.
+  against the fastest it has run on any rank in the job. A virtual machine can be
+  slowed by neighbours it cannot see (other guests on the same physical cores or
+  memory): nothing shows in ``/proc/stat`` while every GEMM runs a third slower for
+  seconds. The canary sees that. The reference is the fastest time, not the time at
+  the start, because a core never runs faster than it can, while it may well start
+  slow: a job that began under a neighbour and measured its canary 1.8 times faster
+  later had called every slowed measurement quiet. Every kept number carries its raw
+  canary time, and :func:`rebase_slowdowns` restates its slowdown against the fastest
+  time of the whole job once the job is over.
 
 A measurement is *disturbed* when either gauge is over its limit on any rank; the
 caller measures again after :meth:`LoadGuard.wait_for_quiet` (all ranks pause
@@ -17,7 +22,6 @@ down in all that time, and a try right away would only see the same load again.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import NamedTuple
 
@@ -32,13 +36,18 @@ SAY_EVERY_S = 10.0  # at most one progress line about pausing for quiet per this
 
 
 class Disturbance(NamedTuple):
-    """How disturbed a measurement was: other processes' CPU share and the canary's slowdown."""
+    """How disturbed a measurement was: other processes' CPU share and the canary's slowdown.
+
+    ``canary_s`` is the slowest canary time around the measurement on any rank, from
+    which ``slowdown`` is computed against the fastest canary time known then.
+    """
 
     share: float
     slowdown: float
+    canary_s: float
 
     def as_dict(self) -> dict:
-        return {"foreign_cpu_share": self.share, "slowdown": self.slowdown}
+        return {"foreign_cpu_share": self.share, "slowdown": self.slowdown, "canary_s": self.canary_s}
 
 
 class SpeedCanary:
@@ -49,6 +58,8 @@ class SpeedCanary:
     makes a run slower, never faster). The reference is the median of the samples
     taken when the guard is built. Even so the canary scatters by about 10 % on a
     shared virtual machine, so only slowdowns beyond :data:`SLOWDOWN_LIMIT` count.
+    ``fastest_s`` starts as the fastest of the samples taken when the guard is built;
+    the guard lowers it to the fastest sample any rank has taken since.
     """
 
     def __init__(self, device: torch.device, kind: str, size: int = 256):
@@ -56,7 +67,7 @@ class SpeedCanary:
         self.a = torch.randn(size, size, generator=generator).to(device)
         self.b = torch.randn(size, size, generator=generator).to(device)
         self.kind = kind
-        self.reference_s = statistics.median(self.sample() for _ in range(7))
+        self.fastest_s = min(self.sample() for _ in range(7))
 
     def _once(self) -> float:
         if self.kind == "cuda":
@@ -76,9 +87,6 @@ class SpeedCanary:
             torch.mm(self.a, self.b)
         return min(self._once() for _ in range(repeats))
 
-    def slowdown(self) -> float:
-        """How many times slower than its reference the canary runs now."""
-        return self.sample() / self.reference_s
 
 
 class LoadGuard:
@@ -99,25 +107,36 @@ class LoadGuard:
         self.canary = SpeedCanary(device, kind)
         self.before = None
         self.own_before = 0.0
-        self.slow_before = 1.0
+        self.canary_before_s = self.canary.fastest_s
+        fastest = torch.tensor([self.canary.fastest_s], dtype=torch.float64, device=device)
+        dist.all_reduce(fastest, op=dist.ReduceOp.MIN)  # one reference for all ranks
+        self.canary.fastest_s = fastest.item()
 
     def start(self) -> None:
-        self.slow_before = self.canary.slowdown()
+        self.canary_before_s = self.canary.sample()
         self.before, self.own_before = cpu_sample(), process_cpu_s()
 
     def check(self) -> Disturbance:
-        """The disturbance since :meth:`start`, the worst over ranks."""
+        """The disturbance since :meth:`start`, the worst over ranks.
+
+        The canary's reference drops to the fastest sample of either end on any rank, so
+        a rank that ran faster than ever before makes every slower time a slowdown.
+        """
         after, own = cpu_sample(), process_cpu_s() - self.own_before
-        slow = max(self.slow_before, self.canary.slowdown())
+        canary_after_s = self.canary.sample()
         ours = torch.tensor([own], dtype=torch.float64, device=self.device)
         dist.all_reduce(ours)  # every rank's own CPU time
         foreign = 0.0
         if self.before is not None and after is not None and after.total_s > self.before.total_s:
             busy_s = after.busy_s - self.before.busy_s - ours.item()
             foreign = max(0.0, busy_s / (after.total_s - self.before.total_s))
-        agreed = torch.tensor([foreign, slow], dtype=torch.float64, device=self.device)
+        # the minimum rides along negated, so one MAX all-reduce agrees on all three
+        agreed = torch.tensor([foreign, max(self.canary_before_s, canary_after_s),
+                               -min(self.canary_before_s, canary_after_s)], dtype=torch.float64, device=self.device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # one decision for all ranks
-        return Disturbance(*agreed.tolist())
+        share, slowest_s, fastest_s = agreed[0].item(), agreed[1].item(), -agreed[2].item()
+        self.canary.fastest_s = min(self.canary.fastest_s, fastest_s)
+        return Disturbance(share, slowest_s / self.canary.fastest_s, slowest_s)
 
     def disturbed(self, disturbance: Disturbance) -> bool:
         return self.score(disturbance) > 1.0
@@ -151,6 +170,23 @@ class LoadGuard:
                      f"{self.wait_left_s:.0f} s of pauses left in this job")
         self.wait_for_quiet()
         return True
+
+
+def rebase_slowdowns(record, fastest_s: float) -> None:
+    """Restate, in place, every slowdown in ``record`` against ``fastest_s``, the job's fastest canary time.
+
+    ``record`` is a rank's result: dicts and lists nested in any way; a dict holding a
+    ``canary_s`` (from :meth:`Disturbance.as_dict`) gets ``slowdown = canary_s / fastest_s``.
+    A measurement taken before the machine showed its best speed is judged by that best.
+    """
+    if isinstance(record, dict):
+        if "canary_s" in record and "slowdown" in record:
+            record["slowdown"] = record["canary_s"] / fastest_s
+        for value in record.values():
+            rebase_slowdowns(value, fastest_s)
+    elif isinstance(record, list):
+        for value in record:
+            rebase_slowdowns(value, fastest_s)
 
 
 def least_disturbed(measure, guard: LoadGuard):

@@ -6,10 +6,11 @@ by more than the errors being measured. Nothing is therefore measured in one blo
 * the op list is measured in passes, alternating direction, and an op's time is the
   median of its passes (each pass the median of the op's own repeats);
 * the schedules run round-robin, one step each in turn, the first one rotating;
-* and op passes and pipeline rounds alternate: pass, round, pass, round, ... so the
-  microbenchmarks and the training steps they are compared with see the same minutes;
-  each op pass ends with a measurement of the split backward's cost
-  (``mpsim/calibrate/measure/splitbench.py``) when the job asks for it.
+* and op passes and pipeline rounds alternate: pass, round, round, pass, round, ... (a
+  pass every other round, :func:`op_pass_count`) so the microbenchmarks and the
+  training steps they are compared with see the same minutes; every round also
+  measures the split backward's cost (``mpsim/calibrate/measure/splitbench.py``) when
+  the job asks for it.
 
 The machine is checked (``mpsim/calibrate/measure/guard.py``) around each group of ops and each
 training step; a disturbed one is measured again after the ranks pause together. After
@@ -31,6 +32,22 @@ from mpsim.calibrate.measure.guard import MAX_TRIES, LoadGuard, least_disturbed
 MIN_OP_PASSES = 3
 OP_GROUP = 10  # ops between two checks of the machine (a check wants about a second)
 OP_BUDGET_S = 0.05  # repeats of one op in one pass
+
+
+def op_pass_count(steps: int) -> int:
+    """Op passes in a job of ``steps`` rounds: one every other round, at least MIN_OP_PASSES.
+
+    A pass over the op list takes several times as long as a round of training steps
+    (about 18 s against 4 s for the validation job on one CPU core), and an op's time is
+    the median over passes of a median over its own repeats, while an action sums dozens
+    of ops: half as many passes as rounds still spreads them over the whole job.
+    """
+    return max(MIN_OP_PASSES, (steps + 1) // 2)
+
+
+def op_pass_due(index: int, passes: int, slots: int) -> bool:
+    """Whether slot ``index`` of ``slots`` starts with an op pass: ``passes`` of them, spread evenly, the first at 0."""
+    return index == 0 or index * passes // slots != (index - 1) * passes // slots
 
 
 class OpPasses:
@@ -66,7 +83,8 @@ class OpPasses:
             results.append({"seconds": median, "spread": max(within, (times[-1] - times[0]) / median),
                             "samples": sum(m.samples for m, _ in passes),
                             "foreign_cpu_share": max(d.share for _, d in passes),
-                            "slowdown": max(d.slowdown for _, d in passes)})
+                            "slowdown": max(d.slowdown for _, d in passes),
+                            "canary_s": max(d.canary_s for _, d in passes)})
         return results
 
 
@@ -102,7 +120,7 @@ class SplitPasses:
         return {**medians, "weight_slowdown": statistics.median(ratios),
                 "spread": (max(ratios) - min(ratios)) / statistics.median(ratios), "samples": len(ratios),
                 "foreign_cpu_share": max(d.share for _, d in passes),
-                "slowdown": max(d.slowdown for _, d in passes)}
+                "slowdown": max(d.slowdown for _, d in passes), "canary_s": max(d.canary_s for _, d in passes)}
 
 
 class PipelineRounds:
@@ -185,10 +203,13 @@ def run_measurements(job: dict, rank: int, world: int, device: torch.device, kin
             f"each schedule ({names}) ...")
     rounds = PipelineRounds(job["pipeline"], rank, device, guard, clock) if "pipeline" in phases else None
     steps = job["pipeline"]["steps"] if rounds is not None else 0
-    passes = max(MIN_OP_PASSES if ops is not None else 0, steps)
-    for index in range(passes):
-        if ops is not None:
-            say(f"ops: pass {index + 1} of {passes} over {len(ops.ops)} ops"
+    slots = max(MIN_OP_PASSES if ops is not None else 0, steps)
+    op_passes = op_pass_count(steps) if ops is not None else 0
+    done = 0
+    for index in range(slots):
+        if ops is not None and op_pass_due(index, op_passes, slots):
+            done += 1
+            say(f"ops: pass {done} of {op_passes} over {len(ops.ops)} ops"
                 + (" and the split backward" if split is not None else "") + " ...")
             ops.run_pass()
         if split is not None:

@@ -16,7 +16,8 @@ process per rank with the allocator and thread settings of
 A measurement taken while the machine was disturbed (other processes over the job's
 share of the CPU, or the speed canary slowed: ``mpsim/calibrate/measure/guard.py``) is taken
 again after the ranks pause, a few times at most, and every kept number carries the
-disturbance it was taken under.
+disturbance it was taken under, its slowdown restated at the end against the fastest the
+speed canary ran in the whole job.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mpsim.calibrate.measure.guard import LoadGuard
+from mpsim.calibrate.measure.guard import LoadGuard, rebase_slowdowns
 from mpsim.calibrate.measure.machine import cpu_name, load_average
 from mpsim.calibrate.measure.phases import run_measurements
 from mpsim.calibrate.measure.progress import ProgressWriter
@@ -72,6 +73,9 @@ def main(argv: list[str]) -> int:
         clock = make_clock(kind)
         began = time.monotonic()
         result.update(run_measurements(job, rank, world, device, kind, guard, clock, say))
+        # every slowdown against the fastest the canary ran in the whole job (the same on every rank)
+        rebase_slowdowns(result, guard.canary.fastest_s)
+        result["canary_fastest_s"] = guard.canary.fastest_s
         result["measure_s"] = time.monotonic() - began  # waits for a quiet machine included
         result["wait_left_s"] = guard.wait_left_s
         result["load_average_after"] = load_average()
