@@ -3,8 +3,10 @@
 ``benchmarks/data/gemm_sweeps.csv`` holds measured TFLOP/s of single GEMMs (batch, M, N,
 K with K the reduction), each row naming its source: XLA's measured H100 table (the data
 behind its matmul cost interpolator: bf16, K from 256 to 4,096 at M, N of 2,048 and
-4,096, timed from kernel traces), EleutherAI's A100 torch.mm sweep (K = 4,096, timed with
-a synchronize after every call, so small shapes carry launch time), and the MAMF rows of
+4,096, timed from kernel traces), EleutherAI's A100 torch.mm sweeps (K = 4,096: three
+shapes of its M sweep and two sweeps of the output width N, 64 to 448 at M = 27,648 and
+1,536 to 6,144 at M = 2,304; timed with a synchronize after every call, so small shapes
+carry launch time; the files print M x N x K with N the reduction), and the MAMF rows of
 the ml-engineering book, whose value is the accelerator file's ``efficiency.gemm``: those
 rows are in-sample and marked so. Every published row is a short benchmark (a cool GPU at its
 top clock) and is priced so, without ``efficiency.sustained_compute``. This project's H200
