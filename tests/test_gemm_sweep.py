@@ -9,10 +9,15 @@ def test_every_measured_shape_is_priced(capsys):
     module = load_benchmark("gemm_sweep")
     module.main()
     lines = capsys.readouterr().out.strip().splitlines()
-    # 28 published rows and the project's H200 readings: bf16 3 x 37 loaded and 6 bursts, of
+    # 45 published rows and the project's H200 readings: bf16 3 x 37 loaded and 6 bursts, of
     # which the 6 loaded twins of the bursts set efficiency.sustained_compute and are in-sample;
     # fp8 7 bursts and their 7 loaded twins, which set efficiency.sustained_compute_fp8
-    assert lines[-1].startswith("rows=146 mean_abs_error_pct=")
+    assert lines[-1].startswith("rows=163 mean_abs_error_pct=")
+    # EleutherAI's A100 sweeps: 3 shapes of the M sweep, 7 + 10 of the two output-width sweeps, all at
+    # a reduction of 4,096 (the files print M x N x K with N the shared dimension)
+    assert any(line.startswith("EleutherAI/cookbook: rows=20 ") for line in lines)
+    cookbook = [row for row in module.measured_rows() if row["source"].startswith("EleutherAI/cookbook")]
+    assert len(cookbook) == 20 and {row["k"] for row in cookbook} == {"4096"}
     # the in-sample rows are counted apart: the accelerator files' MAMF figures at their own shapes
     # (bf16: A100, H100, B200, GB200, MI300X, MI325X, GH200; fp8: H100, H200, B200, GB200) and those twins
     assert any(line.startswith("Bekman, (in-sample): rows=11 ") for line in lines)
