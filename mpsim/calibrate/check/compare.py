@@ -133,6 +133,16 @@ class ScheduleCheck:
         return (max(times) - min(times)) / statistics.median(times)
 
     @property
+    def median_excess(self) -> float:
+        """(median - fastest) / fastest of the kept steps: how far noise may have lengthened the median.
+
+        Noise only ever lengthens a step, so the fastest kept step is the closest to what
+        the machine does undisturbed; an error within this is within the measurement's noise.
+        """
+        fastest = min(s.step_s for s in self.steps)
+        return (self.measured_step_s - fastest) / fastest
+
+    @property
     def predicted_step_s(self) -> float:
         return self.result.timeline.pipeline_end_s
 

@@ -69,13 +69,14 @@ def fit_lines(fit, problems: list[str]) -> list[str]:
 
 
 def schedule_table(outcome) -> list[str]:
-    lines = [f"{'schedule':<18}{'vpp':>4}{'measured step':>15}{'spread':>8}{'predicted':>12}{'error':>9}"
+    lines = [f"{'schedule':<18}{'vpp':>4}{'measured step':>15}{'spread':>8}{'noise':>7}{'predicted':>12}{'error':>9}"
              f"{'actions |err| median':>22}{'max':>8}{'steps':>7}{'busy':>6}{'canary':>8}"]
     for check in outcome.checks:
         med, worst = check.action_error_summary()
         name = check.name + ("" if check.held_out else " (fit)")
         lines.append(f"{name:<18}{check.vpp:>4}{format_seconds(check.measured_step_s):>15}"
-                     f"{100 * check.measured_spread:>7.1f}%{format_seconds(check.predicted_step_s):>12}"
+                     f"{100 * check.measured_spread:>7.1f}%{100 * check.median_excess:>6.1f}%"
+                     f"{format_seconds(check.predicted_step_s):>12}"
                      f"{check.error_pct:>+8.1f}%{med:>21.1f}%{worst:>7.1f}%"
                      f"{len(check.steps):>4}/{check.attempts:<2}{100 * check.max_foreign_share:>5.0f}%"
                      f"{check.max_slowdown:>7.2f}x")
