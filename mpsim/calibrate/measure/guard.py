@@ -55,11 +55,10 @@ class SpeedCanary:
 
     A core that idled clocks down and a GEMM right after a pause runs slow, so each
     sample warms up first and keeps the fastest of many runs (an interrupted run only
-    makes a run slower, never faster). The reference is the median of the samples
-    taken when the guard is built. Even so the canary scatters by about 10 % on a
-    shared virtual machine, so only slowdowns beyond :data:`SLOWDOWN_LIMIT` count.
-    ``fastest_s`` starts as the fastest of the samples taken when the guard is built;
-    the guard lowers it to the fastest sample any rank has taken since.
+    makes a run slower, never faster). The reference, ``fastest_s``, starts as the
+    fastest of the samples taken when the guard is built; the guard lowers it to the
+    fastest sample any rank has taken since. Even so the canary scatters by about 10 %
+    on a shared virtual machine, so only slowdowns beyond :data:`SLOWDOWN_LIMIT` count.
     """
 
     def __init__(self, device: torch.device, kind: str, size: int = 256):
@@ -86,7 +85,6 @@ class SpeedCanary:
         for _ in range(warmup):
             torch.mm(self.a, self.b)
         return min(self._once() for _ in range(repeats))
-
 
 
 class LoadGuard:
