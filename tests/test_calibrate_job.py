@@ -1,8 +1,8 @@
 """The real thing: calibrate and validate on this machine with PyTorch (2 ranks x 1 thread).
 
-One measurement job (module fixture, about two minutes on 2 quiet cores, up to four on a noisy one): the validation
-scenario's ops and links, GPipe, 1F1B, interleaved 1F1B, ZB-V and DualPipeV with 7
-measured steps each, and the DTensor MLP check. Seven rather than five because a
+One measurement job (module fixture, about two minutes on 2 quiet cores, up to four on
+a noisy one): the validation scenario's ops and links, GPipe, 1F1B, interleaved 1F1B,
+ZB-V and DualPipeV with 7 measured steps each, and the DTensor MLP check. Seven rather than five because a
 zero-bubble schedule has no idle time to absorb an action the machine slowed: its
 steps scatter the most (up to 35 % here), and its median needs the extra steps.
 Skipped without torch (CI installs it).
@@ -42,9 +42,9 @@ torch = pytest.importorskip("torch")
 from mpsim.calibrate.measure.guard import SLOWDOWN_LIMIT  # noqa: E402  (imports torch)
 
 # On a quiet machine (other processes under the job's 15 % CPU limit, the speed canary
-# within QUIET_CANARY of the fastest it ran in the job) held-out step times land within 10 % and
-# the TP speed-up within 3 % (docs/calibration.md); 15 % leaves room for the run-to-run
-# drift of a shared virtual machine.
+# within QUIET_CANARY of the fastest it ran in the job) held-out step times land within
+# 10 % and the TP speed-up within 3 % (docs/calibration.md); 15 % leaves room for the
+# run-to-run drift of a shared virtual machine.
 QUIET_HELD_OUT_LIMIT_PCT = 15.0
 QUIET_TP_LIMIT_PCT = 15.0
 # A canary within this of its fastest time counts as quiet: below it, what a slower core
