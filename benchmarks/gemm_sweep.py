@@ -110,12 +110,17 @@ def main() -> None:
             out_of_sample.append(error)
         print(f"{gpu:9s} {dtype:5s} {batch:2d} {m:6d} {n:6d} {k:6d} {load:6s} {measured:9.1f} {predicted:9.1f} "
               f"{error:+6.1f}%  {label}")
+    print_error_summaries(by_source, out_of_sample)
+
+
+def print_error_summaries(groups: dict[str, list[float]], overall: list[float]) -> None:
+    """A line per group of percentage errors, then the last line over ``overall``."""
     print()
-    for label, errors in by_source.items():
+    for label, errors in groups.items():
         print(f"{label}: rows={len(errors)} mean_abs_error_pct={sum(map(abs, errors)) / len(errors):.2f} "
               f"mean_signed_error_pct={sum(errors) / len(errors):.2f}")
-    print(f"rows={len(out_of_sample)} mean_abs_error_pct={sum(map(abs, out_of_sample)) / len(out_of_sample):.2f} "
-          f"mean_signed_error_pct={sum(out_of_sample) / len(out_of_sample):.2f}")
+    print(f"rows={len(overall)} mean_abs_error_pct={sum(map(abs, overall)) / len(overall):.2f} "
+          f"mean_signed_error_pct={sum(overall) / len(overall):.2f}")
 
 
 if __name__ == "__main__":

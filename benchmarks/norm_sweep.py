@@ -37,12 +37,16 @@ Usage: python benchmarks/norm_sweep.py
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
-from mpsim.cost.compute import ComputeModel
-from mpsim.specs.catalog import load_accelerator
-from mpsim.workload.norms import norm_grad_ops
-from mpsim.workload.ops import memory_op
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_sweep import print_error_summaries  # noqa: E402
+
+from mpsim.cost.compute import ComputeModel  # noqa: E402
+from mpsim.specs.catalog import load_accelerator  # noqa: E402
+from mpsim.workload.norms import norm_grad_ops  # noqa: E402
+from mpsim.workload.ops import memory_op  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "cudnn_norms.csv"
 ACCELERATORS = {"H200": "h200-sxm-141gb", "GB200": "gb200"}
@@ -104,12 +108,7 @@ def main() -> None:
             errors.append(error)
             print(f"{gpu:6s} {row['backend']:13s} {row['norm_type']:10s} {int(row['tokens']):7d} {int(row['hidden']):6d} "
                   f"{name:8s} {measured * 1e6:8.1f}u {predicted * 1e6:8.1f}u {error:+6.1f}%  {row['model']}")
-    print()
-    for label, group in groups.items():
-        print(f"{label}: rows={len(group)} mean_abs_error_pct={sum(map(abs, group)) / len(group):.2f} "
-              f"mean_signed_error_pct={sum(group) / len(group):.2f}")
-    print(f"rows={len(errors)} mean_abs_error_pct={sum(map(abs, errors)) / len(errors):.2f} "
-          f"mean_signed_error_pct={sum(errors) / len(errors):.2f}")
+    print_error_summaries(groups, errors)
 
 
 if __name__ == "__main__":
