@@ -221,11 +221,6 @@ def test_disturbed_steps_are_flagged_in_the_profile_and_the_report(outcome, nois
     assert ("BUSY: numbers suspect" in report) == outcome.profile.conditions.busy
 
 
-def lengthened_pct(check) -> float:
-    """How far noise may have lengthened a schedule's median step, in percent (``ScheduleCheck.median_excess``)."""
-    return 100.0 * check.median_excess
-
-
 def test_held_out_schedules_are_predicted_within_the_bound(outcome, noise):
     # A held-out prediction rests on the fit schedule's steps (the multiplier, the overhead)
     # and is compared with the held-out schedule's steps: the noise of both medians counts,
@@ -240,7 +235,7 @@ def test_held_out_schedules_are_predicted_within_the_bound(outcome, noise):
     for check in _held_out(outcome):
         limit = joint_bound([median_step_noise(check, noise.limit), fit_noise], QUIET_HELD_OUT_LIMIT_PCT,
                             f"{check.name} step-time")
-        fast_limit, slow_limit = limit + lengthened_pct(check), limit + lengthened_pct(fit_check)
+        fast_limit, slow_limit = limit + 100.0 * check.median_excess, limit + 100.0 * fit_check.median_excess
         if not -fast_limit <= check.error_pct <= slow_limit:
             failures.append(f"{check.name}: predicted {check.predicted_step_s:.3f} s, measured "
                             f"{check.measured_step_s:.3f} s ({check.error_pct:+.1f} %, bound -{fast_limit:.1f} "
@@ -259,7 +254,7 @@ def test_fitted_parameters_are_in_sensible_ranges(outcome, noise):
     # and noise that lengthened the fit schedule's steps (its median's excess over its
     # fastest step) lowers the multiplier by as much
     fit_check = next(c for c in outcome.checks if c.name == FIT_SCHEDULE)
-    low /= 1.0 + lengthened_pct(fit_check) / 100.0
+    low /= 1.0 + fit_check.median_excess
     assert low <= fit.efficiency_multiplier <= high, (fit, f"low end {low:.3f}")
     low, high = noise.widen(*OVERHEAD_RANGE_S, "action overhead (s)")
     assert low <= fit.action_overhead_s <= high, fit
