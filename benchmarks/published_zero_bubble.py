@@ -120,9 +120,10 @@ def setups(data: Path) -> dict[str, dict[str, int]]:
 
 
 def zero_bubble_overrides(model: str, shape: dict[str, int], pp: int, dp: int, microbatch: int, count: int,
-                          schedule: str) -> list[str]:
+                          schedule: str, post_validation: bool = False) -> list[str]:
     """The ``--set`` overrides of ``ZB_BASE`` that run ``schedule`` (a key of ``ZB_SCHEDULES``) on
-    ``model`` over ``pp`` x ``dp`` GPUs as the fork ran it."""
+    ``model`` over ``pp`` x ``dp`` GPUs as the fork ran it (``post_validation``: with the fork's
+    --enable-optimizer-post-validation)."""
     name, chunks, blocking = ZB_SCHEDULES[schedule]
     layers, tp = shape["layers"], shape["tp"]
     gpus = tp * pp * dp
@@ -143,16 +144,20 @@ def zero_bubble_overrides(model: str, shape: dict[str, int], pp: int, dp: int, m
         f"training.pp_send_blocking={str(blocking).lower()}",
         # the blocking batched p2p is the one followed by torch.cuda.synchronize()
         f"training.host_sync_between_passes={str(blocking).lower()}",
+        f"training.optimizer_post_validation={str(post_validation).lower()}",
         *ZB_FRAMEWORK,
     ]
 
 
 def zero_bubble_case(table: str, model: str, shape: dict[str, int], pp: int, dp: int, microbatch: int, count: int,
-                     schedule: str, measured: float, memory_gb: float | None, notes: tuple[str, ...],
-                     quick: bool, shown: str | None = None) -> Case:
+                     schedule: str, measured: float, memory_gb: float | None, quick: bool,
+                     shown: str | None = None, synchronised: bool = False) -> Case:
     """One throughput row: ``schedule`` (a key of ``ZB_SCHEDULES``; labelled ``shown``, the
-    paper's name, where that differs) on ``model`` over ``pp`` x ``dp`` GPUs."""
-    overrides = zero_bubble_overrides(model, shape, pp, dp, microbatch, count, schedule)
+    paper's name, where that differs) on ``model`` over ``pp`` x ``dp`` GPUs; the zero-bubble
+    schedules with the optimizer's post-validation unless the row ran ``synchronised``."""
+    post_validation = post_validated(schedule) and not synchronised
+    overrides = zero_bubble_overrides(model, shape, pp, dp, microbatch, count, schedule, post_validation)
+    notes = ("zb-ilp",) if ZB_SCHEDULES[schedule][0] in ("zb-1p", "zb-2p") else ()
     gpus = shape["tp"] * pp * dp
 
     def predict() -> Prediction:
@@ -168,14 +173,11 @@ def zero_bubble_case(table: str, model: str, shape: dict[str, int], pp: int, dp:
     return Case(table, label, measured, predict, notes, quick)
 
 
-def zb_notes(schedule: str, post_validation: bool = True) -> tuple[str, ...]:
-    """The gaps of a row: the ILP refinement of ZB-1p / ZB-2p, and the optimizer's post-validation
-    that every zero-bubble run of the paper used unless the row says otherwise (Table 10)."""
-    name = ZB_SCHEDULES[schedule][0]
-    notes = ("zb-ilp",) if name in ("zb-1p", "zb-2p") else ()
-    if post_validation and name in ("zb-1p", "zb-2p", "zbv"):
-        notes += ("post-validation",)
-    return notes
+def post_validated(schedule: str) -> bool:
+    """Whether the paper ran ``schedule`` (a key of ``ZB_SCHEDULES``) with the optimizer's
+    post-validation: every zero-bubble run did, unless the row says otherwise (Table 10); the
+    fork allows it with its zero-bubble schedules only (megatron/arguments.py)."""
+    return ZB_SCHEDULES[schedule][0] in ("zb-1p", "zb-2p", "zbv")
 
 
 def zero_bubble_table4(data: Path) -> list[Case]:
@@ -192,8 +194,7 @@ def zero_bubble_table4(data: Path) -> list[Case]:
         count = number(row["num_microbatches"])
         cases.append(zero_bubble_case("zero_bubble_table4", row["model"], shape, pp, dp, number(row["microbatch"]),
                                       count, row["schedule"], float(row["samples_per_s_per_gpu"]),
-                                      float(row["memory_gb"]), zb_notes(row["schedule"]),
-                                      quick=(gpus, count, shape["layers"]) == first))
+                                      float(row["memory_gb"]), quick=(gpus, count, shape["layers"]) == first))
     return cases
 
 
@@ -229,14 +230,13 @@ def _more_table(table: str, table_ref: str, quick_model: str):
             schedule = schedule.rstrip("*")  # ZB-2p*: ZB-2p at half the microbatch, twice the count
             memory = float(row["memory_gb"]) if row["memory_gb"].strip() else None
             count = number(row["num_microbatches"])
-            # Table 10: "post-validation" or "all-reduce sync" (the optimizer step waits for the
-            # global-norm and NaN-check all-reduce, which is how mpsim times a step)
-            notes = zb_notes(schedule, post_validation=variant != "all-reduce sync")
             quick = row["model"] == quick_model and (count == fewest or table_ref == "Table 12")
+            # Table 10: "post-validation" or "all-reduce sync" (the optimizer step waits for the
+            # global-norm and NaN-check all-reduce)
             cases.append(zero_bubble_case(table, row["model"], shapes[row["model"]], number(row["num_gpus_pp"]), 1,
                                           number(row["microbatch"]), count, schedule,
-                                          float(row["samples_per_s_per_gpu"]), memory, notes, quick,
-                                          shown=row["schedule"]))
+                                          float(row["samples_per_s_per_gpu"]), memory, quick, shown=row["schedule"],
+                                          synchronised=variant == "all-reduce sync"))
         return cases
 
     return build

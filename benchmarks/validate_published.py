@@ -111,12 +111,6 @@ from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_AS
 GAPS: dict[str, str] = {
     "zb-ilp": "the paper's ZB-1p / ZB-2p refine the heuristic schedule with an ILP; mpsim's zb-1p / zb-2p run "
               "the heuristic as a search without it (docs/schedules.md); nearest: that",
-    "post-validation": "the fork's optimizer post-validation (--enable-optimizer-post-validation with zero "
-                       "bubble) drops the all-reduce before the optimizer step, so each stage starts its next "
-                       "step once its own is done and consecutive steps overlap across stages; mpsim times one "
-                       "step on its own, from the first action to the last rank's end; nearest: that "
-                       "(benchmarks/zero_bubble_post_validation.py: what the overlap is worth with mpsim's "
-                       "schedules, against the paper's Table 10)",
 }
 
 # gaps of a whole table or of a kind of its rows, not marked row by row: table -> (which rows, gap)

@@ -16,6 +16,7 @@ from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_bu
                              param_gather_exposed_s, pipeline_transfer_s, pipeline_transfer_spec,
                              tied_embedding_sync_s)
 from mpsim.engine import EngineInput, GradBucket, Timeline, rank_spans, simulate as run_engine, simulate_fast, supports
+from mpsim.engine.consecutive import steady_period
 from mpsim.engine.core import TransferSpec, duration_key
 from mpsim.engine.excise import cut_out, simulate_excised
 from mpsim.engine.timeline import ROUNDING
@@ -114,6 +115,7 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         action_buckets=action_reductions(workload, schedule, model, costs, copies, buckets),
         send_blocking=scenario.training.pp_send_blocking,
         transfer_links=transfer_links if contention else None,
+        optimizer_chain=scenario.training.optimizer_post_validation,
     )
 
 
@@ -328,7 +330,11 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
         schedule = searched_schedule(schedule, workload, model)
     costs = schedule_costs(schedule, workload, model)
     inp = engine_input(scenario, layout, workload, schedule, model, costs)
-    return SimulationResult(scenario, layout, schedule, workload, costs, engine(inp), inp)
+    timeline = engine(inp)
+    if scenario.training.optimizer_post_validation:
+        # the records stay one step's; the step time becomes the period of a long run
+        timeline.steady_period_s = steady_period(inp).period_s
+    return SimulationResult(scenario, layout, schedule, workload, costs, timeline, inp)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ QUICK_MEAN_ABS_ERROR_PCT = {
     "dgxc_v24.11": 4.24,
     "zero_bubble_table4": 11.60,
     "zero_bubble_table9": 5.23,
-    "zero_bubble_table6": 12.62,
-    "zero_bubble_table7": 12.42,
+    "zero_bubble_table6": 13.36,
+    "zero_bubble_table7": 13.03,
     "zero_bubble_table10": 9.64,
     "zero_bubble_table11": 10.56,
     "zero_bubble_table12": 13.38,
@@ -92,14 +92,17 @@ def test_zero_bubble_tables_by_size_use_table3_models(harness):
     assert len(rows) == 36
     # ZB-V on 16 stages: two one-layer chunks per rank, the padding off the first and last chunk
     assert harness.published_zero_bubble.zero_bubble_split(30, 16, 2) == [0] + [1] * 30 + [0]
-    assert rows["6.2B p=16 b=6 m=48 ZB-V"].notes == ("post-validation",)
-    assert rows["6.2B p=16 b=3 m=96 ZB-2p*"].notes == ("zb-ilp", "post-validation")
+    assert rows["6.2B p=16 b=6 m=48 ZB-V"].notes == ()
+    assert rows["6.2B p=16 b=3 m=96 ZB-2p*"].notes == ("zb-ilp",)
 
 
 def test_zero_bubble_table10_tells_the_synchronised_step_apart(harness):
+    # both run the same schedule; the post-validated row with training.optimizer_post_validation
+    # (tests/test_zero_bubble_post_validation.py), neither with a gap left
     notes = {case.label: case.notes for case in harness.zero_bubble_table10(harness.DATA)}
     assert notes["1.5B p=8 b=6 m=24 ZB-2p all-reduce sync"] == ("zb-ilp",)
-    assert notes["1.5B p=8 b=6 m=24 ZB-2p post-validation"] == ("zb-ilp", "post-validation")
+    assert notes["1.5B p=8 b=6 m=24 ZB-2p post-validation"] == ("zb-ilp",)
+    assert "post-validation" not in harness.GAPS
 
 
 def test_zero_bubble_table11_leaves_the_ambiguous_rows_out(harness):

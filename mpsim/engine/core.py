@@ -61,6 +61,12 @@ class EngineInput:
     # with contention: (from_stage, to_stage) -> the transfer's links; transfers and DP buckets
     # that share a link share its bandwidth (links.py). None: each rank pair has its own link.
     transfer_links: Mapping[tuple[int, int], TransferSpec] | None = None
+    # (rank, item index) -> the earliest the item may start: a step that follows another one
+    # without a barrier between them (``engine/consecutive.py``)
+    not_before_s: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    # each rank's optimizer step waits until the rank before it has reached its own (Zero Bubble's
+    # post-validation passes the partial gradient norm and NaN check down the pipeline)
+    optimizer_chain: bool = False
 
 
 @contextmanager
@@ -198,11 +204,14 @@ class _Run:
         env, arrival, sent_at = self.env, self.arrival, self.sent_at
         records, send_waits = self.timeline.actions[rank], self.timeline.send_waits
         shared, blocking, sending, dp = self.shared, self.inp.send_blocking, self.sending[rank], self.dp
+        not_before = self.inp.not_before_s
         sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
         end = 0.0
         for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
             # inputs: each arrived already, or the rank sleeps until it lands
             start, sent = end, None
+            if not_before:
+                start = max(start, not_before.get((rank, index), 0.0))
             for key in inputs:
                 at = arrival.pop(key, None)
                 if at is None:
@@ -327,7 +336,8 @@ class _Run:
 
 
 def finish_step(inp: EngineInput, timeline: Timeline, grad_done: list[float]) -> None:
-    """After each rank's gradients are reduced (``grad_done``): pair syncs (tied embeddings), then the optimizer."""
+    """After each rank's gradients are reduced (``grad_done``): pair syncs (tied embeddings), then the
+    optimizer (with ``optimizer_chain``, on each rank not before the rank before it has started its own)."""
     done = list(grad_done)
     for a, b, seconds, label in inp.pair_syncs:
         begin = max(done[a], done[b])
@@ -335,6 +345,9 @@ def finish_step(inp: EngineInput, timeline: Timeline, grad_done: list[float]) ->
             if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
                 timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
             done[rank] = begin + seconds
+    if inp.optimizer_chain:
+        for rank in range(1, len(done)):
+            done[rank] = max(done[rank], done[rank - 1])
     ends = []
     for rank, ready in enumerate(done):
         seconds = inp.finalize_s[rank] if inp.finalize_s else 0.0

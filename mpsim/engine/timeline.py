@@ -65,6 +65,9 @@ class Timeline:
     syncs: list[SyncRecord] = field(default_factory=list)
     send_waits: list[tuple[int, float, float]] = field(default_factory=list)  # (rank, start, end) blocked on sends
     rank_end_s: list[float] = field(default_factory=list)
+    # steps that overlap their neighbours (training.optimizer_post_validation): the time from one
+    # step to the next in a long run, where the records are of one step alone (engine/consecutive.py)
+    steady_period_s: float | None = None
     # per-rank views of ``syncs`` and ``send_waits``, built when first asked for (see ``_by_rank``)
     _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -92,8 +95,14 @@ class Timeline:
         return view[1]
 
     @property
-    def step_time_s(self) -> float:
+    def span_s(self) -> float:
+        """From the step's start to the last rank's end: the extent of the records."""
         return max(self.rank_end_s) if self.rank_end_s else 0.0
+
+    @property
+    def step_time_s(self) -> float:
+        """Seconds per step: the step's span, or the period of a run whose steps overlap."""
+        return self.span_s if self.steady_period_s is None else self.steady_period_s
 
     @property
     def pipeline_end_s(self) -> float:

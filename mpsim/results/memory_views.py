@@ -67,7 +67,7 @@ def _rank_curve(result: SimulationResult, m: RankMemory) -> tuple[list[float], l
     """(times in s, GiB on the device) of one rank as a step function to the end of the step."""
     resident = m.peak_memory_bytes - m.activations_peak_bytes
     points = activation_timeline(result.timeline, result.workload, m.rank)
-    times = [t for t, _ in points] + [result.timeline.step_time_s]
+    times = [t for t, _ in points] + [result.timeline.span_s]
     values = [(resident + level) / GiB for _, level in points] + [(resident + points[-1][1]) / GiB]
     return times, values
 
@@ -94,7 +94,7 @@ def plot_memory(result: SimulationResult, memory: list[RankMemory], path: str, r
         roles = {rank: [] for rank in range(count)}
     else:
         roles = chosen_ranks(memory)
-    step = result.timeline.step_time_s
+    step = result.timeline.span_s
     scale, unit = (1.0, "s") if step >= 1 else (1e3, "ms")
     fig, ax = plt.subplots(figsize=(12, 5.8))
     fig.subplots_adjust(left=0.07, right=0.72, top=0.84, bottom=0.1)

@@ -260,7 +260,7 @@ def timeline_figure(results: list[tuple[SimulationResult, Summary, str]],
                     references: list[BubbleReference | None] | None = None):
     """The figure :func:`plot_timelines` saves (the caller closes it)."""
     references = references or [None] * len(results)
-    longest = max(result.timeline.step_time_s for result, _, _ in results)
+    longest = max(result.timeline.span_s for result, _, _ in results)
     scale, unit = (1.0, "s") if longest >= 1 else (1e3, "ms")
     per_panel = max(3, MAX_LANES // len(results))
     chosen = []

@@ -252,6 +252,15 @@ class TrainingOptions(Spec):
     clip_grad: bool = Field(
         True, description="clip gradients by their global norm: one all-reduce of the norm over the ranks "
                           "holding distinct gradients before the update (Megatron's --clip-grad)")
+    # Zero Bubble's --enable-optimizer-post-validation (Qi et al. 2024, Section 5; the authors'
+    # fork of Megatron-LM, which allows it with --fp16 and its zero-bubble schedules): no barrier
+    # before the update; each rank steps once its gradients are final and the ranks before it
+    # have passed on their part of the norm, and checks the global norm and NaN flag inside the
+    # next step's warm-up, rolling back in the rare step that fails (engine/consecutive.py)
+    optimizer_post_validation: bool = Field(
+        False, description="Zero Bubble's optimizer post-validation: each rank updates without waiting for the "
+                           "global norm and NaN check and starts the next step, which runs under the last one's "
+                           "cool-down; the step time is the period of a long run (docs/parallelism.md)")
     optimizer: Literal["adam", "adam-bf16"] = Field(
         "adam", description="adam: fp32 master weights, m and v (12 B/param); adam-bf16: bf16 m and v, no master (4 B)")
     memory_reserved: Literal["auto"] | float = Field(

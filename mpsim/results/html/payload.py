@@ -131,7 +131,7 @@ def run_payload(result: SimulationResult, summary: Summary, reference: BubbleRef
                       "kind": [KINDS.index(s.kind) for s in syncs], "label": [s.label for s in syncs]},
             "memory": _rank_memory(result, summary, rank),
         })
-    return {"title": title, "summary": summary_dict(summary), "step_ns": whole_ns(timeline.step_time_s),
+    return {"title": title, "summary": summary_dict(summary), "step_ns": whole_ns(timeline.span_s),
             "ranks": ranks, "costs": costs.entries}
 
 
