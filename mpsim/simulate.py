@@ -330,11 +330,17 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
         schedule = searched_schedule(schedule, workload, model)
     costs = schedule_costs(schedule, workload, model)
     inp = engine_input(scenario, layout, workload, schedule, model, costs)
-    timeline = engine(inp)
-    if scenario.training.optimizer_post_validation:
-        # the records stay one step's; the step time becomes the period of a long run
-        timeline.steady_period_s = steady_period(inp).period_s
+    timeline = overlap_steps(scenario, inp, engine(inp))
     return SimulationResult(scenario, layout, schedule, workload, costs, timeline, inp)
+
+
+def overlap_steps(scenario: Scenario, inp: EngineInput, timeline: Timeline) -> Timeline:
+    """``timeline`` (one step of ``inp``) with the period of a long run as its step time where
+    ``training.optimizer_post_validation`` lets steps overlap (``engine/consecutive.py``); the
+    records stay the one step's."""
+    if scenario.training.optimizer_post_validation:
+        timeline.steady_period_s = steady_period(inp).period_s
+    return timeline
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from mpsim.engine import EngineInput, simulate, supports
 from mpsim.engine.consecutive import check_items, steady_period
+from mpsim.explore.bounds import step_lower_bound
 from mpsim.schedules import build_schedule
 from mpsim.schedules.actions import Action, Schedule
 from tests.conftest import uniform_input
@@ -74,3 +75,23 @@ def test_a_long_run_is_never_slower_than_steps_one_by_one(name, ranks, extra, fo
     busiest = max(sum(r.end_s - r.start_s for r in records) + optimizer[rank]
                   for rank, records in enumerate(alone.actions))
     assert period.period_s >= busiest * (1 - 1e-9)
+    # the planner's bound on such a run's period holds, and is no larger than the one step's
+    overlapping = step_lower_bound(schedule, inp.action_s, inp.transfer_s, inp.finalize_s, overlapping_steps=True)
+    assert overlapping.lower_bound_s <= period.period_s * (1 + 1e-9)
+    assert overlapping.lower_bound_s <= step_lower_bound(schedule, inp.action_s, inp.transfer_s,
+                                                         inp.finalize_s).lower_bound_s
+
+
+def test_a_scenario_with_post_validation_reports_the_period(scenarios_dir):
+    from mpsim.results import summarize
+    from mpsim.simulate import simulate as simulate_scenario
+    from mpsim.specs import load_scenario
+
+    base = scenarios_dir / "megatron_22b_8xa100.yaml"
+    settings_ = ["parallel.schedule=zb-h1", "parallel.pp=4", "parallel.tp=2", "parallel.global_batch_size=32"]
+    alone = summarize(simulate_scenario(load_scenario(base, settings_).scenario))
+    result = simulate_scenario(load_scenario(base, [*settings_, "training.optimizer_post_validation=true"]).scenario)
+    overlapped = summarize(result)
+    assert overlapped.step_time_s == steady_period(result.engine_input).period_s
+    assert overlapped.cross_step_overlap_s == result.timeline.span_s - overlapped.step_time_s >= 0
+    assert alone.cross_step_overlap_s == 0 and overlapped.step_time_s <= alone.step_time_s * (1 + 1e-9)

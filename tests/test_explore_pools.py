@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import time

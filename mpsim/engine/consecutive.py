@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from mpsim.engine.core import EngineInput, simulate
-from mpsim.engine.timeline import Timeline
+from mpsim.engine.timeline import ROUNDING, Timeline
 
 RTOL = 1e-9  # relative: rank periods this close are one period
 MAX_STEPS = 32  # steps run before the mean period over them is taken instead
@@ -100,5 +100,12 @@ def steady_period(inp: EngineInput, run: Callable[[EngineInput], Timeline] = sim
         periods = [after - before for before, after in zip(ends, following)]
         ends = following
         if max(periods) - min(periods) <= RTOL * max(periods):
-            return Period(max(periods), steps, True)
-    return Period((max(ends) - first_end) / (max_steps - 1), max_steps, False)
+            return Period(_no_longer(max(periods), first_end), steps, True)
+    return Period(_no_longer((max(ends) - first_end) / (max_steps - 1), first_end), max_steps, False)
+
+
+def _no_longer(period_s: float, alone_s: float) -> float:
+    """``period_s``, or the step alone where the period exceeds it by rounding only: a step that
+    starts no later on any rank than a barrier would let it ends no later (the engine's times
+    are maxima and sums of the same durations), but the difference of two end times rounds."""
+    return alone_s if alone_s < period_s <= alone_s * (1 + ROUNDING) else period_s

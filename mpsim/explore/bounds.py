@@ -222,8 +222,13 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
                      finalize_s: Sequence[float] = (), tp_exposed_s: Mapping[tuple, float] | None = None,
                      counts: list[tuple[Any, Any, Counter, Counter, tuple]] | None = None,
                      grad_buckets: Mapping[int, Sequence[Any]] | None = None,
-                     overlap_grad_sync: bool = True) -> StepBound:
+                     overlap_grad_sync: bool = True, overlapping_steps: bool = False) -> StepBound:
     """The largest per-rank bound (see the module doc); ``tp_exposed_s`` splits the busy time.
+
+    ``overlapping_steps``: the bound on the period of a run whose steps overlap their
+    neighbours (``training.optimizer_post_validation``): the fill before a rank's first
+    item and the drain after its last backward may run under the neighbouring steps, so
+    only the rank's own items, reductions and optimizer step count.
 
     The arguments are the fields of the same names of ``engine.EngineInput``, so the
     bound can be taken before the rest of the engine input (the links sends and buckets
@@ -242,7 +247,7 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
         if first is None:
             continue
         head = 0.0
-        for action in parts(first):
+        for action in parts(first) if not overlapping_steps else ():
             earliest = heads[action.stage]
             if action.kind != "F":
                 earliest += action_s[(action.stage, "F")]  # a backward follows its own forward
@@ -259,7 +264,7 @@ def step_lower_bound(schedule: Schedule, action_s: Mapping[tuple, float], transf
                 reduction -= sum(count * action_s[key] for key, count in later.items())
                 if optimizer + reduction > after:
                     after, reduced = optimizer + reduction, reduction
-        if tails is not None and last_backward is not None:
+        if tails is not None and last_backward is not None and not overlapping_steps:
             # the items up to the rank's last backward end head + busy - left at the earliest; its
             # gradient then goes back down the chain while the rest of the rank's items run, and
             # the chain's first stage reduces its gradients before its rank's optimizer step

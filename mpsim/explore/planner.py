@@ -61,7 +61,7 @@ from mpsim.explore.pools import Session
 from mpsim.explore.runner import RunControl, RunReport, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
-from mpsim.simulate import SimulationResult, engine_input
+from mpsim.simulate import SimulationResult, engine_input, overlap_steps
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_need
 
@@ -231,18 +231,20 @@ class PlanEvaluator:
         # buckets some actions start each time they run) waits for simulation
         transfer, finalize, buckets = prepared.placed_inputs(schedule)
         metrics = self._bound(schedule, {key: cost.duration_s for key, cost in costs.items()}, transfer, finalize,
-                              costs, buckets, scenario.training.overlap_grad_reduce, short.counts)
+                              costs, buckets, scenario.training.overlap_grad_reduce, short.counts,
+                              overlapping=scenario.training.optimizer_post_validation)
         metrics.update(peak_memory_bytes=peak, capacity_bytes=capacity)
         return {"status": "fits", "error": None, "metrics": metrics}
 
     @staticmethod
     def _bound(schedule: Any, action_s: dict, transfer_s: dict, finalize_s: Sequence[float],
-               costs: dict, grad_buckets: dict, overlap_grad_sync: bool, counts: list | None = None
-               ) -> dict[str, float]:
-        """The step-time lower bound and its busiest rank's split (``bounds.py``)."""
+               costs: dict, grad_buckets: dict, overlap_grad_sync: bool, counts: list | None = None,
+               overlapping: bool = False) -> dict[str, float]:
+        """The step-time lower bound and its busiest rank's split (``bounds.py``); ``overlapping``:
+        of a step that overlaps its neighbours (training.optimizer_post_validation)."""
         bound = step_lower_bound(schedule, action_s, transfer_s, finalize_s,
                                  {key: cost.tp_exposed_s for key, cost in costs.items()}, counts, grad_buckets,
-                                 overlap_grad_sync)
+                                 overlap_grad_sync, overlapping_steps=overlapping)
         return {"lower_bound_s": bound.lower_bound_s, "bound_rank": bound.rank, "bound_head_s": bound.head_s,
                 "bound_busy_s": bound.busy_s, "bound_tp_exposed_s": bound.tp_exposed_s,
                 "bound_optimizer_s": bound.optimizer_s, "bound_tail_s": bound.tail_s, "bound_dp_s": bound.dp_s}
@@ -262,10 +264,11 @@ class PlanEvaluator:
                 timeline = simulate_compiled(inp)
             else:  # contended: the event engine, a repeated middle run once (engine/excise.py)
                 timeline = simulate_excised(inp)
+            timeline = overlap_steps(scenario, inp, timeline)
             result = SimulationResult(scenario, prepared.layout, inp.schedule, prepared.workload, costs, timeline, inp)
             metrics = {**summary_metrics(summarize(result)),
                        **self._bound(schedule, inp.action_s, inp.transfer_s, inp.finalize_s, costs, inp.grad_buckets,
-                                     inp.overlap_grad_sync)}
+                                     inp.overlap_grad_sync, overlapping=inp.optimizer_chain)}
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded; the plan goes on

@@ -27,6 +27,7 @@ import numpy as np
 
 from mpsim.cost.actions import CostModel
 from mpsim.engine import simulate_compiled, supports
+from mpsim.engine.consecutive import steady_period
 from mpsim.engine.core import TransferSpec
 from mpsim.engine.excise import simulate_excised
 from mpsim.reliability.op_variation import OP_KINDS
@@ -114,6 +115,7 @@ def sample_replica(result: SimulationResult, cv: dict[str, float], samples: int,
         return ReplicaSamples((nominal,) * samples, seed, dict(cv))
     rng = np.random.default_rng(seed)
     inp = result.engine_input
+    overlapping = result.scenario.training.optimizer_post_validation
     action_factors = {}
     for key, shares in sorted(action_shares(result).items(), key=lambda item: repr(item[0])):
         factor = np.ones(samples)
@@ -152,6 +154,7 @@ def sample_replica(result: SimulationResult, cv: dict[str, float], samples: int,
                              for (a, b, seconds, label), f in zip(inp.pair_syncs, sync_factors)),
             finalize_s=tuple(seconds * float(f[i]) for seconds, f in zip(inp.finalize_s, optimizer_factors)),
         )
-        times.append(engine(drawn).step_time_s)
+        # steps that overlap their neighbours: the drawn step's period in a long run of it
+        times.append(steady_period(drawn).period_s if overlapping else engine(drawn).step_time_s)
     return ReplicaSamples(tuple(times), seed, dict(cv))
 

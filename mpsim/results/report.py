@@ -121,6 +121,9 @@ def format_summary(summary: Summary) -> str:
         *([f"  stages       layers per stage {format_split(s.layers_per_stage)} ({s.layer_split} split)"]
           if len(s.layers_per_stage) > 1 else []),
         f"  step time    {format_seconds(step)}{f' ({step / 3600:.2f} h)' if step >= 3600 else ''}   {_throughput(s)}",
+        *([f"    a step of a long run: {format_seconds(s.cross_step_overlap_s)} of the step alone "
+           f"({format_seconds(step + s.cross_step_overlap_s)}) run under the neighbouring steps "
+           f"(training.optimizer_post_validation)"] if s.cross_step_overlap_s > 0 else []),
         f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
         f"HFU {100 * s.hfu:.1f} %"
         # below MFU when causal attention skips more score blocks than recompute adds work
