@@ -160,3 +160,16 @@ def test_the_invalid_example_is_one_the_most_common_reason_refused(tiny):
     invalid = {loss.reason: loss for loss in explain_losses(result, 5)}["invalid"]
     assert invalid.example["status"] == "invalid" and invalid.example["error"] in invalid.detail
     assert invalid.detail.startswith("most common (")
+
+
+def test_a_plan_with_overlapping_steps_times_and_bounds_their_period(tiny):
+    overlapping = tiny.model_copy(update={"training": tiny.training.model_copy(
+        update={"optimizer_post_validation": True})})
+    result = plan(overlapping, prune=False, **{**SMALL, "schedules": ("1f1b", "zb-h1")})
+    simulated = [r for r in result.records if r is not None and r["status"] == "ok"]
+    assert simulated
+    for record in simulated:
+        metrics = record["metrics"]
+        # the bound leaves out the fill and drain the neighbouring steps may hide, and holds
+        assert metrics["lower_bound_s"] <= metrics["step_time_s"] * (1 + 1e-9)
+        assert metrics["cross_step_overlap_s"] >= 0

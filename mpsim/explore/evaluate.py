@@ -119,7 +119,10 @@ def summary_metrics(summary: Any) -> dict[str, Any]:
         "compute_s": compute,
         "exposed_tp_comm_s": summary.exposed_tp_comm_s,
         "exposed_pp_comm_s": summary.exposed_pp_comm_s,
-        "bubble_s": max(0.0, summary.bubble_s - summary.exposed_pp_comm_s),
+        # a step that overlaps its neighbours (training.optimizer_post_validation) hides part of its
+        # idle time under them: that part is cross_step_overlap_s, not bubble
+        "bubble_s": max(0.0, summary.bubble_s - summary.exposed_pp_comm_s - summary.cross_step_overlap_s),
+        "cross_step_overlap_s": summary.cross_step_overlap_s,
         "exposed_dp_comm_s": summary.exposed_dp_comm_s,
         "optimizer_s": summary.optimizer_s,
         "peak_memory_bytes": summary.peak_memory_bytes,
