@@ -268,7 +268,7 @@ class PlanEvaluator:
             result = SimulationResult(scenario, prepared.layout, inp.schedule, prepared.workload, costs, timeline, inp)
             metrics = {**summary_metrics(summarize(result)),
                        **self._bound(schedule, inp.action_s, inp.transfer_s, inp.finalize_s, costs, inp.grad_buckets,
-                                     inp.overlap_grad_sync, overlapping=inp.optimizer_chain)}
+                                     inp.overlap_grad_sync, overlapping=scenario.training.optimizer_post_validation)}
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded; the plan goes on

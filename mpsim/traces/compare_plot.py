@@ -114,7 +114,7 @@ def plot_comparison(comparison: TraceComparison, path: str) -> None:
         for step in trace.steps:
             if step.number == comparison.shown_step:
                 measured_s = max(measured_s, step.end_s - step.start_s)
-    longest = max(measured_s, comparison.result.timeline.step_time_s)
+    longest = max(measured_s, comparison.result.timeline.span_s)
     scale, unit = (1.0, "s") if longest >= 1 else (1e3, "ms")
     right = longest * scale * 1.01
     height = 0.9 + 0.35 * ranks
