@@ -116,7 +116,17 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         send_blocking=scenario.training.pp_send_blocking,
         transfer_links=transfer_links if contention else None,
         optimizer_chain=scenario.training.optimizer_post_validation,
+        optimizer_barrier=optimizer_waits_for_all(scenario),
     )
+
+
+def optimizer_waits_for_all(scenario: Scenario) -> bool:
+    """Whether no rank updates before every pipeline rank's gradients are ready: the global
+    gradient norm (``training.clip_grad``) and fp16's inf/nan flag are all-reduced over every
+    rank holding distinct gradients, the pipeline's included, and the update waits for them
+    (``cost/step.py``, ``grad_checks_s``), unless post-validation checks them afterwards."""
+    training = scenario.training
+    return (training.clip_grad or training.dtype == "fp16") and not training.optimizer_post_validation
 
 
 def pipeline_transfers(workload: Workload, schedule: Schedule, model: CostModel, contention: bool

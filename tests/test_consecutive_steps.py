@@ -58,6 +58,25 @@ def test_optimizer_steps_start_in_pipeline_order_when_chained():
     assert simulate(swapped).rank_end_s == [10.5, 10.5]
 
 
+def test_with_a_global_reduction_before_the_update_every_rank_waits_for_the_last():
+    inp = replace(_tail_heavy(), finalize_s=(2.0, 0.5), optimizer_chain=False)
+    # rank 0 is done at 5, rank 1 at 8: each updates at once, and the step ends at 8.5
+    assert simulate(inp).rank_end_s == [7.0, 8.5]
+    # the norm's all-reduce holds both until 8: rank 0's longer update ends the step
+    assert simulate(replace(inp, optimizer_barrier=True)).rank_end_s == [10.0, 8.5]
+
+
+def test_scenarios_wait_for_the_norm_unless_they_validate_afterwards(scenarios_dir):
+    from mpsim.simulate import optimizer_waits_for_all
+    from mpsim.specs import load_scenario
+
+    base = scenarios_dir / "megatron_22b_8xa100.yaml"
+    assert optimizer_waits_for_all(load_scenario(base).scenario)  # Megatron's --clip-grad 1.0
+    assert not optimizer_waits_for_all(load_scenario(base, ["training.clip_grad=false"]).scenario)
+    assert optimizer_waits_for_all(load_scenario(base, ["training.clip_grad=false", "training.dtype=fp16"]).scenario)
+    assert not optimizer_waits_for_all(load_scenario(base, ["training.optimizer_post_validation=true"]).scenario)
+
+
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(["1f1b", "zb-h1", "gpipe"]), ranks=st.integers(2, 4), extra=st.integers(0, 4),
        forward=st.floats(0.5, 2.0), backward=st.floats(0.5, 3.0), weight=st.floats(0.1, 0.9),

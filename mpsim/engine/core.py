@@ -67,6 +67,9 @@ class EngineInput:
     # each rank's optimizer step waits until the rank before it has reached its own (Zero Bubble's
     # post-validation passes the partial gradient norm and NaN check down the pipeline)
     optimizer_chain: bool = False
+    # every rank's optimizer step waits for the last rank's gradients: a blocking reduction over all
+    # pipeline ranks before the update (Megatron's global gradient norm, the fp16 inf/nan check)
+    optimizer_barrier: bool = False
 
 
 @contextmanager
@@ -337,7 +340,8 @@ class _Run:
 
 def finish_step(inp: EngineInput, timeline: Timeline, grad_done: list[float]) -> None:
     """After each rank's gradients are reduced (``grad_done``): pair syncs (tied embeddings), then the
-    optimizer (with ``optimizer_chain``, on each rank not before the rank before it has started its own)."""
+    optimizer (with ``optimizer_barrier``, on every rank once the last rank is ready; with
+    ``optimizer_chain``, on each rank not before the rank before it has started its own)."""
     done = list(grad_done)
     for a, b, seconds, label in inp.pair_syncs:
         begin = max(done[a], done[b])
@@ -345,6 +349,8 @@ def finish_step(inp: EngineInput, timeline: Timeline, grad_done: list[float]) ->
             if seconds > 0:  # a zero-second sync only joins the two ranks (DualPipe's block copies)
                 timeline.syncs.append(SyncRecord(rank, "embedding-sync", label, begin, begin + seconds))
             done[rank] = begin + seconds
+    if inp.optimizer_barrier and done:
+        done = [max(done)] * len(done)
     if inp.optimizer_chain:
         for rank in range(1, len(done)):
             done[rank] = max(done[rank], done[rank - 1])

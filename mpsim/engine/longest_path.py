@@ -50,7 +50,8 @@ from mpsim.schedules.actions import Action, Overlapped, Schedule, flat, parts
 # EngineInput fields whose meaning this module reproduces; a field added later is unknown
 # to it, and an input that sets such a field to a non-default value goes to the engine.
 MODELLED_FIELDS = frozenset({"schedule", "action_s", "transfer_s", "grad_buckets", "overlap_grad_sync",
-                             "pair_syncs", "finalize_s", "send_blocking", "action_buckets", "optimizer_chain"})
+                             "pair_syncs", "finalize_s", "send_blocking", "action_buckets", "optimizer_chain",
+                             "optimizer_barrier"})
 KINDS = frozenset({"F", "B", "I", "W"})
 
 
