@@ -148,3 +148,25 @@ def test_choose_ranks_keeps_the_first_last_and_busiest():
 def test_merge_runs_joins_spans_closer_than_the_gap():
     assert merge_runs([(5.0, 1.0), (0.0, 1.0), (1.5, 1.0)], 0.5) == [(0.0, 2.5), (5.0, 1.0)]
     assert merge_runs([(0.0, 1.0), (1.5, 1.0)], 0.4) == [(0.0, 1.0), (1.5, 1.0)]
+
+
+def test_a_timeline_of_overlapping_steps_says_its_step_is_a_long_runs(monkeypatch, tmp_path):
+    from tests.conftest import load_benchmark
+
+    # the Zero Bubble paper's 6.2B ZB-2p with the optimizer's post-validation: the next step's
+    # warm-up runs under this one's cool-down, 63 ms of the 2.009 s step alone
+    zb = load_benchmark("published_zero_bubble")
+    shape = zb.setups(load_benchmark("published_common").DATA)["6.2B"]
+    loaded = load_scenario(zb.ZB_BASE, zb.zero_bubble_overrides("6.2B", shape, 8, 1, 3, 24, "ZB-2p", True))
+    result = simulate(loaded.scenario)
+    reference = bubble_reference(result)
+    summary = summarize(result, reference)
+    figures = _kept_figures(monkeypatch)
+    timeline_plot.plot_timelines([(result, summary, "")], str(tmp_path / "t.png"), [reference])
+    titles = [ax.get_title(loc="left") for fig in figures for ax in fig.axes if ax.get_title(loc="left")]
+    monkeypatch.undo()
+    for fig in figures:
+        plt.close(fig)
+    assert summary.cross_step_overlap_s > 0.01
+    alone = summary.step_time_s + summary.cross_step_overlap_s
+    assert any(f"step {summary.step_time_s:.4g} s in a long run ({alone:.4g} s alone)" in title for title in titles)

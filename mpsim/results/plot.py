@@ -315,7 +315,10 @@ def _title(result: SimulationResult, summary: Summary, label: str, lanes: list[L
     """
     memory = summary.peak_memory_bytes / 2**30
     head = f"{label}: {setup_text(result)}" if label else setup_text(result)
-    numbers = (f"step {summary.step_time_s * scale:.4g} {unit}, bubble {100 * summary.bubble_fraction:.1f} %, "
+    # steps that overlap their neighbours: the step time is a long run's, the lanes one step alone
+    alone = summary.step_time_s + summary.cross_step_overlap_s
+    overlap = f" in a long run ({alone * scale:.4g} {unit} alone)" if summary.cross_step_overlap_s > 0 else ""
+    numbers = (f"step {summary.step_time_s * scale:.4g} {unit}{overlap}, bubble {100 * summary.bubble_fraction:.1f} %, "
                f"MFU {100 * summary.mfu:.1f} %, peak memory {memory:.1f} GiB")
     lines = [f"{head}; {numbers}"] if len(head) + len(numbers) + 2 <= TITLE_CHARS else [head, numbers]
     note = _lanes_note(lanes, result.timeline.num_ranks)
