@@ -349,7 +349,7 @@ def overlap_steps(scenario: Scenario, inp: EngineInput, timeline: Timeline) -> T
     ``training.optimizer_post_validation`` lets steps overlap (``engine/consecutive.py``); the
     records stay the one step's."""
     if scenario.training.optimizer_post_validation:
-        timeline.steady_period_s = steady_period(inp).period_s
+        timeline.steady_period_s = steady_period(inp, first=timeline).period_s
     return timeline
 
 

@@ -38,6 +38,7 @@ from typing import Callable
 
 from mpsim.engine.core import EngineInput, simulate
 from mpsim.engine.timeline import ROUNDING, Timeline
+from mpsim.schedules.actions import parts
 
 RTOL = 1e-9  # relative: rank periods this close are one period
 MAX_STEPS = 32  # steps run before the mean period over them is taken instead
@@ -57,8 +58,8 @@ def check_items(timeline: Timeline) -> list[int | None]:
     (3 in the module doc), from the first step's records; None where no item starts after it."""
     starts = []
     for records in timeline.actions:
-        first_backward_end = next((r.end_s for r in records if _kind(r.action) in ("B", "I")), None)
-        forwards = [r for r in records if _kind(r.action) == "F"
+        first_backward_end = next((r.end_s for r in records if parts(r.action)[0].kind in ("B", "I")), None)
+        forwards = [r for r in records if parts(r.action)[0].kind == "F"
                     and (first_backward_end is None or r.end_s <= first_backward_end)]
         if forwards:
             starts.append(forwards[-1].start_s)
@@ -68,24 +69,19 @@ def check_items(timeline: Timeline) -> list[int | None]:
     return [next((r.index for r in records if r.start_s >= at), None) for records in timeline.actions]
 
 
-def _kind(item) -> str:
-    """The kind of an item's first part (a forward for an overlapped forward-backward pair)."""
-    return getattr(item, "kind", None) or item.forward.kind
-
-
 def steady_period(inp: EngineInput, run: Callable[[EngineInput], Timeline] = simulate,
-                  max_steps: int = MAX_STEPS) -> Period:
+                  max_steps: int = MAX_STEPS, first: Timeline | None = None) -> Period:
     """The period of a long run of ``inp``'s step, each step following the last without a barrier.
 
-    ``run`` evaluates one step with every record (the SimPy engine; held items are its own
-    feature). The run's first step is the step alone, every rank starting at 0.
+    ``run`` evaluates the steps with held items (the SimPy engine; held items are its own
+    feature). The run's first step is the step alone, every rank starting at 0: ``first``
+    where the caller has its timeline with the records of its warm-up already, else ``run``'s.
     """
-    first = run(inp)
+    first = first if first is not None else run(inp)
     checks = check_items(first)
     last_rank = len(first.rank_end_s) - 1
     ends = list(first.rank_end_s)  # each rank's end of the latest step, in absolute time
     first_end = max(ends)
-    periods = [first_end]
     for steps in range(2, max_steps + 1):
         base = min(ends)
         relative = [end - base for end in ends]
