@@ -21,7 +21,7 @@ from mpsim.specs.catalog import load_accelerator
 from mpsim.workload import build_workload
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import LayerContext
-from mpsim.workload.ops import compute_ops, gemm
+from mpsim.workload.ops import compute_ops, gemm, memory_op
 from tests.conftest import SCENARIOS
 
 A100 = load_accelerator("a100-sxm-80gb")
@@ -211,3 +211,18 @@ def test_fp8_linears_cast_and_transpose_their_inputs_as_transformer_engine_does(
         assert ops["attn.proj.wgrad"].cast_bytes == 0
     # the output gradient's cast-transpose before each input gradient
     assert ops["attn.proj.dgrad"].cast_bytes == 4 * tokens * 4096
+
+
+def test_each_kernel_of_an_op_pays_the_parts_per_kernel_overhead():
+    """An op the framework runs as several kernels pays the gap between dependent kernels once per kernel."""
+    model = ComputeModel(A100, "bf16")
+    one, four = model.time(memory_op("x", 64e6)), model.time(memory_op("x", 64e6, launches=4))
+    assert four - one == pytest.approx(3 * A100.efficiency.kernel_overhead)
+
+
+def test_a_kernel_below_the_streaming_rate_takes_longer_by_its_share():
+    model = ComputeModel(A100, "bf16")
+    streaming = model.time(memory_op("x", 1e9)) - A100.efficiency.kernel_overhead
+    halved = model.time(memory_op("x", 1e9, bandwidth_share=0.5)) - A100.efficiency.kernel_overhead
+    assert streaming == pytest.approx(1e9 / (A100.memory.bandwidth * A100.efficiency.memory))
+    assert halved == pytest.approx(2 * streaming)

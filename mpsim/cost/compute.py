@@ -134,7 +134,7 @@ class ComputeModel:
     def _time(self, op: Op) -> float:
         if self.calibration is not None:
             return self.calibration.op_seconds(op)
-        memory_s = op.bytes / self.memory_bandwidth
+        memory_s = op.bytes / (self.memory_bandwidth * op.bandwidth_share)
         dtype = op.dtype or self.dtype
         eff = self.accelerator.efficiency
         if op.kind == "gemm":
@@ -154,7 +154,7 @@ class ComputeModel:
             compute_s = 0.0
         else:
             raise ValueError(f"{op.name} is a {op.kind}, not a compute op")
-        seconds = max(compute_s, memory_s) + self.overhead_s
+        seconds = max(compute_s, memory_s) + self.overhead_s * op.launches
         if op.cast_bytes:  # the fp8 cast before the GEMM: a memory-bound kernel of its own
             seconds += op.cast_bytes / self.memory_bandwidth + self.overhead_s
         return seconds

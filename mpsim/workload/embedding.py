@@ -28,6 +28,17 @@ CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 12
 # place) and writes the gradient in the logits' dtype.
 FUSED_CROSS_ENTROPY_FWD_BYTES_PER_LOGIT = 20
 FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 8
+# The share of the streaming rate these kernels reach over those bytes, (forward, backward), as
+# published: Liger-Kernel's sweep of Megatron-Core's own functions on an H100 (LIGER-BENCH in
+# docs/hardware-sources.md), bf16 logits, tensor parallelism 1, 8,192 tokens, at its largest
+# vocabulary (131,072) where the per-kernel overheads weigh least: the bytes above at the part's
+# streaming rate over the measured time less those overheads (python
+# benchmarks/memory_kernel_sweep.py prints them; tests/test_memory_kernel_sweep.py holds these to
+# it). The eager steps' row reductions (max, sum over the vocabulary) and the compiled functions'
+# split reductions do not stream; the eager pass over the same bytes is the faster per byte. A
+# property of the code, so the same share on every accelerator.
+CROSS_ENTROPY_BANDWIDTH_SHARE = (0.83, 0.89)
+FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE = (0.64, 0.54)
 
 
 def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
@@ -84,6 +95,22 @@ def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool
                      param_tensors=param_tensors(*tensors))
 
 
+def cross_entropy_ops(name: str, n_logits: float, logit_bytes: int, fused: bool) -> tuple[Op, Op]:
+    """Megatron's vocab-parallel cross entropy over ``n_logits`` logits on one rank, fused or
+    eager: (forward, backward), each reading or writing the logits in their own dtype."""
+    if fused:
+        forward_share, backward_share = FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE
+        return (memory_op(name, n_logits * (logit_bytes + FUSED_CROSS_ENTROPY_FWD_BYTES_PER_LOGIT), launches=3,
+                          bandwidth_share=forward_share),
+                memory_op(f"{name}.grad", n_logits * (logit_bytes + FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT),
+                          bandwidth_share=backward_share))
+    forward_share, backward_share = CROSS_ENTROPY_BANDWIDTH_SHARE
+    return (memory_op(name, n_logits * (logit_bytes + CROSS_ENTROPY_FWD_BYTES_PER_LOGIT), launches=6,
+                      bandwidth_share=forward_share),
+            memory_op(f"{name}.grad", n_logits * (logit_bytes + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT), launches=2,
+                      bandwidth_share=backward_share))
+
+
 def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool,
                defer_wgrad: bool = False) -> BlockWork:
     """Final norm, logits GEMM and vocab-parallel cross entropy on one TP rank.
@@ -104,16 +131,14 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
         forward.append(gather)
     n_logits = tokens * vocab_local
     fused = ctx.cross_entropy_fusion
-    fwd_bytes = FUSED_CROSS_ENTROPY_FWD_BYTES_PER_LOGIT if fused else CROSS_ENTROPY_FWD_BYTES_PER_LOGIT
-    bwd_bytes = FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT if fused else CROSS_ENTROPY_BWD_BYTES_PER_LOGIT
-    forward += [logits, memory_op("head.cross_entropy", n_logits * (e + fwd_bytes), launches=3 if fused else 6)]
+    ce, ce_grad = cross_entropy_ops("head.cross_entropy", n_logits, e, fused)
+    forward += [logits, ce]
     if ctx.tp > 1:
         # max, sum of exponentials and target logit are all-reduced over the vocab shards; the
         # fused path all-reduces the last two as one tensor
         reductions = (("max", 1), ("target_and_sum", 2)) if fused else (("max", 1), ("sum", 1), ("target", 1))
         forward += [collective(f"head.cross_entropy.all_reduce_{what}", "all-reduce", "tp", tokens * 4 * count)
                     for what, count in reductions]
-    ce_grad: Op = memory_op("head.cross_entropy.grad", n_logits * (e + bwd_bytes), launches=1 if fused else 2)
     combined, input_only, weight_only = column_backward(ctx, "head.logits", dgrad, wgrad, gather)
     norm_in, norm_w = norm_grad(ctx, "head.norm")
     params = norm_params * ctx.hidden + (vocab_local * ctx.hidden if with_weights else 0)

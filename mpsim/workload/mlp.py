@@ -19,7 +19,7 @@ from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropo
                                    bias_grad, column_backward, gathered_gemm, grad_gather, linear, param_tensors,
                                    present, scattered_gemm, tp_collectives, weight_pass_regather)
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
-from mpsim.workload.ops import Item, memory_op
+from mpsim.workload.ops import Item, Op, memory_op
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,13 @@ def ffn_activation(ctx: LayerContext) -> FfnActivation:
     return FFN_ACTIVATIONS[name]
 
 
+def activation_ops(name: str, elements: float, act_bytes: int, activation: FfnActivation) -> tuple[Op, Op]:
+    """The activation's forward and backward over ``elements`` FFN columns x tokens."""
+    return (memory_op(name, elements * act_bytes * activation.forward_traffic, launches=activation.forward_launches),
+            memory_op(f"{name}.grad", elements * act_bytes * activation.backward_traffic,
+                      launches=activation.backward_launches))
+
+
 def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None = None, bias: bool = False
               ) -> tuple[list[Item], list[Item], list[Item], list[Item], float, float, float]:
     """FC1 -> activation -> FC2 of width ``ffn_local`` per rank, with its TP collectives.
@@ -100,10 +107,7 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     gather, reduce = tp_collectives(ctx, name)
     fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, fc1_width, h)
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local)
-    act = memory_op(f"{name}.act", t * ffn_local * e * activation.forward_traffic,
-                    launches=activation.forward_launches)
-    act_grad = memory_op(f"{name}.act.grad", t * ffn_local * e * activation.backward_traffic,
-                         launches=activation.backward_launches)
+    act, act_grad = activation_ops(f"{name}.act", t * ffn_local, e, activation)
     fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
     head = ((bias_grad(ctx, f"{name}.fc2", ctx.norm_tokens, h) if bias else [])
             + gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad))

@@ -36,12 +36,21 @@ def _eager_bytes(part: tuple[int, int, int], elements: float, act_bytes: int) ->
     return elements * (fixed + per_act_byte * act_bytes), kernels
 
 
+def eager_rmsnorm_ops(name: str, elements: float, act_bytes: int) -> tuple[Op, Op, Op]:
+    """The eager RMSNorm over ``elements`` activations: (forward, input gradient, weight gradient)."""
+    ops = []
+    for suffix, part in (("", EAGER_RMSNORM_FORWARD), (".grad", EAGER_RMSNORM_GRAD_INPUT),
+                         (".grad_params", EAGER_RMSNORM_GRAD_WEIGHT)):
+        moved, kernels = _eager_bytes(part, elements, act_bytes)
+        ops.append(memory_op(f"{name}{suffix}", moved, launches=kernels))
+    return ops[0], ops[1], ops[2]
+
+
 def norm(ctx: LayerContext, name: str) -> Op:
     """LayerNorm / RMSNorm over the rank's tokens (its backward: :func:`norm_grad`)."""
     elems = ctx.norm_tokens * ctx.hidden
     if ctx.eager_rmsnorm:
-        moved, kernels = _eager_bytes(EAGER_RMSNORM_FORWARD, elems, ctx.act_bytes)
-        return memory_op(name, moved, launches=kernels)
+        return eager_rmsnorm_ops(name, elems, ctx.act_bytes)[0]
     return memory_op(name, elems * ctx.act_bytes * 2)
 
 
@@ -62,11 +71,9 @@ def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
     """
     elements = ctx.norm_tokens * ctx.hidden
     if ctx.eager_rmsnorm:
-        moved, kernels = _eager_bytes(EAGER_RMSNORM_GRAD_INPUT, elements, ctx.act_bytes)
-        weight, weight_kernels = _eager_bytes(EAGER_RMSNORM_GRAD_WEIGHT, elements, ctx.act_bytes)
         # autograd runs the weight's gradient beside the input's, in the same backward
-        return [memory_op(f"{name}.grad", moved, launches=kernels)], \
-            [memory_op(f"{name}.grad_params", weight, launches=weight_kernels)]
+        _, grad_input, grad_weight = eager_rmsnorm_ops(name, elements, ctx.act_bytes)
+        return [grad_input], [grad_weight]
     return norm_grad_ops(name, elements, ctx.act_bytes, ctx.layers_impl)
 
 

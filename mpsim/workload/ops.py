@@ -55,8 +55,13 @@ class Op:
     collective: CollectiveKind | None = None
     group: str = ""
     message_bytes: float = 0.0
-    # kernels the framework launches for it (its time covers them all; the host pays each launch)
+    # kernels the framework launches for it (its time covers them all, each with the part's
+    # per-kernel overhead; the host pays each launch)
     launches: int = 1
+    # memory-bound ops: the share of the accelerator's streaming rate the framework's kernels for
+    # it reach, where a published sweep of those kernels measured it (benchmarks/memory_kernel_sweep.py);
+    # 1: the streaming rate
+    bandwidth_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,10 +123,13 @@ def gemm(name: str, m: int, n: int, k: int, *, batch: int = 1, in_bytes: int = 2
               cast_bytes=float(cast_bytes), epilogue_bytes=out_bytes + 2 * accumulate_bytes)
 
 
-def memory_op(name: str, bytes_moved: float, flops: float = 0.0, launches: int = 1) -> Op:
+def memory_op(name: str, bytes_moved: float, flops: float = 0.0, launches: int = 1,
+              bandwidth_share: float = 1.0) -> Op:
     """A bandwidth-bound kernel (norm, activation, dropout, softmax, optimizer), or ``launches``
-    of them one after another that together move ``bytes_moved``."""
-    return Op(name, "memory", flops=flops, bytes=float(bytes_moved), launches=launches)
+    of them one after another that together move ``bytes_moved`` at ``bandwidth_share`` of the
+    streaming rate."""
+    return Op(name, "memory", flops=flops, bytes=float(bytes_moved), launches=launches,
+              bandwidth_share=bandwidth_share)
 
 
 def collective(name: str, kind: CollectiveKind, group: str, message_bytes: float) -> Op:

@@ -1,0 +1,44 @@
+"""benchmarks/memory_kernel_sweep.py prices a published sweep of PyTorch's and Megatron's memory-bound
+kernels (out of sample, but for the cross entropy's shares, which come from its largest shapes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpsim.workload.embedding import CROSS_ENTROPY_BANDWIDTH_SHARE, FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE
+from tests.conftest import load_benchmark
+
+
+def test_every_row_is_priced_with_a_line_per_family(capsys):
+    module = load_benchmark("memory_kernel_sweep")
+    module.main()
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("rows=89 mean_abs_error_pct=")
+    for label, count in (("A100 layer_norm huggingface forward", 5), ("A100 rms_norm huggingface backward", 6),
+                         ("H100 relu_squared torch forward", 8), ("H100 megatron_swiglu torch backward", 6),
+                         ("H100 megatron_cross_entropy megatron-fused backward", 6)):
+        assert any(line.startswith(f"{label}: rows={count} ") for line in lines), label
+
+
+def test_a_backward_timed_with_its_forward_is_the_difference():
+    module = load_benchmark("memory_kernel_sweep")
+    table = module.rows()
+    row = next(r for r in table if r["kernel"] == "megatron_cross_entropy" and r["provider"] == "megatron-unfused"
+               and r["mode"] == "backward" and r["x_value"] == "131072")
+    # the published medians: 21.2467 ms forward and backward, 15.8124 ms forward alone
+    assert module.measured_s(row, table) * 1e3 == pytest.approx(21.2467 - 15.8124, abs=1e-3)
+    # a backward timed alone is its own row
+    alone = next(r for r in table if r["kernel"] == "relu_squared" and r["mode"] == "backward")
+    assert module.measured_s(alone, table) == pytest.approx(float(alone["median_ms"]) * 1e-3)
+
+
+def test_the_cross_entropy_shares_are_the_sweeps_own():
+    """The shares mpsim prices Megatron's cross entropy at are what its kernels reached on an H100 at the
+    sweep's largest vocabulary, over the bytes mpsim counts for them."""
+    shares = load_benchmark("memory_kernel_sweep").largest_shape_shares()
+    for provider, (forward, backward) in (("megatron-unfused", CROSS_ENTROPY_BANDWIDTH_SHARE),
+                                          ("megatron-fused", FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE)):
+        assert shares[f"H100 megatron_cross_entropy {provider} forward"] == pytest.approx(forward, abs=0.005)
+        assert shares[f"H100 megatron_cross_entropy {provider} backward"] == pytest.approx(backward, abs=0.005)
+    # a plain elementwise pair of kernels streams: the shares leave them at the streaming rate
+    assert shares["H100 relu_squared torch forward"] > 0.9
