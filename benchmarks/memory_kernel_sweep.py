@@ -29,7 +29,13 @@ priced here by the same function the step calls:
 * ``megatron_cross_entropy`` / ``megatron-unfused`` and ``megatron-fused``:
   Megatron-Core's ``vocab_parallel_cross_entropy`` and
   ``fused_vocab_parallel_cross_entropy`` at tensor parallelism 1 on bf16 logits, 8,192
-  tokens, priced by ``cross_entropy_ops``.
+  tokens, priced by ``cross_entropy_ops`` (``megatron``, ``megatron_fused``);
+* ``cross_entropy`` / ``huggingface``: ``torch.nn.CrossEntropyLoss`` on fp32 logits of
+  16,384 tokens (A100), priced as PyTorch's loss (``cross_entropy_ops``, ``pytorch``,
+  nothing to cast). Its rows are a forward and a ``full`` pass, forward and backward with
+  nothing resetting the logits' gradient between repetitions, so autograd adds each
+  backward's gradient into the last one's (read both, write one fp32 value per logit),
+  which the script prices beside the backward.
 
 Forward rows time the forward alone. Backward rows of the families timed through
 Liger's ``run_speed_benchmark`` (``layer_norm``, ``rms_norm``, ``relu_squared``) time
@@ -91,12 +97,15 @@ def shape(row: dict) -> tuple[int, int, int]:
     kernel = row["kernel"]
     if kernel in ("layer_norm", "rms_norm", "relu_squared"):
         return config["M"], x, DTYPE_BYTES[config["dtype"]]
+    if kernel == "cross_entropy":  # B x T rows of fp32 logits
+        return config["B"] * config["T"], x, 4
     # the megatron_* benchmarks: [S, B, width] in bf16
     return config["S"] * config["B"], x, 2
 
 
 def priced_ops(row: dict, backward: bool) -> list[Op]:
-    """The ops a step of mpsim prices for this row's kernel and pass."""
+    """The ops a step of mpsim prices for this row's kernel and pass (a ``full`` row: both passes
+    and the gradient's accumulation)."""
     tokens, width, element = shape(row)
     elements = tokens * width
     kernel, provider = row["kernel"], row["provider"]
@@ -113,7 +122,13 @@ def priced_ops(row: dict, backward: bool) -> list[Op]:
         activation = FFN_ACTIVATIONS[name] if provider == "megatron" else PLAIN_FFN_ACTIVATIONS[name]
         return [activation_ops("act", elements, element, activation)[backward]]
     if kernel == "megatron_cross_entropy":
-        return [cross_entropy_ops("ce", elements, element, provider == "megatron-fused")[backward]]
+        implementation = "megatron_fused" if provider == "megatron-fused" else "megatron"
+        return [cross_entropy_ops("ce", elements, element, implementation)[backward]]
+    if kernel == "cross_entropy":
+        forward, grad = cross_entropy_ops("ce", elements, element, "pytorch")
+        if row["mode"] != "full":
+            return [grad] if backward else [forward]
+        return [forward, grad, memory_op("accumulate_grad", elements * 3 * element)]
     raise ValueError(f"{DATA.name}: no pricing for kernel {kernel!r}")
 
 

@@ -102,6 +102,12 @@ CASES = [
     ("unsupported dtype", BASE + "training:\n  dtype: fp8\n", [], ["training.dtype", "fp8", "a100"]),
     ("bad order", BASE.replace("schedule: 1f1b", "schedule: 1f1b\n  order: tp-pp"), [],
      ["parallel.order", "each of tp, cp, dp, pp"]),
+    # PyTorch's loss in bf16 exists only under plain PyTorch layers; Megatron's fused one only under Megatron's
+    ("bf16 loss under Megatron's layers", BASE + "training:\n  fp32_loss: false\n", [],
+     ["training.fp32_loss", "transformer_impl local", "always on an fp32 copy"]),
+    ("fused cross entropy under PyTorch's layers",
+     BASE + "training:\n  transformer_impl: pytorch\n  cross_entropy_fusion: true\n", [],
+     ["training.cross_entropy_fusion", "needs Megatron's layers", "PyTorch's cross_entropy"]),
     ("missing scenario file", None, ["does/not/exist.yaml"], ["does/not/exist.yaml", "not found"]),
     ("missing schedule file", BASE.replace("schedule: 1f1b", "schedule: file:nope.txt"), [],
      ["parallel.schedule", "nope.txt", "not found"]),

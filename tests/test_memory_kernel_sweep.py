@@ -13,10 +13,11 @@ def test_every_row_is_priced_with_a_line_per_family(capsys):
     module = load_benchmark("memory_kernel_sweep")
     module.main()
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1].startswith("rows=89 mean_abs_error_pct=")
+    assert lines[-1].startswith("rows=101 mean_abs_error_pct=")
     for label, count in (("A100 layer_norm huggingface forward", 5), ("A100 rms_norm huggingface backward", 6),
                          ("H100 relu_squared torch forward", 8), ("H100 megatron_swiglu torch backward", 6),
-                         ("H100 megatron_cross_entropy megatron-fused backward", 6)):
+                         ("H100 megatron_cross_entropy megatron-fused backward", 6),
+                         ("A100 cross_entropy huggingface full", 6)):
         assert any(line.startswith(f"{label}: rows={count} ") for line in lines), label
 
 
@@ -42,3 +43,19 @@ def test_the_cross_entropy_shares_are_the_sweeps_own():
         assert shares[f"H100 megatron_cross_entropy {provider} backward"] == pytest.approx(backward, abs=0.005)
     # a plain elementwise pair of kernels streams: the shares leave them at the streaming rate
     assert shares["H100 relu_squared torch forward"] > 0.9
+
+
+def test_pytorchs_cross_entropy_streams_its_passes_over_a_vocabulary_wide_row():
+    """Out of sample: torch.nn.CrossEntropyLoss on fp32 logits, forward and forward + backward, on an A100,
+    priced as mpsim prices PyTorch's loss (three reads and a write of each row each way) at the
+    streaming rate, from 32,768 logits a row up (narrower rows keep the row on chip)."""
+    module = load_benchmark("memory_kernel_sweep")
+    table = module.rows()
+    model = module.ComputeModel(module.load_accelerator("a100-sxm-80gb"), "bf16")
+    checked = 0
+    for row in table:
+        if row["kernel"] == "cross_entropy" and int(row["x_value"]) >= 32768:
+            predicted = sum(model.time(o) for o in module.priced_ops(row, row["mode"] == "backward"))
+            assert predicted == pytest.approx(module.measured_s(row, table), rel=0.07), row
+            checked += 1
+    assert checked == 6

@@ -458,6 +458,14 @@ def _check_dtype(scenario: Scenario) -> None:
         needs = "dtype: fp8" if training.dtype == "fp8" else "tp_comm_overlap"
         raise _fail("training.transformer_impl", f"{training.transformer_impl} cannot run training.{needs}, which "
                                                  f"only Transformer Engine implements; use transformer_engine")
+    if training.cross_entropy_fusion and training.layers_impl == "pytorch":
+        raise _fail("training.cross_entropy_fusion", "true runs Megatron-Core's fused cross entropy, which needs "
+                                                     "Megatron's layers; transformer_impl pytorch computes the loss "
+                                                     "with PyTorch's cross_entropy")
+    if not training.fp32_loss and training.layers_impl != "pytorch":
+        raise _fail("training.fp32_loss", f"false runs PyTorch's cross_entropy in the compute dtype; "
+                                          f"transformer_impl {training.layers_impl} computes Megatron's cross "
+                                          f"entropy, always on an fp32 copy of the logits")
     if training.fused_norm is False and scenario.model.norm != "rmsnorm":
         raise _fail("training.fused_norm", f"false prices RMSNorm's PyTorch operators; model.norm is "
                                            f"{scenario.model.norm}, which PyTorch runs as one kernel each way")

@@ -194,6 +194,14 @@ class TrainingOptions(Spec):
     cross_entropy_fusion: bool = Field(
         False, description="the LM head's cross entropy in Megatron-Core's fused functions (--cross-entropy-loss-"
                            "fusion): fewer passes over the fp32 logits")
+    # Where the loss runs: Megatron's cross entropy, torchtitan's model (its output layer's
+    # ``.float()``) and Hugging Face's own loss (ForCausalLMLoss) take an fp32 copy of the logits; a
+    # loss called on the logits a Hugging Face model returns (as cuDNN Frontend's Llama training
+    # loop does) runs PyTorch's cross_entropy in the compute dtype
+    fp32_loss: bool = Field(
+        True, description="the loss on an fp32 copy of the logits (Megatron, torchtitan, Hugging Face's own loss); "
+                          "false: PyTorch's cross_entropy on the logits in the compute dtype (transformer_impl "
+                          "pytorch only)")
     # Megatron's --bias-activation-fusion (on unless --no-bias-gelu-fusion / --no-bias-swiglu-fusion):
     # bias and FFN activation in one fused kernel each way. Off, the model's activation runs as its
     # operators under autograd (SwiGLU as silu and a product, squared ReLU as relu and a power), as

@@ -53,6 +53,7 @@ class LayerContext:
     # RMSNorm as PyTorch's operators run it eagerly (TrainingOptions.fused_norm): norms.py
     eager_rmsnorm: bool = False
     cross_entropy_fusion: bool = False  # Megatron-Core's fused vocab-parallel cross entropy
+    fp32_loss: bool = True  # the loss on an fp32 copy of the logits (TrainingOptions.fp32_loss)
     ub_sms: tuple[tuple[str, int], ...] = ()  # userbuffers SMs per GEMM site a recipe tunes (tp_comm_overlap_sms)
     activation_fusion: bool = True  # Megatron's fused bias + FFN activation kernels
 

@@ -39,6 +39,21 @@ FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 8
 # property of the code, so the same share on every accelerator.
 CROSS_ENTROPY_BANDWIDTH_SHARE = (0.83, 0.89)
 FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE = (0.64, 0.54)
+# PyTorch's own loss, F.cross_entropy, in elements of the dtype it runs in per logit (fp32 after
+# a cast when the logits are upcast first, as torchtitan's model and Hugging Face's own loss do:
+# the cast reads the logits and writes fp32, its backward the reverse). Forward: log_softmax,
+# whose kernel for rows too wide to hold in shared memory (aten/src/ATen/native/cuda/SoftMax.cu,
+# cunn_SoftMaxForward) reads the row three times (max, sum of exponentials, the output pass) and
+# writes it once (4); nll_loss reads one logit per token. The sweep below reads three passes at
+# 32,768 fp32 logits a row and more (128 KB); narrower rows (16,384 and fewer) ran as kernels
+# that keep the row on chip, which language-model vocabularies in fp32 do not get. Backward: nll_loss's backward zero-fills the gradient (1)
+# and scatters one value per token; log_softmax's backward (cunn_SoftMaxBackward) sums the
+# incoming gradient over the row, then reads it and the output and writes the gradient (4).
+# Liger-Kernel's A100 sweep of torch.nn.CrossEntropyLoss on fp32 logits runs these bytes at the
+# streaming rate (benchmarks/memory_kernel_sweep.py), so no share below it.
+TORCH_CROSS_ENTROPY_FWD_ELEMENTS_PER_LOGIT = 4
+TORCH_CROSS_ENTROPY_BWD_ELEMENTS_PER_LOGIT = 5
+CROSS_ENTROPY_IMPLEMENTATIONS = ("megatron", "megatron_fused", "pytorch")
 
 
 def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
@@ -95,20 +110,41 @@ def embedding_block(ctx: LayerContext, vocab_local: int, learned_positions: bool
                      param_tensors=param_tensors(*tensors))
 
 
-def cross_entropy_ops(name: str, n_logits: float, logit_bytes: int, fused: bool) -> tuple[Op, Op]:
-    """Megatron's vocab-parallel cross entropy over ``n_logits`` logits on one rank, fused or
-    eager: (forward, backward), each reading or writing the logits in their own dtype."""
-    if fused:
+def cross_entropy_ops(name: str, n_logits: float, logit_bytes: int, implementation: str,
+                      fp32: bool = True) -> tuple[Op, Op]:
+    """The loss over ``n_logits`` logits on one rank, (forward, backward), as ``implementation``
+    runs it: Megatron's vocab-parallel cross entropy eager (``megatron``) or fused
+    (``megatron_fused``), or PyTorch's ``cross_entropy`` (``pytorch``) on an fp32 copy of the
+    logits or, without ``fp32``, on the logits as they are."""
+    if implementation == "megatron_fused":
         forward_share, backward_share = FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE
         return (memory_op(name, n_logits * (logit_bytes + FUSED_CROSS_ENTROPY_FWD_BYTES_PER_LOGIT), launches=3,
                           bandwidth_share=forward_share),
                 memory_op(f"{name}.grad", n_logits * (logit_bytes + FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT),
                           bandwidth_share=backward_share))
-    forward_share, backward_share = CROSS_ENTROPY_BANDWIDTH_SHARE
-    return (memory_op(name, n_logits * (logit_bytes + CROSS_ENTROPY_FWD_BYTES_PER_LOGIT), launches=6,
-                      bandwidth_share=forward_share),
-            memory_op(f"{name}.grad", n_logits * (logit_bytes + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT), launches=2,
-                      bandwidth_share=backward_share))
+    if implementation == "megatron":
+        forward_share, backward_share = CROSS_ENTROPY_BANDWIDTH_SHARE
+        return (memory_op(name, n_logits * (logit_bytes + CROSS_ENTROPY_FWD_BYTES_PER_LOGIT), launches=6,
+                          bandwidth_share=forward_share),
+                memory_op(f"{name}.grad", n_logits * (logit_bytes + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT), launches=2,
+                          bandwidth_share=backward_share))
+    if implementation != "pytorch":
+        raise ValueError(f"cross entropy implementation {implementation!r}: one of {CROSS_ENTROPY_IMPLEMENTATIONS}")
+    loss_bytes = 4 if fp32 else logit_bytes
+    # the fp32 cast each way unless the loss runs on the logits as they are: (bytes per logit, kernels)
+    cast = (logit_bytes + 4, 1) if loss_bytes != logit_bytes else (0, 0)
+    # forward: cast, log_softmax, nll_loss; backward: zero-fill, scatter, log_softmax's, the cast's
+    forward = n_logits * (cast[0] + TORCH_CROSS_ENTROPY_FWD_ELEMENTS_PER_LOGIT * loss_bytes)
+    backward = n_logits * (cast[0] + TORCH_CROSS_ENTROPY_BWD_ELEMENTS_PER_LOGIT * loss_bytes)
+    return (memory_op(name, forward, launches=2 + cast[1]),
+            memory_op(f"{name}.grad", backward, launches=3 + cast[1]))
+
+
+def cross_entropy_implementation(ctx: LayerContext) -> str:
+    """Whose loss the run computes: PyTorch's under plain PyTorch layers, else Megatron's."""
+    if ctx.layers_impl == "pytorch":
+        return "pytorch"
+    return "megatron_fused" if ctx.cross_entropy_fusion else "megatron"
 
 
 def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool,
@@ -130,22 +166,24 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
         gather = collective("head.all_gather", "all-gather", "tp", ctx.activation_message)
         forward.append(gather)
     n_logits = tokens * vocab_local
-    fused = ctx.cross_entropy_fusion
-    ce, ce_grad = cross_entropy_ops("head.cross_entropy", n_logits, e, fused)
+    implementation = cross_entropy_implementation(ctx)
+    ce, ce_grad = cross_entropy_ops("head.cross_entropy", n_logits, e, implementation, ctx.fp32_loss)
     forward += [logits, ce]
     if ctx.tp > 1:
-        # max, sum of exponentials and target logit are all-reduced over the vocab shards; the
-        # fused path all-reduces the last two as one tensor
-        reductions = (("max", 1), ("target_and_sum", 2)) if fused else (("max", 1), ("sum", 1), ("target", 1))
+        # max, sum of exponentials and target logit are all-reduced over the vocab shards (as
+        # torchtitan's loss_parallel does for PyTorch's loss); Megatron's fused path all-reduces the
+        # last two as one tensor
+        reductions = (("max", 1), ("target_and_sum", 2)) if implementation == "megatron_fused" \
+            else (("max", 1), ("sum", 1), ("target", 1))
         forward += [collective(f"head.cross_entropy.all_reduce_{what}", "all-reduce", "tp", tokens * 4 * count)
                     for what, count in reductions]
     combined, input_only, weight_only = column_backward(ctx, "head.logits", dgrad, wgrad, gather)
     norm_in, norm_w = norm_grad(ctx, "head.norm")
     params = norm_params * ctx.hidden + (vocab_local * ctx.hidden if with_weights else 0)
     # final norm input, LM-head input (as the norm hands it over: 1/tp of the tokens under
-    # sequence parallelism, gathered again for the weight gradient) and the fp32 softmax the
-    # cross entropy keeps
-    saved = 2 * ctx.norm_tokens * ctx.hidden * e + n_logits * 4
+    # sequence parallelism, gathered again for the weight gradient) and the softmax the cross
+    # entropy keeps (fp32 unless PyTorch's loss runs on the logits as they are)
+    saved = 2 * ctx.norm_tokens * ctx.hidden * e + n_logits * (4 if ctx.fp32_loss else e)
     # kept for a split backward's weight pass: the logits GEMM's input as it arrives (1/tp of the
     # tokens under sequence parallelism, gathered again there) and the logits' gradient
     wbuf = (ctx.norm_tokens * ctx.hidden + tokens * vocab_local) * e

@@ -56,6 +56,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         layers_impl=training.layers_impl,
         eager_rmsnorm=training.eager_rmsnorm(model.norm),
         cross_entropy_fusion=training.cross_entropy_fusion,
+        fp32_loss=training.fp32_loss,
         ub_sms=tuple(sorted(training.tp_comm_overlap_sms.items())),
         activation_fusion=training.bias_activation_fusion,
         v_head_dim=None if mla is None else mla.v_head_dim,
