@@ -11,10 +11,10 @@ priced here by the same function the step calls:
   each way, the scale's gradient a reduction of its own; ``norm_grad_ops`` with
   ``layers_impl: pytorch``);
 * ``rms_norm`` / ``huggingface``: Hugging Face's ``LlamaRMSNorm`` run eagerly on bf16
-  input over 2,048 rows, priced as mpsim's eager RMSNorm (``eager_rmsnorm_ops``). The
-  benchmark keeps the weight in fp32 where the runs mpsim models keep it in the
-  activations' dtype, so its last product writes fp32: the forward moves 38 bytes per
-  element where mpsim counts 36;
+  input over 2,048 rows, priced as mpsim's eager RMSNorm (``eager_rmsnorm_ops``) in the
+  form the benchmark runs, its weight an fp32 parameter (38 bytes per element forward and
+  118 backward, which ``tests/test_eager_norm.py`` holds to PyTorch's dispatch, where a
+  bf16 weight moves 36 and 96);
 * ``megatron_rms_norm`` / ``torch``: ``torch.nn.RMSNorm`` on bf16, 4,096 tokens; its
   times show a fused kernel (a composite of operators would move ten times the bytes),
   priced as the fused norm above (the ``megatron`` provider, ``WrappedTorchNorm``, returns
@@ -52,11 +52,12 @@ repository at the same commit.
 Every price is a memory-bound op at the accelerator's streaming rate (``efficiency.memory``,
 a BabelStream Triad or vector-add figure) plus its per-kernel overhead for each kernel;
 none of these rows was in view when those were set. The one thing taken from the sweep
-is the share of the streaming rate Megatron-Core's cross entropy reaches, eager and
-fused, each way (``CROSS_ENTROPY_BANDWIDTH_SHARE`` and
-``FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE`` in ``mpsim/workload/embedding.py``): read at the
-largest vocabulary, so those rows are in sample there and the smaller vocabularies check
-only how the time scales; every other row is out of sample.
+is the share of the streaming rate two families reach, each way: Megatron-Core's cross
+entropy, eager and fused (``CROSS_ENTROPY_BANDWIDTH_SHARE`` and
+``FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE`` in ``mpsim/workload/embedding.py``), and the eager
+RMSNorm (``EAGER_RMSNORM_BANDWIDTH_SHARE`` in ``mpsim/workload/norms.py``): read at the
+largest vocabulary and the widest row, so those rows are in sample there and the smaller
+shapes check only how the time scales; every other row is out of sample.
 
 Prints measured and predicted microseconds and the error per row, the streaming
 fraction each family reaches at its largest shape (mpsim's time over the measured), a
@@ -114,8 +115,8 @@ def priced_ops(row: dict, backward: bool) -> list[Op]:
             return [memory_op("norm", elements * element * 2)]
         grad_input, grad_params = norm_grad_ops("norm", elements, element, "pytorch")
         return grad_input + grad_params
-    if kernel == "rms_norm":
-        forward, grad_input, grad_weight = eager_rmsnorm_ops("norm", elements, element)
+    if kernel == "rms_norm":  # the benchmark's weight is an fp32 parameter
+        forward, grad_input, grad_weight = eager_rmsnorm_ops("norm", elements, element, fp32_weight=True)
         return [grad_input, grad_weight] if backward else [forward]
     if kernel in ("relu_squared", "megatron_swiglu"):
         name = "squared_relu" if kernel == "relu_squared" else "swiglu"

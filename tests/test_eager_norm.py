@@ -17,8 +17,9 @@ from mpsim.results import summarize
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.workload import build_workload
-from mpsim.workload.norms import (EAGER_RMSNORM_FORWARD, EAGER_RMSNORM_GRAD_INPUT, EAGER_RMSNORM_GRAD_WEIGHT,
-                                  EAGER_RMSNORM_SAVED_EXTRA)
+from mpsim.workload.norms import (EAGER_RMSNORM_FORWARD, EAGER_RMSNORM_FP32_WEIGHT_FORWARD,
+                                  EAGER_RMSNORM_FP32_WEIGHT_GRAD_INPUT, EAGER_RMSNORM_FP32_WEIGHT_GRAD_WEIGHT,
+                                  EAGER_RMSNORM_GRAD_INPUT, EAGER_RMSNORM_GRAD_WEIGHT, EAGER_RMSNORM_SAVED_EXTRA)
 from tests.conftest import SCENARIOS
 
 LLAMA8 = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
@@ -29,9 +30,10 @@ VIEWS = {"view", "_unsafe_view", "expand", "t", "transpose", "detach", "alias", 
          "unsqueeze", "slice", "select", "permute", "reshape", "split", "split_with_sizes"}
 
 
-def dispatched(act_bytes: int) -> dict[str, tuple[int, float]]:
+def dispatched(act_bytes: int, fp32_weight: bool = False) -> dict[str, tuple[int, float]]:
     """{pass: (kernels, bytes per element of the tensors as large as the input)} PyTorch dispatches
-    for torchtitan's RMSNorm (torchtitan/models/norms.py) forward and backward."""
+    for torchtitan's RMSNorm (torchtitan/models/norms.py) forward and backward, its weight in the
+    input's dtype or in fp32 (as Hugging Face's LlamaRMSNorm keeps it in Liger-Kernel's benchmark)."""
     torch = pytest.importorskip("torch")
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -61,7 +63,7 @@ def dispatched(act_bytes: int) -> dict[str, tuple[int, float]]:
             return normed.type_as(x) * self.weight
 
     dtype = {2: torch.bfloat16, 4: torch.float32}[act_bytes]
-    norm = RMSNorm(dtype)
+    norm = RMSNorm(torch.float32 if fp32_weight else dtype)
     x = torch.randn(TOKENS, HIDDEN, dtype=dtype, requires_grad=True)
     grad = torch.randn(TOKENS, HIDDEN, dtype=dtype)
     with Count() as forward:
@@ -71,6 +73,13 @@ def dispatched(act_bytes: int) -> dict[str, tuple[int, float]]:
     elements = TOKENS * HIDDEN
     return {"forward": (forward.kernels, forward.bytes / elements),
             "backward": (backward.kernels, backward.bytes / elements)}
+
+
+def test_the_fp32_weight_form_is_what_pytorch_dispatches():
+    counted = dispatched(2, fp32_weight=True)
+    assert counted["forward"] == priced(EAGER_RMSNORM_FP32_WEIGHT_FORWARD, 2)
+    grad_in, grad_w = priced(EAGER_RMSNORM_FP32_WEIGHT_GRAD_INPUT, 2), priced(EAGER_RMSNORM_FP32_WEIGHT_GRAD_WEIGHT, 2)
+    assert counted["backward"] == (grad_in[0] + grad_w[0], grad_in[1] + grad_w[1])
 
 
 def priced(part: tuple[int, int, int], act_bytes: int) -> tuple[int, float]:

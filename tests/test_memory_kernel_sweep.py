@@ -1,11 +1,13 @@
 """benchmarks/memory_kernel_sweep.py prices a published sweep of PyTorch's and Megatron's memory-bound
-kernels (out of sample, but for the cross entropy's shares, which come from its largest shapes)."""
+kernels (out of sample, but for the shares of Megatron's cross entropy and of the eager RMSNorm, which
+come from their largest shapes)."""
 
 from __future__ import annotations
 
 import pytest
 
 from mpsim.workload.embedding import CROSS_ENTROPY_BANDWIDTH_SHARE, FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE
+from mpsim.workload.norms import EAGER_RMSNORM_BANDWIDTH_SHARE
 from tests.conftest import load_benchmark
 
 
@@ -31,6 +33,13 @@ def test_a_backward_timed_with_its_forward_is_the_difference():
     # a backward timed alone is its own row
     alone = next(r for r in table if r["kernel"] == "relu_squared" and r["mode"] == "backward")
     assert module.measured_s(alone, table) == pytest.approx(float(alone["median_ms"]) * 1e-3)
+
+
+def test_the_eager_rmsnorm_shares_are_the_sweeps_own():
+    shares = load_benchmark("memory_kernel_sweep").largest_shape_shares()
+    forward, backward = EAGER_RMSNORM_BANDWIDTH_SHARE
+    assert shares["A100 rms_norm huggingface forward"] == pytest.approx(forward, abs=0.005)
+    assert shares["A100 rms_norm huggingface backward"] == pytest.approx(backward, abs=0.005)
 
 
 def test_the_cross_entropy_shares_are_the_sweeps_own():

@@ -29,6 +29,24 @@ EAGER_RMSNORM_FORWARD = (28, 4, 8)
 EAGER_RMSNORM_GRAD_INPUT = (80, 4, 14)
 EAGER_RMSNORM_GRAD_WEIGHT = (0, 4, 2)
 EAGER_RMSNORM_SAVED_EXTRA = 4
+# The same with the weight in fp32 and the activations in e (Hugging Face's LlamaRMSNorm on bf16
+# input with an fp32 parameter, as Liger-Kernel's benchmark runs it): the weight's product writes
+# fp32 (e + 4 where 2e); backward, the fp32 output's gradient is cast up first (e + 4), the
+# product's input gradient is fp32 (8) and cast down (4 + e), the weight's gradient reads the fp32
+# gradient (product 8 + e, sum 4): 32 + 3e in 8 kernels, 96 + 4e in 16, 12 + e in 2
+EAGER_RMSNORM_FP32_WEIGHT_FORWARD = (32, 3, 8)
+EAGER_RMSNORM_FP32_WEIGHT_GRAD_INPUT = (96, 4, 16)
+EAGER_RMSNORM_FP32_WEIGHT_GRAD_WEIGHT = (12, 1, 2)
+# The share of the streaming rate these kernels reach over those bytes, (forward, backward), as
+# published: Liger-Kernel's sweep of Hugging Face's LlamaRMSNorm on an A100 (LIGER-BENCH in
+# docs/hardware-sources.md), bf16 input of 2,048 rows, at its widest row (32,768) where the
+# per-kernel overheads weigh least: the bytes of its fp32-weight form at the part's streaming rate
+# over the measured time less those overheads (python benchmarks/memory_kernel_sweep.py prints
+# them; tests/test_memory_kernel_sweep.py holds these to it). The elementwise operators alone
+# stream (0.95-0.97 for relu and its square on an H100, the same sweep); the mean over each row
+# and the per-token kernels between them do not. A property of the code, so the same share on
+# every accelerator.
+EAGER_RMSNORM_BANDWIDTH_SHARE = (0.78, 0.92)
 
 
 def _eager_bytes(part: tuple[int, int, int], elements: float, act_bytes: int) -> tuple[float, int]:
@@ -36,13 +54,19 @@ def _eager_bytes(part: tuple[int, int, int], elements: float, act_bytes: int) ->
     return elements * (fixed + per_act_byte * act_bytes), kernels
 
 
-def eager_rmsnorm_ops(name: str, elements: float, act_bytes: int) -> tuple[Op, Op, Op]:
-    """The eager RMSNorm over ``elements`` activations: (forward, input gradient, weight gradient)."""
+def eager_rmsnorm_ops(name: str, elements: float, act_bytes: int, fp32_weight: bool = False
+                      ) -> tuple[Op, Op, Op]:
+    """The eager RMSNorm over ``elements`` activations: (forward, input gradient, weight gradient),
+    with its weight in the activations' dtype or, with ``fp32_weight``, in fp32."""
+    parts = (EAGER_RMSNORM_FP32_WEIGHT_FORWARD, EAGER_RMSNORM_FP32_WEIGHT_GRAD_INPUT,
+             EAGER_RMSNORM_FP32_WEIGHT_GRAD_WEIGHT) if fp32_weight else \
+        (EAGER_RMSNORM_FORWARD, EAGER_RMSNORM_GRAD_INPUT, EAGER_RMSNORM_GRAD_WEIGHT)
+    forward_share, backward_share = EAGER_RMSNORM_BANDWIDTH_SHARE
     ops = []
-    for suffix, part in (("", EAGER_RMSNORM_FORWARD), (".grad", EAGER_RMSNORM_GRAD_INPUT),
-                         (".grad_params", EAGER_RMSNORM_GRAD_WEIGHT)):
+    for suffix, part, share in zip(("", ".grad", ".grad_params"), parts,
+                                   (forward_share, backward_share, backward_share)):
         moved, kernels = _eager_bytes(part, elements, act_bytes)
-        ops.append(memory_op(f"{name}{suffix}", moved, launches=kernels))
+        ops.append(memory_op(f"{name}{suffix}", moved, launches=kernels, bandwidth_share=share))
     return ops[0], ops[1], ops[2]
 
 
