@@ -140,11 +140,28 @@ def cross_entropy_ops(name: str, n_logits: float, logit_bytes: int, implementati
             memory_op(f"{name}.grad", backward, launches=3 + cast[1]))
 
 
-def cross_entropy_implementation(ctx: LayerContext) -> str:
+def cross_entropy_implementation(layers_impl: str, fusion: bool) -> str:
     """Whose loss the run computes: PyTorch's under plain PyTorch layers, else Megatron's."""
-    if ctx.layers_impl == "pytorch":
+    if layers_impl == "pytorch":
         return "pytorch"
-    return "megatron_fused" if ctx.cross_entropy_fusion else "megatron"
+    return "megatron_fused" if fusion else "megatron"
+
+
+def loss_items(name: str, rows: int, n_logits: float, logit_bytes: int, implementation: str, fp32: bool,
+               tp: int) -> tuple[list[Item], Op, float]:
+    """The loss over ``rows`` rows of ``n_logits`` logits on this rank (classes split over ``tp``):
+    (forward items, backward op, bytes kept for the backward: the log-softmax)."""
+    forward, grad = cross_entropy_ops(name, n_logits, logit_bytes, implementation, fp32)
+    items: list[Item] = [forward]
+    if tp > 1:
+        # max, sum of exponentials and target logit are all-reduced over the vocab shards (as
+        # torchtitan's loss_parallel does for PyTorch's loss); Megatron's fused path all-reduces the
+        # last two as one tensor
+        reductions = (("max", 1), ("target_and_sum", 2)) if implementation == "megatron_fused" \
+            else (("max", 1), ("sum", 1), ("target", 1))
+        items += [collective(f"{name}.all_reduce_{what}", "all-reduce", "tp", rows * 4 * count)
+                  for what, count in reductions]
+    return items, grad, n_logits * (4 if fp32 or implementation != "pytorch" else logit_bytes)
 
 
 def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weights: bool,
@@ -165,25 +182,17 @@ def head_block(ctx: LayerContext, vocab_local: int, norm_params: int, with_weigh
     if ctx.tp > 1 and ctx.sequence_parallel:
         gather = collective("head.all_gather", "all-gather", "tp", ctx.activation_message)
         forward.append(gather)
-    n_logits = tokens * vocab_local
-    implementation = cross_entropy_implementation(ctx)
-    ce, ce_grad = cross_entropy_ops("head.cross_entropy", n_logits, e, implementation, ctx.fp32_loss)
-    forward += [logits, ce]
-    if ctx.tp > 1:
-        # max, sum of exponentials and target logit are all-reduced over the vocab shards (as
-        # torchtitan's loss_parallel does for PyTorch's loss); Megatron's fused path all-reduces the
-        # last two as one tensor
-        reductions = (("max", 1), ("target_and_sum", 2)) if implementation == "megatron_fused" \
-            else (("max", 1), ("sum", 1), ("target", 1))
-        forward += [collective(f"head.cross_entropy.all_reduce_{what}", "all-reduce", "tp", tokens * 4 * count)
-                    for what, count in reductions]
+    implementation = cross_entropy_implementation(ctx.layers_impl, ctx.cross_entropy_fusion)
+    loss, ce_grad, softmax_bytes = loss_items("head.cross_entropy", tokens, tokens * vocab_local, e, implementation,
+                                              ctx.fp32_loss, ctx.tp)
+    forward += [logits, *loss]
     combined, input_only, weight_only = column_backward(ctx, "head.logits", dgrad, wgrad, gather)
     norm_in, norm_w = norm_grad(ctx, "head.norm")
     params = norm_params * ctx.hidden + (vocab_local * ctx.hidden if with_weights else 0)
     # final norm input, LM-head input (as the norm hands it over: 1/tp of the tokens under
     # sequence parallelism, gathered again for the weight gradient) and the softmax the cross
-    # entropy keeps (fp32 unless PyTorch's loss runs on the logits as they are)
-    saved = 2 * ctx.norm_tokens * ctx.hidden * e + n_logits * (4 if ctx.fp32_loss else e)
+    # entropy keeps
+    saved = 2 * ctx.norm_tokens * ctx.hidden * e + softmax_bytes
     # kept for a split backward's weight pass: the logits GEMM's input as it arrives (1/tp of the
     # tokens under sequence parallelism, gathered again there) and the logits' gradient
     wbuf = (ctx.norm_tokens * ctx.hidden + tokens * vocab_local) * e

@@ -49,7 +49,8 @@ def stack_env(scenario: Scenario, layout: Layout) -> StackEnv:
                     gemm_in_bytes=gemm_bytes, wgrad_accumulate_bytes=training.grad_bytes,
                     tp_overlap_backward=training.tp_comm_overlap_backward,
                     tp_overlap_forward=training.tp_comm_overlap,
-                    layers_impl=training.layers_impl)
+                    layers_impl=training.layers_impl, cross_entropy_fusion=training.cross_entropy_fusion,
+                    fp32_loss=training.fp32_loss)
 
 
 def _join(pieces: list[BlockWork]) -> BlockWork:

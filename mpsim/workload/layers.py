@@ -27,8 +27,7 @@ from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_ba
                                    linear, param_tensors, present, residual_grad, scattered_gemm, tp_collectives,
                                    weight_pass_regather)
 from mpsim.workload.norms import norm_grad_ops
-from mpsim.workload.embedding import (CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, CROSS_ENTROPY_FWD_BYTES_PER_LOGIT,
-                                      embedding_block)
+from mpsim.workload.embedding import cross_entropy_implementation, embedding_block, loss_items
 from mpsim.workload.ops import Item, Op, collective, memory_op
 from mpsim.workload.recurrent import recurrent_work
 
@@ -47,6 +46,8 @@ class StackEnv:
     tp_overlap_backward: bool = True
     tp_overlap_forward: bool = False
     layers_impl: str = "local"  # LayerContext.layers_impl
+    cross_entropy_fusion: bool = False  # LayerContext.cross_entropy_fusion
+    fp32_loss: bool = True  # LayerContext.fp32_loss
 
     @property
     def grad_accumulation_fused(self) -> bool:
@@ -289,18 +290,15 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
 
 
 def _cross_entropy(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
-    """Softmax cross entropy over fp32 logits; on classes split over TP, Megatron's vocab-parallel form."""
+    """Softmax cross entropy as the LM head's (``loss_items``); on classes split over TP, the
+    vocab-parallel form."""
     classes, tokens = placed.in_shape[-1], tokens_of(placed.in_shape)
     rows = env.microbatch_size * tokens
-    logits = rows * (classes // env.tp if mode == "vocab" else classes)
-    e = env.act_bytes
-    forward: list[Item] = [memory_op(f"{placed.label}", logits * (e + CROSS_ENTROPY_FWD_BYTES_PER_LOGIT))]
-    if mode == "vocab" and env.tp > 1:
-        # max, sum of exponentials and target logit are all-reduced over the class shards
-        forward += [collective(f"{placed.label}.all_reduce_{what}", "all-reduce", "tp", rows * 4)
-                    for what in ("max", "sum", "target")]
-    grad = memory_op(f"{placed.label}.grad", logits * (e + CROSS_ENTROPY_BWD_BYTES_PER_LOGIT))
-    return BlockWork(tuple(forward), (grad,), (grad,), (), saved_bytes=float(logits * 4))
+    split = mode == "vocab" and env.tp > 1
+    implementation = cross_entropy_implementation(env.layers_impl, env.cross_entropy_fusion)
+    forward, grad, kept = loss_items(placed.label, rows, rows * (classes // env.tp if split else classes),
+                                     env.act_bytes, implementation, env.fp32_loss, env.tp if split else 1)
+    return BlockWork(tuple(forward), (grad,), (grad,), (), saved_bytes=float(kept))
 
 
 def _custom(env: StackEnv, placed: PlacedLayer, layer: CustomLayer) -> BlockWork:
