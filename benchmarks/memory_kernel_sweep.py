@@ -15,6 +15,12 @@ priced here by the same function the step calls:
   form the benchmark runs, its weight an fp32 parameter (38 bytes per element forward and
   118 backward, which ``tests/test_eager_norm.py`` holds to PyTorch's dispatch, where a
   bf16 weight moves 36 and 96);
+* ``fused_add_rms_norm`` / ``huggingface``: the same eager RMSNorm after a residual add,
+  both in fp32 over 2,048 rows, on the H100 (the benchmark's ``NaiveAddRMSNorm`` at its
+  2026-04 version), priced at the eager RMSNorm's shares over the bytes its code moves
+  (``ADD_RMSNORM_FP32``: 40 per element forward in 7 kernels, 128 backward in 17, which
+  ``tests/test_memory_kernel_sweep.py`` holds to PyTorch's dispatch): the check of those
+  shares, read on the A100, on another part;
 * ``megatron_rms_norm`` / ``torch``: ``torch.nn.RMSNorm`` on bf16, 4,096 tokens; its
   times show a fused kernel (a composite of operators would move ten times the bytes),
   priced as the fused norm above (the ``megatron`` provider, ``WrappedTorchNorm``, returns
@@ -81,12 +87,17 @@ from mpsim.cost.compute import ComputeModel  # noqa: E402
 from mpsim.specs.catalog import load_accelerator  # noqa: E402
 from mpsim.workload.embedding import cross_entropy_ops  # noqa: E402
 from mpsim.workload.mlp import FFN_ACTIVATIONS, PLAIN_FFN_ACTIVATIONS, activation_ops  # noqa: E402
-from mpsim.workload.norms import eager_rmsnorm_ops, norm_grad_ops  # noqa: E402
+from mpsim.workload.norms import EAGER_RMSNORM_BANDWIDTH_SHARE, eager_rmsnorm_ops, norm_grad_ops  # noqa: E402
 from mpsim.workload.ops import Op, memory_op  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "liger_kernels.csv"
 ACCELERATORS = {"A100": "a100-sxm-80gb", "H100": "h100-sxm-80gb"}
 DTYPE_BYTES = {"torch.float32": 4, "torch.bfloat16": 2}
+# the benchmark's NaiveAddRMSNorm on fp32 input (x + r, then the eager RMSNorm with an fp32 weight,
+# returning both the normed sum and the sum; the casts to fp32 are no-ops): (bytes per element of
+# the input, kernels) forward and backward, the backward from both outputs' gradients, the sum's
+# gradient copied for the second input
+ADD_RMSNORM_FP32 = ((40, 7), (128, 17))
 # backward rows that time a forward and a backward together (module docstring)
 BACKWARD_INCLUDES_FORWARD = ("megatron_rms_norm", "megatron_swiglu", "megatron_cross_entropy")
 
@@ -96,7 +107,7 @@ def shape(row: dict) -> tuple[int, int, int]:
     config = json.loads(row["config"])
     x = int(row["x_value"])
     kernel = row["kernel"]
-    if kernel in ("layer_norm", "rms_norm", "relu_squared"):
+    if kernel in ("layer_norm", "rms_norm", "relu_squared", "fused_add_rms_norm"):
         return config["M"], x, DTYPE_BYTES[config["dtype"]]
     if kernel == "cross_entropy":  # B x T rows of fp32 logits
         return config["B"] * config["T"], x, 4
@@ -115,6 +126,10 @@ def priced_ops(row: dict, backward: bool) -> list[Op]:
             return [memory_op("norm", elements * element * 2)]
         grad_input, grad_params = norm_grad_ops("norm", elements, element, "pytorch")
         return grad_input + grad_params
+    if kernel == "fused_add_rms_norm":
+        moved, kernels = ADD_RMSNORM_FP32[backward]
+        return [memory_op("add_norm", elements * moved, launches=kernels,
+                          bandwidth_share=EAGER_RMSNORM_BANDWIDTH_SHARE[backward])]
     if kernel == "rms_norm":  # the benchmark's weight is an fp32 parameter
         forward, grad_input, grad_weight = eager_rmsnorm_ops("norm", elements, element, fp32_weight=True)
         return [grad_input, grad_weight] if backward else [forward]

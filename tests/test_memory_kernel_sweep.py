@@ -9,17 +9,19 @@ import pytest
 from mpsim.workload.embedding import CROSS_ENTROPY_BANDWIDTH_SHARE, FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE
 from mpsim.workload.norms import EAGER_RMSNORM_BANDWIDTH_SHARE
 from tests.conftest import load_benchmark
+from tests.test_eager_norm import VIEWS
 
 
 def test_every_row_is_priced_with_a_line_per_family(capsys):
     module = load_benchmark("memory_kernel_sweep")
     module.main()
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1].startswith("rows=101 mean_abs_error_pct=")
+    assert lines[-1].startswith("rows=113 mean_abs_error_pct=")
     for label, count in (("A100 layer_norm huggingface forward", 5), ("A100 rms_norm huggingface backward", 6),
                          ("H100 relu_squared torch forward", 8), ("H100 megatron_swiglu torch backward", 6),
                          ("H100 megatron_cross_entropy megatron-fused backward", 6),
-                         ("A100 cross_entropy huggingface full", 6)):
+                         ("A100 cross_entropy huggingface full", 6),
+                         ("H100 fused_add_rms_norm huggingface backward", 6)):
         assert any(line.startswith(f"{label}: rows={count} ") for line in lines), label
 
 
@@ -68,3 +70,47 @@ def test_pytorchs_cross_entropy_streams_its_passes_over_a_vocabulary_wide_row():
             assert predicted == pytest.approx(module.measured_s(row, table), rel=0.07), row
             checked += 1
     assert checked == 6
+
+
+def test_the_add_and_norm_bytes_are_what_pytorch_dispatches():
+    """The benchmark's NaiveAddRMSNorm on fp32 input, counted the way tests/test_eager_norm.py counts
+    torchtitan's RMSNorm: every tensor as large as the input that a dispatched kernel reads or writes."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    tokens, hidden = 64, 256
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels, self.bytes = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in VIEWS:
+                self.kernels += 1
+                self.bytes += sum(t.numel() * t.element_size() for t in tree_flatten((args, kwargs, out))[0]
+                                  if isinstance(t, torch.Tensor) and t.numel() >= tokens * hidden)
+            return out
+
+    weight = torch.nn.Parameter(torch.ones(hidden))
+
+    def naive_add_rms_norm(hidden_states, residual):  # the benchmark's module, as a function
+        dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32) + residual.to(torch.float32)
+        residual = hidden_states
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + 1e-6)
+        return weight * hidden_states.to(dtype), residual.to(dtype)
+
+    x, r = (torch.randn(tokens, hidden, requires_grad=True) for _ in range(2))
+    with Count() as forward:
+        y, s = naive_add_rms_norm(x, r)
+    grads = (torch.randn_like(y), torch.randn_like(s))
+    with Count() as backward:
+        torch.autograd.backward((y, s), grads)
+    module = load_benchmark("memory_kernel_sweep")
+    elements = tokens * hidden
+    assert (forward.bytes / elements, forward.kernels) == module.ADD_RMSNORM_FP32[0]
+    assert (backward.bytes / elements, backward.kernels) == module.ADD_RMSNORM_FP32[1]
