@@ -35,8 +35,10 @@ FUSED_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 8
 # streaming rate over the measured time less those overheads (python
 # benchmarks/memory_kernel_sweep.py prints them; tests/test_memory_kernel_sweep.py holds these to
 # it). The eager steps' row reductions (max, sum over the vocabulary) and the compiled functions'
-# split reductions do not stream; the eager pass over the same bytes is the faster per byte. A
-# property of the code, so the same share on every accelerator.
+# split reductions do not stream; the eager pass over the same bytes is the faster per byte. Taken
+# as the code's on every accelerator, as no other part's sweep of these functions was found (the
+# eager RMSNorm's shares, read the same way on an A100, price an H100 chain of the same operators
+# within about a tenth: mpsim/workload/norms.py).
 CROSS_ENTROPY_BANDWIDTH_SHARE = (0.83, 0.89)
 FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE = (0.64, 0.54)
 # PyTorch's own loss, F.cross_entropy, in elements of the dtype it runs in per logit (fp32 after
@@ -46,10 +48,10 @@ FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE = (0.64, 0.54)
 # cunn_SoftMaxForward) reads the row three times (max, sum of exponentials, the output pass) and
 # writes it once (4); nll_loss reads one logit per token. The sweep below reads three passes at
 # 32,768 fp32 logits a row and more (128 KB); narrower rows (16,384 and fewer) ran as kernels
-# that keep the row on chip, which language-model vocabularies in fp32 do not get. Backward: nll_loss's backward zero-fills the gradient (1)
-# and scatters one value per token; log_softmax's backward (cunn_SoftMaxBackward) sums the
-# incoming gradient over the row, then reads it and the output and writes the gradient (4).
-# Liger-Kernel's A100 sweep of torch.nn.CrossEntropyLoss on fp32 logits runs these bytes at the
+# that keep the row on chip, which language-model vocabularies in fp32 do not get. Backward:
+# nll_loss's backward zero-fills the gradient (1) and scatters one value per token;
+# log_softmax's backward (cunn_SoftMaxBackward) sums the incoming gradient over the row, then
+# reads it and the output and writes the gradient (4). Liger-Kernel's A100 sweep of torch.nn.CrossEntropyLoss on fp32 logits runs these bytes at the
 # streaming rate (benchmarks/memory_kernel_sweep.py), so no share below it.
 TORCH_CROSS_ENTROPY_FWD_ELEMENTS_PER_LOGIT = 4
 TORCH_CROSS_ENTROPY_BWD_ELEMENTS_PER_LOGIT = 5
