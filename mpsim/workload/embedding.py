@@ -51,8 +51,9 @@ FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE = (0.64, 0.54)
 # that keep the row on chip, which language-model vocabularies in fp32 do not get. Backward:
 # nll_loss's backward zero-fills the gradient (1) and scatters one value per token;
 # log_softmax's backward (cunn_SoftMaxBackward) sums the incoming gradient over the row, then
-# reads it and the output and writes the gradient (4). Liger-Kernel's A100 sweep of torch.nn.CrossEntropyLoss on fp32 logits runs these bytes at the
-# streaming rate (benchmarks/memory_kernel_sweep.py), so no share below it.
+# reads it and the output and writes the gradient (4). Liger-Kernel's A100 sweep of
+# torch.nn.CrossEntropyLoss on fp32 logits runs these bytes at the streaming rate
+# (benchmarks/memory_kernel_sweep.py), so no share below it.
 TORCH_CROSS_ENTROPY_FWD_ELEMENTS_PER_LOGIT = 4
 TORCH_CROSS_ENTROPY_BWD_ELEMENTS_PER_LOGIT = 5
 CROSS_ENTROPY_IMPLEMENTATIONS = ("megatron", "megatron_fused", "pytorch")
