@@ -43,9 +43,9 @@ priced here by the same function the step calls:
   backward's gradient into the last one's (read both, write one fp32 value per logit),
   which the script prices beside the backward.
 
-Forward rows time the forward alone. Backward rows of the families timed through
-Liger's ``run_speed_benchmark`` (``layer_norm``, ``rms_norm``, ``relu_squared``) time
-``y.backward(dy)`` alone; those of the ``megatron_*`` families time a forward, a sum over
+Forward rows time the forward alone. Backward rows of ``layer_norm``, ``rms_norm``,
+``relu_squared`` and ``fused_add_rms_norm`` time the backward alone, from a retained
+graph; those of the ``megatron_*`` families time a forward, a sum over
 its output and the backward from it, and the script takes the backward as that row less
 the forward row of the same shape. The sum's gradient is one value broadcast over the
 output, so such a backward reads no output gradient from memory and the sum reads the
@@ -65,9 +65,9 @@ RMSNorm (``EAGER_RMSNORM_BANDWIDTH_SHARE`` in ``mpsim/workload/norms.py``): read
 largest vocabulary and the widest row, so those rows are in sample there and the smaller
 shapes check only how the time scales; every other row is out of sample.
 
-Prints measured and predicted microseconds and the error per row, the streaming
-fraction each family reaches at its largest shape (mpsim's time over the measured), a
-line per GPU, family, provider and pass, and last ``rows=<n> mean_abs_error_pct=<x>
+Prints measured and predicted microseconds and the error per row, the share of the
+streaming rate each family reached at its largest shape (over the bytes mpsim counts for
+it, less its per-kernel overheads), a line per GPU, family, provider and pass, and last ``rows=<n> mean_abs_error_pct=<x>
 mean_signed_error_pct=<y>`` (negative: mpsim prices the kernel faster than it ran).
 
 Usage: python benchmarks/memory_kernel_sweep.py
