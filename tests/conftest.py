@@ -54,6 +54,34 @@ def load_benchmark(name: str) -> ModuleType:
     return sys.modules[name]
 
 
+# ops that make a view of a tensor (no kernel), left out of dispatch counts
+VIEW_OPS = {"view", "_unsafe_view", "expand", "t", "transpose", "detach", "alias", "as_strided", "squeeze",
+            "unsqueeze", "slice", "select", "permute", "reshape", "split", "split_with_sizes"}
+
+
+def dispatch_counter(min_numel: int):
+    """A context that counts what PyTorch dispatches inside it: ``kernels`` (every op but views)
+    and ``bytes`` (of each tensor of at least ``min_numel`` elements a kernel reads or writes)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels, self.bytes = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in VIEW_OPS:
+                self.kernels += 1
+                self.bytes += sum(t.numel() * t.element_size() for t in tree_flatten((args, kwargs, out))[0]
+                                  if isinstance(t, torch.Tensor) and t.numel() >= min_numel)
+            return out
+
+    return Count()
+
+
 def uniform_input(schedule: Schedule, forward_s: float = 1.0, backward_s: float = 2.0, weight_s: float | None = None,
                   transfer_s: float = 0.0, **options) -> EngineInput:
     """Engine input where every stage costs the same (the closed-form bubble setting)."""

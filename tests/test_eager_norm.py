@@ -20,14 +20,11 @@ from mpsim.workload import build_workload
 from mpsim.workload.norms import (EAGER_RMSNORM_FORWARD, EAGER_RMSNORM_FP32_WEIGHT_FORWARD,
                                   EAGER_RMSNORM_FP32_WEIGHT_GRAD_INPUT, EAGER_RMSNORM_FP32_WEIGHT_GRAD_WEIGHT,
                                   EAGER_RMSNORM_GRAD_INPUT, EAGER_RMSNORM_GRAD_WEIGHT, EAGER_RMSNORM_SAVED_EXTRA)
-from tests.conftest import SCENARIOS
+from tests.conftest import SCENARIOS, dispatch_counter
 
 LLAMA8 = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
 PLAIN = ("training.transformer_impl=pytorch",)
 TOKENS, HIDDEN = 64, 256
-# ops that make a view of a tensor (no kernel)
-VIEWS = {"view", "_unsafe_view", "expand", "t", "transpose", "detach", "alias", "as_strided", "squeeze",
-         "unsqueeze", "slice", "select", "permute", "reshape", "split", "split_with_sizes"}
 
 
 def dispatched(act_bytes: int, fp32_weight: bool = False) -> dict[str, tuple[int, float]]:
@@ -35,22 +32,6 @@ def dispatched(act_bytes: int, fp32_weight: bool = False) -> dict[str, tuple[int
     for torchtitan's RMSNorm (torchtitan/models/norms.py) forward and backward, its weight in the
     input's dtype or in fp32 (as Hugging Face's LlamaRMSNorm keeps it in Liger-Kernel's benchmark)."""
     torch = pytest.importorskip("torch")
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.kernels, self.bytes = 0, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func.overloadpacket.__name__ not in VIEWS:
-                self.kernels += 1
-                tensors = tree_flatten((args, kwargs, out))[0]
-                self.bytes += sum(t.numel() * t.element_size() for t in tensors
-                                  if isinstance(t, torch.Tensor) and t.numel() >= TOKENS * HIDDEN)
-            return out
 
     class RMSNorm(torch.nn.Module):
         def __init__(self, dtype):
@@ -66,9 +47,9 @@ def dispatched(act_bytes: int, fp32_weight: bool = False) -> dict[str, tuple[int
     norm = RMSNorm(torch.float32 if fp32_weight else dtype)
     x = torch.randn(TOKENS, HIDDEN, dtype=dtype, requires_grad=True)
     grad = torch.randn(TOKENS, HIDDEN, dtype=dtype)
-    with Count() as forward:
+    with dispatch_counter(TOKENS * HIDDEN) as forward:
         y = norm(x)
-    with Count() as backward:
+    with dispatch_counter(TOKENS * HIDDEN) as backward:
         y.backward(grad)
     elements = TOKENS * HIDDEN
     return {"forward": (forward.kernels, forward.bytes / elements),

@@ -8,8 +8,7 @@ import pytest
 
 from mpsim.workload.embedding import CROSS_ENTROPY_BANDWIDTH_SHARE, FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE
 from mpsim.workload.norms import EAGER_RMSNORM_BANDWIDTH_SHARE
-from tests.conftest import load_benchmark
-from tests.test_eager_norm import VIEWS
+from tests.conftest import dispatch_counter, load_benchmark
 
 
 def test_every_row_is_priced_with_a_line_per_family(capsys):
@@ -76,23 +75,7 @@ def test_the_add_and_norm_bytes_are_what_pytorch_dispatches():
     """The benchmark's NaiveAddRMSNorm on fp32 input, counted the way tests/test_eager_norm.py counts
     torchtitan's RMSNorm: every tensor as large as the input that a dispatched kernel reads or writes."""
     torch = pytest.importorskip("torch")
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
     tokens, hidden = 64, 256
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.kernels, self.bytes = 0, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func.overloadpacket.__name__ not in VIEWS:
-                self.kernels += 1
-                self.bytes += sum(t.numel() * t.element_size() for t in tree_flatten((args, kwargs, out))[0]
-                                  if isinstance(t, torch.Tensor) and t.numel() >= tokens * hidden)
-            return out
 
     weight = torch.nn.Parameter(torch.ones(hidden))
 
@@ -105,10 +88,10 @@ def test_the_add_and_norm_bytes_are_what_pytorch_dispatches():
         return weight * hidden_states.to(dtype), residual.to(dtype)
 
     x, r = (torch.randn(tokens, hidden, requires_grad=True) for _ in range(2))
-    with Count() as forward:
+    with dispatch_counter(tokens * hidden) as forward:
         y, s = naive_add_rms_norm(x, r)
     grads = (torch.randn_like(y), torch.randn_like(s))
-    with Count() as backward:
+    with dispatch_counter(tokens * hidden) as backward:
         torch.autograd.backward((y, s), grads)
     module = load_benchmark("memory_kernel_sweep")
     elements = tokens * hidden
