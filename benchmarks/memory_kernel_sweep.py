@@ -115,9 +115,10 @@ def shape(row: dict) -> tuple[int, int, int]:
     return config["S"] * config["B"], x, 2
 
 
-def priced_ops(row: dict, backward: bool) -> list[Op]:
+def priced_ops(row: dict) -> list[Op]:
     """The ops a step of mpsim prices for this row's kernel and pass (a ``full`` row: both passes
     and the gradient's accumulation)."""
+    backward = row["mode"] == "backward"
     tokens, width, element = shape(row)
     elements = tokens * width
     kernel, provider = row["kernel"], row["provider"]
@@ -142,14 +143,24 @@ def priced_ops(row: dict, backward: bool) -> list[Op]:
         return [cross_entropy_ops("ce", elements, element, implementation)[backward]]
     if kernel == "cross_entropy":
         forward, grad = cross_entropy_ops("ce", elements, element, "pytorch")
-        if row["mode"] != "full":
-            return [grad] if backward else [forward]
-        return [forward, grad, memory_op("accumulate_grad", elements * 3 * element)]
+        if row["mode"] == "full":
+            return [forward, grad, memory_op("accumulate_grad", elements * 3 * element)]
+        return [grad] if backward else [forward]
     raise ValueError(f"{DATA.name}: no pricing for kernel {kernel!r}")
 
 
 def rows() -> list[dict]:
     return list(csv.DictReader(DATA.open()))
+
+
+def models() -> dict[str, ComputeModel]:
+    """The compute model of each GPU the rows name."""
+    return {gpu: ComputeModel(load_accelerator(name), "bf16") for gpu, name in ACCELERATORS.items()}
+
+
+def label(row: dict) -> str:
+    """The group a row is summarised in: GPU, family, provider and pass."""
+    return f"{row['gpu']} {row['kernel']} {row['provider']} {row['mode']}"
 
 
 def measured_s(row: dict, table: list[dict]) -> float:
@@ -165,7 +176,7 @@ def measured_s(row: dict, table: list[dict]) -> float:
 def streaming_share(model: ComputeModel, row: dict, table: list[dict]) -> float:
     """The share of the streaming rate the row's kernels reached over the bytes mpsim counts for
     them: those bytes at ``efficiency.memory`` over the measured time less the per-kernel overheads."""
-    ops = priced_ops(row, row["mode"] == "backward")
+    ops = priced_ops(row)
     streaming_s = sum(op.bytes / model.memory_bandwidth for op in ops)
     fixed_s = sum(model.overhead_s * op.launches for op in ops)
     return streaming_s / (measured_s(row, table) - fixed_s)
@@ -174,39 +185,36 @@ def streaming_share(model: ComputeModel, row: dict, table: list[dict]) -> float:
 def largest_shape_shares(table: list[dict] | None = None) -> dict[str, float]:
     """:func:`streaming_share` at each GPU, family, provider and pass's largest shape."""
     table = rows() if table is None else table
-    models = {gpu: ComputeModel(load_accelerator(name), "bf16") for gpu, name in ACCELERATORS.items()}
+    by_gpu = models()
     largest: dict[str, tuple[int, float]] = {}
     for row in table:
         tokens, width, _ = shape(row)
-        label = f"{row['gpu']} {row['kernel']} {row['provider']} {row['mode']}"
-        if tokens * width >= largest.get(label, (0, 0.0))[0]:
-            largest[label] = (tokens * width, streaming_share(models[row["gpu"]], row, table))
-    return {label: share for label, (_, share) in largest.items()}
+        if tokens * width >= largest.get(label(row), (0, 0.0))[0]:
+            largest[label(row)] = (tokens * width, streaming_share(by_gpu[row["gpu"]], row, table))
+    return {group: share for group, (_, share) in largest.items()}
 
 
 def main() -> None:
     table = rows()
-    models = {gpu: ComputeModel(load_accelerator(name), "bf16") for gpu, name in ACCELERATORS.items()}
+    by_gpu = models()
     groups: dict[str, list[float]] = {}
     errors: list[float] = []
     print(f"{'gpu':5s} {'kernel':23s} {'provider':17s} {'pass':8s} {'shape':>13s} {'measured':>10s} "
           f"{'predicted':>10s} {'error':>7s}")
     for row in table:
-        backward = row["mode"] == "backward"
-        model = models[row["gpu"]]
+        model = by_gpu[row["gpu"]]
         measured = measured_s(row, table)
-        predicted = sum(model.time(op) for op in priced_ops(row, backward))
+        predicted = sum(model.time(op) for op in priced_ops(row))
         error = 100 * (predicted - measured) / measured
-        label = f"{row['gpu']} {row['kernel']} {row['provider']} {row['mode']}"
-        groups.setdefault(label, []).append(error)
+        groups.setdefault(label(row), []).append(error)
         errors.append(error)
         tokens, width, _ = shape(row)
         print(f"{row['gpu']:5s} {row['kernel']:23s} {row['provider']:17s} {row['mode']:8s} "
               f"{f'{tokens}x{width}':>13s} {measured * 1e6:9.1f}u {predicted * 1e6:9.1f}u {error:+6.1f}%")
     print("\nshare of the streaming rate (efficiency.memory) each family reached at its largest shape, over "
           "the bytes mpsim counts for it and less its per-kernel overheads:")
-    for label, share in largest_shape_shares(table).items():
-        print(f"  {label}: {share:.3f}")
+    for group, share in largest_shape_shares(table).items():
+        print(f"  {group}: {share:.3f}")
     print_error_summaries(groups, errors)
 
 
