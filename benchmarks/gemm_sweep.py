@@ -6,10 +6,14 @@ behind its matmul cost interpolator: bf16, K from 256 to 4,096 at M, N of 2,048 
 4,096, timed from kernel traces), EleutherAI's A100 torch.mm sweeps (K = 4,096: three
 shapes of its M sweep and two sweeps of the output width N, 64 to 448 at M = 27,648 and
 1,536 to 6,144 at M = 2,304; timed with a synchronize after every call, so small shapes
-carry launch time; the files print M x N x K with N the reduction), and the MAMF rows of
+carry launch time; the files print M x N x K with N the reduction), the same repository's
+A100 torch.bmm sweeps (square GEMMs of 1,024 to 8,192 at batch 1 to 64, and M = N up to
+8,192 at a reduction of 4,096; each shape's slowest of 200 synchronized calls, the calls
+of at least 100 us kept; the files print b x M x K x N; calls of 9 ms and more ran where
+the A100's clock had given way, which mpsim does not price: docs/accuracy.md), and the MAMF rows of
 the ml-engineering book, whose value is the accelerator file's ``efficiency.gemm``: those
-rows are in-sample and marked so. Every published row is a short benchmark (a cool GPU at its
-top clock) and is priced so, without ``efficiency.sustained_compute``. This project's H200
+rows are in-sample and marked so. Every published row is priced as a short benchmark (a cool
+GPU at its top clock), without ``efficiency.sustained_compute``. This project's H200
 readings (``benchmarks/hopper_kernels.py``: the dgxc layers' GEMMs after a minute of load,
 and a few as ten-call bursts, in bf16 and, as Transformer Engine runs them, in fp8) are priced as they ran: bursts cool, loaded GEMMs at the
 sustained rate; the loaded twins of the burst shapes set that rate (in bf16
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 from mpsim.cost.compute import ComputeModel
@@ -100,7 +105,7 @@ def main() -> None:
         measured = float(row["tflops"])
         predicted = predicted_tflops(models[key], batch, m, n, k, dtype)
         error = 100 * (predicted - measured) / measured
-        source = row["source"].split(" ")[0] + (f" {dtype} {load}" if row["source"].startswith("HOPPER") else "")
+        source = source_label(row["source"]) + (f" {dtype} {load}" if row["source"].startswith("HOPPER") else "")
         # in-sample: the MAMF rows set efficiency.gemm; the loaded/burst ratio of the H200 burst
         # shapes sets efficiency.sustained_compute and, in fp8, sustained_compute_fp8 (their loaded rows)
         in_sample = "MAMF" in row["source"] or row.get("sets_sustained", False)
@@ -111,6 +116,14 @@ def main() -> None:
         print(f"{gpu:9s} {dtype:5s} {batch:2d} {m:6d} {n:6d} {k:6d} {load:6s} {measured:9.1f} {predicted:9.1f} "
               f"{error:+6.1f}%  {label}")
     print_error_summaries(by_source, out_of_sample)
+
+
+def source_label(source: str) -> str:
+    """A row's group: its source's first word, and for EleutherAI's sweeps the call they time
+    (``torch.mm`` or ``torch.bmm``), whose timings differ (a mean of the calls, the slowest call)."""
+    label = source.split(" ")[0]
+    call = re.search(r"\((torch\.\w+)", source)
+    return f"{label} {call.group(1)}" if label == "EleutherAI/cookbook" and call else label
 
 
 def print_error_summaries(groups: dict[str, list[float]], overall: list[float]) -> None:
