@@ -24,6 +24,13 @@ def test_every_measured_shape_is_priced(capsys):
     bmm = [row for row in cookbook if "(torch.bmm " in row["source"]]
     assert len(bmm) == 59 and len(cookbook) == 79
     assert any(line.startswith("EleutherAI/cookbook torch.bmm: rows=59 ") for line in lines)
+    # printed again by the length of one call: the 16 calls of 9 ms and more, where the clock had
+    # given way, are each priced faster than they ran
+    long_calls = next(line for line in lines if line.startswith("EleutherAI/cookbook torch.bmm, calls of 9 ms"))
+    assert "rows=16 " in long_calls
+    abs_error, signed_error = (float(part.split("=")[1]) for part in long_calls.split()[-2:])
+    assert abs_error == signed_error > 0
+    assert any(line.startswith("EleutherAI/cookbook torch.bmm, calls under 9 ms: rows=43 ") for line in lines)
     seconds = [2 * int(r["batch"]) * int(r["m"]) * int(r["n"]) * int(r["k"]) / (float(r["tflops"]) * 1e12)
                for r in bmm]
     assert min(seconds) >= 100e-6
