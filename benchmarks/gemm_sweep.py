@@ -123,8 +123,9 @@ def main() -> None:
             # the batched sweep's long calls ran where the A100's clock had given way
             # (docs/accuracy.md): its rows again, by the length of one call
             call_s = 2.0 * batch * m * n * k / (measured * 1e12)
-            by_source.setdefault(f"{label}, calls {'of' if call_s >= LONG_CALL_S else 'under'} 9 ms"
-                                 f"{' and more' if call_s >= LONG_CALL_S else ''}", []).append(error)
+            long_call = f"{LONG_CALL_S * 1e3:g} ms"
+            length = f"calls of {long_call} and more" if call_s >= LONG_CALL_S else f"calls under {long_call}"
+            by_source.setdefault(f"{label}, {length}", []).append(error)
         if not in_sample:
             out_of_sample.append(error)
         print(f"{gpu:9s} {dtype:5s} {batch:2d} {m:6d} {n:6d} {k:6d} {load:6s} {measured:9.1f} {predicted:9.1f} "
