@@ -79,6 +79,9 @@ class Table:
     build: Callable[[Path], list[Case]]
     extra_columns: tuple[tuple[str, str], ...] = ()  # (header, key of Prediction.extra)
     assumptions: tuple[str, ...] = ()  # fields the source left out, printed under the table
+    # a rate (samples per second), where more is faster: its error's sign is turned so that +
+    # means slower than the run in every table, as it does for a time
+    higher_is_faster: bool = False
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

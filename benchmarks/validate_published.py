@@ -45,8 +45,11 @@ The Zero Bubble tables are built in ``published_zero_bubble.py``; what every tab
 (rows, predictions, pricing a step or a stage) is in ``published_common.py``.
 
 Each table compares like with like: step time where the source printed step time,
-throughput where it printed throughput; error = (predicted - measured) / measured in
-percent. Beside each row is where the predicted step went, in seconds of the step (ms of
+throughput where it printed throughput. The error is that of the table's own quantity in
+percent, signed by the direction in time so that a sign means the same in every table and
+in the last line: + the prediction is slower than the run (a longer time, or fewer samples
+per second), - faster. A time's error is (predicted - measured) / measured; a throughput's
+is (measured - predicted) / measured, the same size with its sign turned. Beside each row is where the predicted step went, in seconds of the step (ms of
 the layer for Table 4), from the Summary (``mpsim/results/metrics.py``, docs/json.md), as
 a mean over pipeline ranks: compute (the ranks' actions less the TP/CP/EP collectives and
 ZeRO gathers exposed in them), bubble (idle time of fill, drain and stage imbalance:
@@ -139,7 +142,7 @@ def zb_throughput_table(number: int, what: str, build, memory: bool, by_size: bo
     columns = (("step s", "step_s"),) + ((("GB meas", "mem_meas"), ("GB pred", "mem_pred")) if memory else ())
     return Table(f"Qi et al. 2024 (Zero Bubble), Table {number}: {what}, the authors' Megatron-LM fork on A100",
                  "samples/s per GPU", "samples/s/GPU", "s", build, columns,
-                 ZB_ASSUMPTIONS + (ZB_MORE_ASSUMPTIONS if by_size else ()))
+                 ZB_ASSUMPTIONS + (ZB_MORE_ASSUMPTIONS if by_size else ()), higher_is_faster=True)
 
 
 TABLES: dict[str, Table] = {
@@ -200,6 +203,8 @@ def run_case(case: Case) -> Result:
         return Result(case.table, case.label, case.measured, None, None, {}, {}, case.notes,
                       f"{type(exc).__name__}: {exc}")
     error = 100 * (prediction.value - case.measured) / case.measured
+    if ALL_TABLES[case.table].higher_is_faster:
+        error = -error  # more samples per second is faster: + stays "slower than the run" in every table
     return Result(case.table, case.label, case.measured, prediction.value, error, prediction.breakdown,
                   prediction.extra, case.notes)
 
@@ -299,6 +304,8 @@ def print_table(name: str, results: list[Result]) -> None:
     print(f"== {name}: {table.title}")
     print(f"   measured / predicted: {table.quantity} ({table.unit}); breakdown in {table.breakdown_unit} of the "
           f"predicted {PREDICTED_UNIT.get(name, 'step')}")
+    formula = "(measured - predicted)" if table.higher_is_faster else "(predicted - measured)"
+    print(f"   error: {formula} / measured; + the prediction is slower than the run, - faster")
     for assumption in table.assumptions:
         print(f"   assumed: {assumption}")
     width = max([len(r.label) for r in results] + [13])

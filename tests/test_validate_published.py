@@ -69,6 +69,28 @@ def test_quick_peak_memory_error_does_not_grow(harness, quick_results, table):
     assert stats["mean_abs_error_pct"] <= QUICK_PEAK_MEMORY_MEAN_ABS_ERROR_PCT[table] + TOLERANCE_PCT, (table, stats)
 
 
+def test_error_sign_means_slower_than_the_run_in_every_table(harness):
+    # a prediction 10 % faster than the run reads -10 % whether the table prints a time (step
+    # time: predicted below measured) or a rate (samples per second: predicted above measured),
+    # so the last line's mean signed error adds like with like
+    common = harness.published_common
+
+    def row(table, measured, predicted):
+        case = common.Case(table, "row", measured, lambda: common.Prediction(predicted, {}))
+        return harness.run_case(case).error_pct
+
+    assert harness.ALL_TABLES["zero_bubble_table4"].higher_is_faster
+    assert not harness.ALL_TABLES["dgxc_v24.11"].higher_is_faster
+    assert row("dgxc_v24.11", 10.0, 9.0) == pytest.approx(-10.0)
+    assert row("zero_bubble_table4", 10.0, 11.0) == pytest.approx(-10.0)
+    assert row("korthikanti_table5", 10.0, 11.0) == pytest.approx(10.0)
+    assert row("zero_bubble_table6", 10.0, 9.0) == pytest.approx(10.0)
+    # every throughput table is marked, and only those
+    rates = {name for name, table in harness.ALL_TABLES.items() if table.higher_is_faster}
+    assert rates == {name for name, table in harness.ALL_TABLES.items() if table.quantity == "samples/s per GPU"}
+    assert len(rates) == 6
+
+
 def test_zero_bubble_layer_split_follows_the_fork(harness):
     # --allow-padding-num-layers: first and last chunk one layer fewer (Qi et al. 2024, Table 3)
     assert harness.published_zero_bubble.zero_bubble_split(22, 8, 1) == [2, 3, 3, 3, 3, 3, 3, 2]
