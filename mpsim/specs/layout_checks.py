@@ -1,0 +1,179 @@
+"""The combinations of a scenario that a framework refuses at start-up, each as one line.
+
+Pydantic checks each field on its own; the checks here take several fields together, as
+Megatron-LM and Transformer Engine do when a run starts: tensor parallelism must divide the
+heads and the FFN and stay inside a node, context parallelism must split the sequence,
+fp8 needs Transformer Engine, a deferred LM-head gradient needs a pipeline that drains it.
+Each violation is an :class:`InputError` naming the field to change and how; the layout
+(``layout.py``) runs them before it resolves the sizes.
+"""
+
+from __future__ import annotations
+
+from mpsim.errors import InputError
+from mpsim.schedules.generators import microbatch_group_problem
+from mpsim.schedules.registry import GROUPED, canonical_name
+from mpsim.specs.scenario import Scenario
+from mpsim.specs.stack import LayerStackSpec
+from mpsim.specs.stack_tp import plan_tensor_parallel
+
+
+def fail(field: str, message: str) -> InputError:
+    return InputError(message, field=field)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0 and d <= 64)
+
+
+def check_microbatch_groups(scenario: Scenario, num_microbatches: int) -> None:
+    """Megatron-Core's microbatch groups: its interleaved schedule only, a size it accepts."""
+    plan = scenario.parallel
+    group = plan.microbatch_group_size
+    if group is None:
+        return
+    field = "parallel.microbatch_group_size"
+    if plan.schedule.startswith("file:") or canonical_name(plan.schedule) not in GROUPED:
+        raise fail(field, f"orders Megatron-Core's interleaved schedule ({', '.join(GROUPED)}); "
+                          f"parallel.schedule is {plan.schedule} (leave it unset)")
+    problem = microbatch_group_problem(plan.pp, num_microbatches, group)
+    if problem:
+        raise fail(field, problem)
+
+
+def check_tensor_parallel(scenario: Scenario) -> None:
+    """The model splits over ``tp`` (heads and FFN, or every layer of a stack); TP groups stay inside a node."""
+    plan, model, system = scenario.parallel, scenario.model, scenario.cluster.system
+    tp = plan.tp
+    if isinstance(model, LayerStackSpec):
+        # every layer needs a split at this tp (an LSTM has none); errors name the layer
+        plan_tensor_parallel(model, tp, plan.sequence_parallel and tp > 1)
+    else:
+        _check_transformer(scenario)
+    if tp > system.devices_per_node and not plan.allow_tp_across_nodes:
+        per_node = system.devices_per_node
+        raise fail("parallel.tp", f"tp={tp} spans more than one {system.name} node ({per_node} "
+                                  f"device{'s' if per_node != 1 else ''}); lower tp or set "
+                                  f"parallel.allow_tp_across_nodes: true")
+    if tp <= system.devices_per_node and system.devices_per_node % tp and not plan.allow_tp_across_nodes:
+        raise fail("parallel.tp", f"tp={tp} does not divide the {system.devices_per_node} devices of a node, so "
+                                  f"some TP groups would straddle two nodes; use one of "
+                                  f"{_divisors(system.devices_per_node)}")
+    if model.moe is not None and tp > 1 and not plan.sequence_parallel:
+        raise fail("parallel.sequence_parallel", "mixture-of-experts layers with tp > 1 route sequence-parallel "
+                                                 "shards of the tokens (as Megatron requires); set it to true")
+    if scenario.training.tp_comm_overlap and tp > 1 and not plan.sequence_parallel:
+        raise fail("training.tp_comm_overlap", "overlaps the sequence-parallel all-gathers and reduce-scatters "
+                                               "(Megatron-Core requires --sequence-parallel for --tp-comm-overlap); "
+                                               "set parallel.sequence_parallel: true")
+
+
+def check_context_parallel(scenario: Scenario) -> None:
+    """The sequence splits into the chunks context parallelism needs (and the heads, for all-to-all)."""
+    plan, model = scenario.parallel, scenario.model
+    tp, cp = plan.tp, plan.cp
+    if cp == 1:
+        return
+    if isinstance(model, LayerStackSpec):
+        raise fail("parallel.cp", "context parallelism splits a transformer's sequence; layer stacks need cp=1")
+    if scenario.training.attention != "flash":
+        raise fail("parallel.cp", "context parallelism needs the fused attention kernel; set training.attention: flash")
+    chunks = 2 * cp if plan.cp_comm != "all-to-all" else cp
+    if model.seq_length % chunks:
+        raise fail("parallel.cp", f"context parallelism splits the sequence into {chunks} chunks (load-balanced "
+                                  f"for the causal mask), but seq_length={model.seq_length} is not divisible")
+    if plan.cp_comm == "all-to-all" and model.num_attention_heads % (tp * cp):
+        raise fail("parallel.cp", f"all-to-all (Ulysses) context parallelism splits the heads over tp x cp = "
+                                  f"{tp * cp}, which does not divide num_attention_heads={model.num_attention_heads}")
+    if plan.sequence_parallel and (model.seq_length // cp) % tp:
+        raise fail("parallel.sequence_parallel", f"the {model.seq_length // cp} tokens of a context-parallel "
+                                                 f"rank do not split over tp={tp}")
+
+
+def check_deferred_head_wgrad(scenario: Scenario) -> None:
+    """Megatron-Core defers the LM head's weight gradients only where its pipeline drains them:
+    a transformer's head, pipeline parallelism, its 1F1B and interleaved schedules, and
+    gradients reduced once per step."""
+    if not scenario.training.defer_embedding_wgrad:
+        return
+    plan, field = scenario.parallel, "training.defer_embedding_wgrad"
+    if isinstance(scenario.model, LayerStackSpec):
+        raise fail(field, "defers a transformer's LM-head weight gradients; a layer stack has no LM head")
+    if plan.pp == 1:
+        raise fail(field, "defers the LM head's weight gradients into the pipeline drain and needs parallel.pp > 1, "
+                          "as Megatron-Core does")
+    if canonical_name(plan.schedule) not in ("1f1b", "interleaved-1f1b"):
+        raise fail(field, f"Megatron-Core defers the LM head's weight gradients in its 1F1B and interleaved "
+                          f"schedules, not in parallel.schedule={plan.schedule}")
+    if plan.zero_stage >= 2:
+        raise fail(field, f"ZeRO-{plan.zero_stage} reduces every microbatch's gradients; the deferral needs them "
+                          f"reduced once per step (zero_stage 0 or 1)")
+
+
+def check_userbuffers_sms(scenario: Scenario) -> None:
+    """Userbuffers SMs fewer than the accelerator has (they take effect with training.tp_comm_overlap;
+    without it NeMo ignores its ub_tp_comm_overlap_cfg, and so does mpsim)."""
+    training, field = scenario.training, "training.tp_comm_overlap_sms"
+    units = scenario.cluster.system.accelerator.compute_units
+    for site, sms in training.tp_comm_overlap_sms.items():
+        if units and sms >= units:
+            raise fail(field, f"{site} takes {sms} SMs, but the accelerator has {units} (compute_units)")
+
+
+def check_dtype(scenario: Scenario) -> None:
+    accelerator = scenario.cluster.system.accelerator
+    if scenario.training.fp8_params and scenario.training.dtype != "fp8":
+        raise fail("training.fp8_params", f"keeps the weights in fp8, which needs training.dtype: fp8 "
+                                          f"(got {scenario.training.dtype})")
+    training = scenario.training
+    if training.transformer_impl in ("local", "pytorch") and (training.dtype == "fp8" or training.tp_comm_overlap):
+        needs = "dtype: fp8" if training.dtype == "fp8" else "tp_comm_overlap"
+        raise fail("training.transformer_impl", f"{training.transformer_impl} cannot run training.{needs}, which "
+                                                f"only Transformer Engine implements; use transformer_engine")
+    if training.cross_entropy_fusion and training.layers_impl == "pytorch":
+        raise fail("training.cross_entropy_fusion", "true runs Megatron-Core's fused cross entropy, which needs "
+                                                    "Megatron's layers; transformer_impl pytorch computes the loss "
+                                                    "with PyTorch's cross_entropy")
+    if not training.fp32_loss and training.layers_impl != "pytorch":
+        raise fail("training.fp32_loss", f"false runs PyTorch's cross_entropy in the compute dtype; "
+                                         f"transformer_impl {training.layers_impl} computes Megatron's cross "
+                                         f"entropy, always on an fp32 copy of the logits")
+    if training.fused_norm is False and scenario.model.norm != "rmsnorm":
+        raise fail("training.fused_norm", f"false prices RMSNorm's PyTorch operators; model.norm is "
+                                          f"{scenario.model.norm}, which PyTorch runs as one kernel each way")
+    kernel = training.attention_kernel
+    if kernel is not None:
+        if training.attention != "flash":
+            raise fail("training.attention_kernel", f"{kernel!r} picks a fused attention kernel, but "
+                                                    f"training.attention is {training.attention}")
+        if accelerator.efficiency.attention_kernel(kernel) is None:
+            known = [sweep.id for sweep in accelerator.efficiency.attention_kernels() if sweep.id]
+            carried = f"it carries {', '.join(known)}" if known else "it carries no measured attention kernel"
+            raise fail("training.attention_kernel", f"{accelerator.name} has no measured sweep of {kernel!r}; "
+                                                    f"{carried}")
+    if scenario.training.dtype not in accelerator.peak_flops:
+        raise fail("training.dtype", f"{scenario.training.dtype} has no peak_flops entry for {accelerator.name}; "
+                                     f"use one of {', '.join(accelerator.peak_flops)}")
+
+
+def _check_transformer(scenario: Scenario) -> None:
+    """The transformer's tensor- and sequence-parallel rules (heads, FFN, sequence over tp)."""
+    plan, model, tp = scenario.parallel, scenario.model, scenario.parallel.tp
+
+    # the sizes to suggest split the query heads, the key/value heads and the FFN alike
+    fitting = [d for d in range(1, model.kv_heads + 1)
+               if model.num_attention_heads % d == 0 and model.kv_heads % d == 0 and model.ffn_hidden_size % d == 0]
+    suggestion = ", ".join(map(str, fitting))
+    if model.num_attention_heads % tp:
+        raise fail("parallel.tp", f"tp={tp} does not divide model.num_attention_heads={model.num_attention_heads}; "
+                                  f"use one of {suggestion}")
+    if model.kv_heads % tp:
+        raise fail("parallel.tp", f"tp={tp} does not divide the model's {model.kv_heads} key/value heads "
+                                  f"(num_query_groups); use one of {suggestion}")
+    if model.ffn_hidden_size % tp:
+        raise fail("parallel.tp", f"tp={tp} does not divide model.ffn_hidden_size={model.ffn_hidden_size}; "
+                                  f"use one of {suggestion}")
+    if plan.sequence_parallel and model.seq_length % tp:
+        raise fail("parallel.sequence_parallel",
+                   f"sequence parallelism splits the sequence over tp={tp}, but seq_length={model.seq_length} "
+                   f"is not divisible by it")
