@@ -49,8 +49,9 @@ throughput where it printed throughput. The error is that of the table's own qua
 percent, signed by the direction in time so that a sign means the same in every table and
 in the last line: + the prediction is slower than the run (a longer time, or fewer samples
 per second), - faster. A time's error is (predicted - measured) / measured; a throughput's
-is (measured - predicted) / measured, the same size with its sign turned. Beside each row is where the predicted step went, in seconds of the step (ms of
-the layer for Table 4), from the Summary (``mpsim/results/metrics.py``, docs/json.md), as
+is (measured - predicted) / measured, the same size with its sign turned. Beside each row
+is where the predicted step went, in seconds of the step (ms of the layer for Table 4),
+from the Summary (``mpsim/results/metrics.py``, docs/json.md), as
 a mean over pipeline ranks: compute (the ranks' actions less the TP/CP/EP collectives and
 ZeRO gathers exposed in them), bubble (idle time of fill, drain and stage imbalance:
 ``bubble_s - bubble_comm_s``), exposed TP, CP, PP (``exposed_pp_comm_s``) and DP
