@@ -4,8 +4,11 @@ Pydantic checks each field on its own; the checks here take several fields toget
 Megatron-LM and Transformer Engine do when a run starts: tensor parallelism must divide the
 heads and the FFN and stay inside a node, context parallelism must split the sequence,
 fp8 needs Transformer Engine, a deferred LM-head gradient needs a pipeline that drains it.
-Each violation is an :class:`InputError` naming the field to change and how; the layout
-(``layout.py``) runs them before it resolves the sizes.
+A layer stack gets its own rules instead of the transformer's head and FFN rules: every
+layer must have a tensor-parallel split at the chosen ``tp`` (``stack_tp.py``). Each
+violation is an :class:`InputError` naming the field to change and how; the layout
+(``layout.py``) runs them as it resolves the sizes, the microbatch-group check once it
+knows the microbatch count.
 """
 
 from __future__ import annotations
