@@ -25,6 +25,7 @@ from mpsim.resolve import resolve
 from mpsim.schedules import Schedule, ScheduleError, build_schedule, is_searched, search_outline
 from mpsim.schedules.actions import Overlapped
 from mpsim.schedules.deferral import defer_head_weight_grads
+from mpsim.schedules.unshard import mark_unsharding
 from mpsim.schedules.zb_search import SEARCHED, StageTimes
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
@@ -249,7 +250,7 @@ def overlapped_param_gather_s(workload: Workload, schedule: Schedule, model: Cos
     # FSDP under torch.distributed.pipelining gathers each chunk unit by unit, dispatched at the
     # start of the rank's list: its schedules open with UNSHARD actions for the first stages they
     # compute (_add_unshard_reshard in torch/distributed/pipelining/schedules.py)
-    fsdp = layout.fsdp_whole_step
+    fsdp = layout.fsdp_pipelined
     if not fsdp and (not training.overlap_param_gather or layout.zero_stage not in (1, 2)):
         return 0.0
     aligned = layout.vpp > 1 or fsdp
@@ -312,8 +313,7 @@ def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel,
             if isinstance(item, Overlapped):
                 key = duration_key(item)
                 if key not in costs:
-                    costs[key] = overlapped_cost(costs[(item.forward.stage, "F")],
-                                                 costs[(item.backward.stage, item.backward.kind)],
+                    costs[key] = overlapped_cost(costs[duration_key(item.forward)], costs[duration_key(item.backward)],
                                                  overlap=model.scenario.training.overlap_paired_passes)
     return costs
 
@@ -338,6 +338,8 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     model = CostModel(scenario, layout)
     if schedule.name in SEARCHED:
         schedule = searched_schedule(schedule, workload, model)
+    if layout.fsdp_unsharding:  # the passes that gather their chunk's parameters first
+        schedule = mark_unsharding(schedule)
     costs = schedule_costs(schedule, workload, model)
     inp = engine_input(scenario, layout, workload, schedule, model, costs)
     timeline = overlap_steps(scenario, inp, engine(inp))

@@ -1,4 +1,6 @@
-"""FSDP under a pipeline schedule keeps each chunk gathered for the step (Layout.fsdp_whole_step)."""
+"""FSDP under a pipeline schedule: gradients reduced once per step (Layout.fsdp_pipelined); without
+resharding after the forward each chunk stays gathered for the step (Layout.fsdp_whole_step), with it
+a pass gathers only where the chunk's parameters were freed (mpsim/schedules/unshard.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,13 @@ import pytest
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import final_grad_buckets
+from mpsim.explore.evaluate import simulate_scenario
 from mpsim.resolve import resolve
 from mpsim.results import summarize
-from mpsim.results.memory import rank_memory
+from mpsim.results.memory import GATHERED_PARAM_BYTES, rank_memory, walk_peak
+from mpsim.schedules import build_schedule
+from mpsim.schedules.actions import Action, Schedule, Unsharding, flat
+from mpsim.schedules.unshard import mark_unsharding
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.workload import build_workload
@@ -17,6 +23,7 @@ from tests.conftest import SCENARIOS
 LLAMA70 = SCENARIOS / "llama3_70b_32xh100.yaml"
 BASE = ("parallel.tp=4",)  # TP 4 x PP 4 x DP 2: a pipeline, and two ranks to shard over
 HELD = (*BASE, "parallel.zero_stage=3", "parallel.reshard_after_forward=false")
+RESHARDING = (*BASE, "parallel.zero_stage=3", "parallel.reshard_after_forward=true")
 
 
 def prepared(*overrides: str):
@@ -40,12 +47,74 @@ def test_under_a_pipeline_no_block_gathers_and_one_reduce_scatter_per_layer_afte
     assert [b[0] for b in scatters] == pytest.approx([(i + 1) / work.layers for i in range(work.layers)])
 
 
-@pytest.mark.parametrize("other", [("parallel.reshard_after_forward=true",),
-                                   ("parallel.pp=1",)])
-def test_resharding_or_no_pipeline_keeps_the_per_microbatch_gathers(other):
-    _, layout, workload, _ = prepared(*HELD, *other)
-    assert not layout.fsdp_whole_step and layout.state_zero_stage == 3
+def test_without_a_pipeline_the_per_microbatch_gathers_stay():
+    _, layout, workload, _ = prepared(*HELD, "parallel.pp=1")
+    assert not layout.fsdp_pipelined and layout.state_zero_stage == 3 and layout.weights_sharded
     assert gathers(workload.stages[0]) > 0
+
+
+def test_resharding_under_a_pipeline_reduces_once_and_prices_the_gathering_passes_apart():
+    _, layout, workload, model = prepared(*RESHARDING)
+    assert layout.fsdp_unsharding and not layout.fsdp_whole_step and layout.state_zero_stage == 1
+    work, gathering = workload.stages[1], workload.unsharding[1]
+    assert gathers(work) == 0 and gathers(gathering) == 2 * work.layers  # its forward's and its backward's
+    releases = [block for passes in (gathering.backward, gathering.backward_input) for block in passes
+                if block.release is not None]
+    assert not releases  # no reduce-scatter per microbatch
+    scatters = [b for b in final_grad_buckets(work, model) if "FSDP grad reduce-scatter" in b[2]]
+    assert len(scatters) == work.layers
+    result = simulate(prepared(*RESHARDING)[0])
+    assert not any("fsdp_reduce_scatter" in bucket.label for buckets in result.engine_input.action_buckets.values()
+                   for bucket in buckets)
+    plain, first = result.costs[(1, "F")], result.costs[(1, "F+gather")]
+    assert first.duration_s > plain.duration_s
+
+
+@pytest.mark.parametrize("name,pp,vpp", [("1f1b", 4, 1), ("interleaved-1f1b", 2, 2), ("zb-h1", 4, 1)])
+def test_each_rank_gathers_once_per_microbatch_and_chunk(name, pp, vpp):
+    # a backward keeps what it gathered, so the forward after it gathers nothing: one gather
+    # per microbatch and chunk (the first forward's is the step's opening gather), where
+    # gathering for both passes would be two
+    microbatches = 8
+    schedule = mark_unsharding(build_schedule(name, pp, vpp, microbatches))
+    for items in schedule.actions:
+        marked = [a for a in flat(items) if type(a) is Unsharding]
+        assert len(marked) == microbatches * vpp
+        assert all(a.kind != "W" for a in marked)
+    assert mark_unsharding(schedule) == schedule  # marking twice changes nothing
+
+
+def test_a_forward_after_its_chunks_backward_gathers_nothing():
+    schedule = mark_unsharding(build_schedule("1f1b", 2, 1, 4))
+    last = [(str(a), type(a) is Unsharding) for a in schedule.actions[1]]
+    assert last == [("1F0", False), ("1B0", True), ("1F1", False), ("1B1", True), ("1F2", False), ("1B2", True),
+                    ("1F3", False), ("1B3", True)]
+
+
+def test_resharding_gathers_more_than_holding_and_holds_less_weight_memory():
+    s_held, layout_held, workload_held, _ = prepared(*HELD)
+    s_re, layout_re, workload_re, _ = prepared(*RESHARDING)
+    held, resharding = simulate(s_held), simulate(s_re)
+    assert summarize(resharding).step_time_s > summarize(held).step_time_s
+    memory_held = rank_memory(s_held, layout_held, held.schedule, workload_held)
+    memory_re = rank_memory(s_re, layout_re, resharding.schedule, workload_re)
+    for a, b in zip(memory_re, memory_held):
+        assert a.weights_bytes == pytest.approx(b.weights_bytes / layout_re.shard_ranks)  # sharded between passes
+        assert a.grads_bytes == pytest.approx(b.grads_bytes)  # accumulated unsharded for the step
+
+
+def test_a_backward_keeps_its_chunks_parameters_in_the_memory_walk():
+    _, layout, workload, _ = prepared(*RESHARDING)
+    # stage 0 alone on rank 0: one forward, then its backward
+    one = Schedule("one", 1, (0,) + (1,) * (layout.num_stages - 1), ((Action(0, "F", 0), Action(0, "B", 0)), ()))
+    params = (workload.stages[0].params + workload.stages[0].expert_params) * GATHERED_PARAM_BYTES
+    activations = workload.stages[0].activation_bytes
+    plain = walk_peak(one, 0, workload)
+    walked = walk_peak(one, 0, workload, unsharding=True)
+    assert plain.bytes == pytest.approx(activations)
+    # gathered at the start, freed by the forward, gathered again by the backward and kept
+    assert walked.bytes == pytest.approx(max(params, activations))
+    assert walked.gathered_params_bytes == pytest.approx(params if params > activations else 0.0)
 
 
 def test_the_step_holds_zero_1_state_and_gathers_once():
@@ -61,3 +130,11 @@ def test_the_step_holds_zero_1_state_and_gathers_once():
         assert a.weights_bytes == pytest.approx(b.weights_bytes)
         assert a.grads_bytes == pytest.approx(b.grads_bytes)
         assert a.optimizer_bytes == pytest.approx(b.optimizer_bytes)
+
+
+@pytest.mark.parametrize("schedule,vpp", [("interleaved-1f1b", 2), ("dualpipev", 2)])
+def test_the_fast_engines_and_the_event_engine_agree_on_gathering_passes(schedule, vpp):
+    s = prepared(*RESHARDING, f"parallel.schedule={schedule}", f"parallel.vpp={vpp}")[0]
+    fast = simulate_scenario(s, engine="fast")
+    assert any(kind.endswith("+gather") for key in fast.costs for kind in key[1::2])
+    assert summarize(fast).step_time_s == summarize(simulate_scenario(s, engine="simpy")).step_time_s

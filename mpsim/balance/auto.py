@@ -59,6 +59,7 @@ def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
     """Weights, gradients and optimizer state of a stage's parameters on one rank."""
     training = scenario.training
     kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage,
+                  shard_weights=layout.weights_sharded,
                   optimizer=training.optimizer)
     return (model_state_bytes(work.params, shard=layout.shard_ranks, **kwargs).total_bytes
             + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes)

@@ -21,6 +21,7 @@ from mpsim.cost.compute import ComputeModel
 from mpsim.cost.devices import RankDevice, pair_system, rank_devices
 from mpsim.cost.groups import group_placements
 from mpsim.cost.segments import BlockPart, Part, Segment, Segments, TemplateOp
+from mpsim.schedules.actions import GATHERING
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.ops import Op, Overlap, Pass
@@ -390,4 +391,15 @@ def stage_costs(workload: Workload, model: CostModel, stage_to_rank: tuple[int, 
                 here.price(work.forward), here.price(work.backward), here.price(work.backward_input),
                 here.price(work.backward_weight, here.weight_pass_slowdown if stage > 0 else 1.0))
         costs[(stage, "F")], costs[(stage, "B")], costs[(stage, "I")], costs[(stage, "W")] = found
+        if workload.unsharding:
+            # the passes that gather the stage's parameters first (mpsim/schedules/unshard.py); a
+            # weight-gradient pass never does
+            gathering = workload.unsharding[stage]
+            key = (id(gathering), stage > 0, id(here))
+            found = priced.get(key)
+            if found is None:
+                found = priced[key] = (here.price(gathering.forward), here.price(gathering.backward),
+                                       here.price(gathering.backward_input))
+            for kind, cost in zip("FBI", found):
+                costs[(stage, kind + GATHERING)] = cost
     return costs

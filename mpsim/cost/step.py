@@ -157,7 +157,7 @@ def final_grad_buckets(work: StageWork, model: CostModel, copy_ranks: tuple[int,
     buckets: tuple[Bucket, ...] = ()
     if layout.zero_stage == 0:
         buckets += _buckets(dense, "all-reduce", "dp", model, "grad all-reduce", copy_ranks, bucketed)
-    elif layout.fsdp_whole_step:
+    elif layout.fsdp_pipelined:
         # FSDP reduce-scatters each unit (a layer) as the chunk's last backward finishes it
         buckets += _buckets(dense, "reduce-scatter", "zero", model, "FSDP grad reduce-scatter", copy_ranks,
                             units=max(1, work.layers))
@@ -291,7 +291,7 @@ def param_gather_exposed_s(work: StageWork, model: CostModel, forward_compute_s:
     the other, while the stage waits ``head_s`` for its first input anyway. A bucket's
     share of the forward is its share of the stage's parameters. The compute beside a gather
     runs on the SMs the gather leaves it (``cost/contention.py``). ``per_layer``: one bucket
-    per layer (FSDP's units, ``Layout.fsdp_whole_step``), each prefetched while the layer
+    per layer (FSDP's units, ``Layout.fsdp_pipelined``), each prefetched while the layer
     before it computes.
     """
     layers = max(1, work.layers)

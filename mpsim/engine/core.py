@@ -29,7 +29,8 @@ import simpy
 from mpsim.engine.dpstream import DPStreams, GradBucket
 from mpsim.engine.links import Flow, SharedLinks
 from mpsim.engine.timeline import ActionRecord, SyncRecord, Timeline, TransferRecord
-from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, completing_items, parts
+from mpsim.schedules.actions import (Action, Item, Overlapped, Schedule, Unsharding, completing_items, parts,
+                                     priced_kind)
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,12 @@ def cyclic_gc_paused():
 
 
 def duration_key(item: Item) -> tuple:
-    """The key of an item's duration in ``EngineInput.action_s``."""
+    """The key of an item's duration in ``EngineInput.action_s``: (stage, kind) for an action,
+    (forward stage, "F", backward stage, backward kind) for an overlapped pair; an action that
+    gathers its parameters first has kind ``"F+gather"`` and so on (``actions.Unsharding``)."""
     if isinstance(item, Overlapped):
-        return (item.forward.stage, "F", item.backward.stage, item.backward.kind)
-    return (item.stage, item.kind)
+        return (item.forward.stage, priced_kind(item.forward), item.backward.stage, priced_kind(item.backward))
+    return (item.stage, priced_kind(item)) if type(item) is Unsharding else (item.stage, item.kind)
 
 
 class _Run:
@@ -180,7 +183,7 @@ class _Run:
         plan = []
         for index, item in enumerate(self.schedule.actions[rank]):
             inputs, outputs = (), ()
-            for action in (item,) if type(item) is Action else (item.forward, item.backward):
+            for action in (item.forward, item.backward) if type(item) is Overlapped else (item,):
                 stage, kind, microbatch = action
                 source, target, duration, buckets = shapes.get((stage, kind)) or shape(stage, kind)
                 if source is not None:
@@ -188,7 +191,7 @@ class _Run:
                 if target is not None:
                     data, after, consumer, link, seconds = target
                     outputs += (((data, after, microbatch), consumer, link, seconds, action),)
-            if type(item) is not Action:  # a pair has a duration and reductions of its own
+            if type(item) is not Action:  # a pair or an unsharding action: a duration and reductions of its own
                 key = duration_key(item)
                 duration, buckets = action_s[key], action_buckets.get(key, ())
             elif duration is None:

@@ -34,8 +34,9 @@ Times agree with the full run's to rounding (an image's time is the short run's 
 cycles, where the full run adds the layers' durations one by one), and so a send wait or a
 reduction no longer than rounding at the step's scale may be recorded in one and not the
 other: ``tests/test_excise.py`` holds the two to each other on random contended inputs.
-Overlapped pairs (DualPipe) and reductions started by every action (ZeRO-2/3) are not cut:
-the whole step runs.
+Overlapped pairs (DualPipe), actions that gather their parameters first (FSDP under a
+pipeline, ``actions.Unsharding``) and reductions started by every action (ZeRO-2/3) are
+not cut: the whole step runs.
 """
 
 from __future__ import annotations

@@ -183,7 +183,9 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     training = scenario.training
     # the deferral rewrites the head stage's actions: a schedule with it is another schedule
     deferral = training.wgrad_deferral_limit if training.defer_embedding_wgrad else None
-    key = (name, layout.pp, layout.vpp, layout.num_microbatches, layout.microbatch_group_size, deferral)
+    # a walk that tracks gathered parameters keeps every state (memfast.LayoutMemory.fullest)
+    whole_walk = layout.fsdp_unsharding
+    key = (name, layout.pp, layout.vpp, layout.num_microbatches, layout.microbatch_group_size, deferral, whole_walk)
     short = None if from_file else SHORTS.get(key)
     if short is None:
         # a schedule of up to a million actions is made and shortened at once; all but the
@@ -191,7 +193,7 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
         with cyclic_gc_paused():
             schedule = schedule_for(scenario, layout, None, cached=False)
             read = ScheduleRead.of(schedule)  # once, for the walk and, without overlapped pairs, the rest
-            walk = ShortWalk.of(schedule, read=read)
+            walk = ShortWalk.of(schedule, shorten=not whole_walk, read=read)
             if read.plain:
                 distinct, counts = distinct_of_read(schedule, read), rank_counts_of_read(schedule, read)
             else:

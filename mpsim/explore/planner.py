@@ -61,6 +61,7 @@ from mpsim.explore.pools import Session
 from mpsim.explore.runner import RunControl, RunReport, run_points
 from mpsim.explore.store import canonical_json
 from mpsim.resolve import resolve
+from mpsim.schedules.unshard import mark_unsharding
 from mpsim.simulate import SimulationResult, engine_input, overlap_steps
 from mpsim.specs.scenario import Scenario
 from mpsim.units import format_need
@@ -255,6 +256,8 @@ class PlanEvaluator:
         scenario, prepared = self._scenario(fields)
         layout, workload, model = prepared.layout, prepared.workload, prepared.model
         schedule = schedule_for(scenario, layout, None)
+        if layout.fsdp_unsharding:  # the passes that gather their chunk's parameters first
+            schedule = mark_unsharding(schedule)
         costs = prepared.schedule_costs(schedule)
         inp = engine_input(scenario, layout, workload, schedule, model, costs)
         try:

@@ -74,14 +74,13 @@ def pass_shares(work: Pass, model: CostModel) -> dict[str, float]:
 def action_shares(result: SimulationResult) -> dict[tuple, dict[str, float]]:
     """Op-kind shares of every duration key of the engine input (stage passes and overlapped pairs)."""
     model = CostModel(result.scenario, result.layout)
-    passes = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
     per_pass: dict[tuple[int, str], dict[str, float]] = {}
 
     def of(stage: int, kind: str) -> dict[str, float]:
         if (stage, kind) not in per_pass:
             # priced on the device the stage runs on (a slow GPU or another part of a mixed cluster)
             here = model.on_rank(result.schedule.stage_to_rank[stage])
-            per_pass[(stage, kind)] = pass_shares(getattr(result.workload.stages[stage], passes[kind]), here)
+            per_pass[(stage, kind)] = pass_shares(result.workload.pass_of(stage, kind), here)
         return per_pass[(stage, kind)]
 
     shares = {}
@@ -90,10 +89,10 @@ def action_shares(result: SimulationResult) -> dict[tuple, dict[str, float]]:
             shares[key] = of(*key)
             continue
         # an overlapped forward+backward pair: the two passes weighted by their own durations
-        forward_s, backward_s = result.costs[(key[0], "F")].duration_s, result.costs[key[2:]].duration_s
+        forward_s, backward_s = result.costs[key[:2]].duration_s, result.costs[key[2:]].duration_s
         total = forward_s + backward_s
         mixed: dict[str, float] = {}
-        for part, weight in ((of(key[0], "F"), forward_s), (of(key[2], key[3]), backward_s)):
+        for part, weight in ((of(*key[:2]), forward_s), (of(*key[2:]), backward_s)):
             for kind, share in part.items():
                 mixed[kind] = mixed.get(kind, 0.0) + share * weight / total
         shares[key] = mixed if total > 0 else {}

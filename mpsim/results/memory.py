@@ -3,7 +3,8 @@
 Categories: weights, gradients and optimizer state (sharded per the ZeRO stage over
 DP x CP ranks), activations as the schedule holds them, temporary communication buffers
 (with FSDP's ``reshard_after_forward`` off: the gathered parameters of every stage with a
-microbatch between its forward and its backward), the memory the process reserves
+microbatch between its forward and its backward; under a pipeline with it on: those of
+every stage whose last pass was a backward), the memory the process reserves
 outside its tensors (CUDA context, cuBLAS workspace, NCCL buffers:
 ``workload.memory.reserved_parts``) and allocator fragmentation.
 
@@ -25,7 +26,7 @@ from mpsim.schedules.actions import Schedule, flat, parts, stages_by_rank
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.memory import model_state_bytes, reserved_parts
-from mpsim.workload.stage_work import Workload
+from mpsim.workload.stage_work import StageWork, Workload
 
 
 # How much more than its allocated peak a real process reserves depends on the run (the
@@ -133,6 +134,11 @@ def held_params(layout: Layout) -> bool:
     return layout.state_zero_stage >= 3 and not layout.reshard_after_forward
 
 
+def _gathered_bytes(work: StageWork) -> float:
+    """Bytes of a stage's parameters gathered whole (bf16)."""
+    return (work.params + work.expert_params) * GATHERED_PARAM_BYTES
+
+
 @dataclass(frozen=True)
 class WalkPeak:
     """The highest point of a rank's walk over its action list, and what is held there."""
@@ -144,18 +150,28 @@ class WalkPeak:
 
 
 def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False,
-              hold_params: bool = False) -> WalkPeak:
+              hold_params: bool = False, unsharding: bool = False) -> WalkPeak:
     """The peak of the rank's action list, as ``WalkPeak``.
 
     The bytes are the activations the schedule holds and, with ``hold_params``, the
     unsharded parameters of every stage that has a microbatch between its forward and its
     backward (FSDP without ``reshard_after_forward``: gathered for the first such forward,
-    freed after the backward that leaves none).
+    freed after the backward that leaves none). With ``unsharding`` (FSDP resharding after
+    the forward under a pipeline, ``Layout.fsdp_unsharding``), the unsharded parameters of
+    every stage whose last pass was a backward, and of each stage before its first forward
+    (gathered at the start of the step): a forward frees them, a backward gathers and
+    keeps them (``mpsim/schedules/unshard.py``).
     """
     level = held = for_weight_grads = 0.0
     in_flight = 0
     best = WalkPeak(0.0, 0, 0.0, 0.0)
     open_forwards: dict[int, int] = {}
+    resident: set[int] = set()
+    if unsharding:
+        resident = {stage for stage, owner in enumerate(schedule.stage_to_rank) if owner == rank}
+        level = held = sum(_gathered_bytes(workload.stages[stage]) for stage in resident)
+        if level > 0:
+            best = WalkPeak(level, 0, held, 0.0)
     for stage, kind, _ in flat(schedule.actions[rank]):
         work = workload.stages[stage]
         delta, count = _activation_deltas(work, kind)
@@ -165,11 +181,20 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
                      "I": work.weight_grad_buffer_bytes - work.layer_activation_bytes}[kind]
         if kind in ("I", "W"):
             for_weight_grads += work.weight_grad_buffer_bytes if kind == "I" else -work.weight_grad_buffer_bytes
+        if unsharding and kind != "W" and (kind == "F") == (stage in resident):
+            params = _gathered_bytes(work)
+            if kind == "F":  # freed after the forward
+                resident.discard(stage)
+                params = -params
+            else:  # gathered for the backward and kept
+                resident.add(stage)
+            held += params
+            delta += params
         if hold_params and count:
             before = open_forwards.get(stage, 0)
             open_forwards[stage] = before + count
             if before == 0 and count > 0 or before + count == 0:
-                params = (work.params + work.expert_params) * GATHERED_PARAM_BYTES
+                params = _gathered_bytes(work)
                 held += params if count > 0 else -params
                 delta += params if count > 0 else -params
         level += delta
@@ -196,7 +221,7 @@ def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
     ctx = workload.context
     gathered_input = ctx.activation_message if layout.tp > 1 and layout.sequence_parallel else 0.0
     largest = max((w.largest_layer_params for w in works), default=0.0)
-    zero3_layers = 2 * largest * GATHERED_PARAM_BYTES if layout.state_zero_stage >= 3 and not held_params(layout) \
+    zero3_layers = 2 * largest * GATHERED_PARAM_BYTES if layout.weights_sharded and not held_params(layout) \
         else 0.0
     return gathered_input + zero3_layers
 
@@ -227,7 +252,8 @@ def rank_states(scenario: Scenario, layout: Layout, stage_to_rank: tuple[int, ..
     capacity = scenario.cluster.system.accelerator.memory.capacity
     # a heterogeneous cluster: each pipeline rank has its own part's memory
     part_of = part_of_pp_ranks(scenario, layout) if scenario.cluster.parts else ()
-    kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage, optimizer=training.optimizer)
+    kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage, optimizer=training.optimizer,
+                  shard_weights=layout.weights_sharded)
     held = stages_by_rank(stage_to_rank, num_ranks)
     # ranks holding the same stage works (one object per kind of stage) on the same memory hold
     # the same state: the middle ranks of a pipeline are computed once
@@ -288,7 +314,7 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
     result = []
     for rank, state in enumerate(rank_states(scenario, layout, schedule.stage_to_rank, schedule.num_ranks,
                                              workload)):
-        walk = peak_of(schedule, rank, workload, hold_params=hold)
+        walk = peak_of(schedule, rank, workload, hold_params=hold, unsharding=layout.fsdp_unsharding)
         layer_peak = activation_walk(schedule, rank, workload, layers_only=True)[0] if layer_peaks else 0.0
         result.append(rank_at_peak(rank, state, walk, reserved_of_rank[rank], fragmentation, layer_peak))
     return result

@@ -37,6 +37,24 @@ class Action(NamedTuple):
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
+class Unsharding(Action):
+    """An action that first all-gathers its stage's sharded parameters (FSDP under a pipeline).
+
+    It prints, compares and unpacks as the plain action; only its price differs
+    (``engine.core.duration_key``). ``mpsim/schedules/unshard.py`` says which actions gather.
+    """
+
+    __slots__ = ()
+
+
+GATHERING = "+gather"  # the suffix of an unsharding action's kind in its duration key
+
+
+def priced_kind(action: Action) -> str:
+    """The kind an action is priced as: its kind, with ``GATHERING`` when it is ``Unsharding``."""
+    return action.kind + GATHERING if type(action) is Unsharding else action.kind
+
+
 class Overlapped(NamedTuple):
     """A forward and a backward of two microbatches run as one overlapped step (DualPipe).
 

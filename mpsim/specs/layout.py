@@ -71,25 +71,53 @@ class Layout:
         return self.zero_shard_size * self.cp
 
     @property
-    def fsdp_whole_step(self) -> bool:
-        """FSDP (ZeRO-3) driven by a pipeline schedule without resharding after the forward.
+    def fsdp_pipelined(self) -> bool:
+        """FSDP (ZeRO-3) driven by a pipeline schedule: gradients reduced once per step.
 
-        torch.distributed.pipelining runs every backward but the last with FSDP's gradient
-        sync and its resharding after the backward turned off (``backward_maybe_with_nosync``
-        in torch/distributed/pipelining/stage.py: ``set_requires_gradient_sync(False)``,
-        ``set_reshard_after_backward(False)``), and torchtitan, as Llama 3, does not reshard
-        after the forward under a pipeline. So each model chunk's parameters are gathered
-        once, before its first forward, and stay gathered for the step; its gradients
-        accumulate unsharded (in the reduce dtype) and are reduce-scattered once, after its
-        last backward. The step's collectives and memory are then ZeRO-1's
-        (``state_zero_stage``).
+        torch.distributed.pipelining runs every backward but a chunk's last with FSDP's
+        gradient sync and its resharding after the backward turned off
+        (``backward_maybe_with_nosync`` in torch/distributed/pipelining/stage.py:
+        ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``), and
+        reduces them after the last (``perform_reduce_grad``). So each chunk's gradients
+        accumulate unsharded (in the reduce dtype) and are reduce-scattered once, layer by
+        layer after its last backward: the step's gradient collectives and gradient memory
+        are ZeRO-1's (``state_zero_stage``). Where its parameters are gathered depends on
+        ``reshard_after_forward``: ``fsdp_whole_step``, or ``mpsim/schedules/unshard.py``.
         """
-        return self.zero_stage >= 3 and self.pp > 1 and not self.reshard_after_forward
+        return self.zero_stage >= 3 and self.pp > 1
+
+    @property
+    def fsdp_whole_step(self) -> bool:
+        """FSDP under a pipeline schedule without resharding after the forward (``fsdp_pipelined``).
+
+        No forward reshards, and no backward but the last, so each chunk's parameters are
+        gathered once, before its first forward, and stay gathered for the step, as
+        torchtitan runs its pipelines by default and as Llama 3 ran: the weights' memory is
+        ZeRO-1's too (``weights_sharded``).
+        """
+        return self.fsdp_pipelined and not self.reshard_after_forward
+
+    @property
+    def fsdp_unsharding(self) -> bool:
+        """FSDP under a pipeline schedule that reshards after the forward (FSDP2's default).
+
+        A forward frees what it gathered; a backward gathers and keeps it, so a forward that
+        follows a backward of its chunk gathers nothing, and a backward gathers only after a
+        forward (``mpsim/schedules/unshard.py`` marks the passes that gather).
+        """
+        return self.fsdp_pipelined and self.reshard_after_forward
 
     @property
     def state_zero_stage(self) -> int:
-        """The ZeRO stage the step's collectives and its memory follow: 1 for ``fsdp_whole_step``."""
-        return 1 if self.fsdp_whole_step else self.zero_stage
+        """The ZeRO stage the step's gradient collectives, gradients and optimizer state follow:
+        1 for ``fsdp_pipelined``."""
+        return 1 if self.fsdp_pipelined else self.zero_stage
+
+    @property
+    def weights_sharded(self) -> bool:
+        """Whether each rank keeps only its shard of the weights between the passes that gather
+        them (ZeRO-3, but not ``fsdp_whole_step``, which keeps them gathered for the step)."""
+        return self.zero_stage >= 3 and not self.fsdp_whole_step
 
     @property
     def expert_dp(self) -> int:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from mpsim.schedules.actions import Overlapped, parts
+from mpsim.schedules.actions import Overlapped, parts, priced_kind
 from mpsim.simulate import SimulationResult
 from mpsim.workload.ops import Op, Overlap, Pass
 
 # mpsim's op kinds as the trace reader's kernel categories
 KIND_CATEGORY = {"gemm": "gemm", "attention": "attention", "memory": "elementwise"}
-PASS_OF_KIND = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 
 
 def _ops_in_order(work: Pass) -> list[tuple[str, Op]]:
@@ -69,7 +68,7 @@ def segment_categories(result: SimulationResult, item, convolutions: frozenset[s
     for what is no op (the fitted per-action overhead)."""
     ops: list[tuple[str, Op]] = []
     for action in parts(item):
-        ops += _ops_in_order(getattr(result.workload.stages[action.stage], PASS_OF_KIND[action.kind]))
+        ops += _ops_in_order(result.workload.pass_of(action.stage, priced_kind(action)))
     found = []
     index = 0
     for segment in result.cost(item).segments:

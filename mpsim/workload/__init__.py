@@ -4,6 +4,8 @@
 layer stack by ``layer_stack.py``, both into the structures of ``stage_work.py``.
 """
 
+from dataclasses import replace
+
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.layer_stack import build_stack_workload
@@ -12,10 +14,13 @@ from mpsim.workload.stages import build_transformer_workload
 
 
 def build_workload(scenario: Scenario, layout: Layout) -> Workload:
-    """Per-stage work for every model chunk of the layout."""
-    if scenario.model.kind == "stack":
-        return build_stack_workload(scenario, layout)
-    return build_transformer_workload(scenario, layout)
+    """Per-stage work for every model chunk of the layout (with FSDP resharding after the forward
+    under a pipeline, also the passes that gather first: ``Workload.unsharding``)."""
+    build = build_stack_workload if scenario.model.kind == "stack" else build_transformer_workload
+    workload = build(scenario, layout)
+    if layout.fsdp_unsharding:
+        workload = replace(workload, unsharding=build(scenario, layout, unsharding=True).stages)
+    return workload
 
 
 __all__ = ["StageWork", "Workload", "build_workload"]

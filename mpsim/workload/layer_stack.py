@@ -124,12 +124,14 @@ def build_stack_stage(units: tuple[UnitWork, ...], options: StageOptions) -> Sta
                      layer_params, activation, w_buffer, largest, layer_activation)
 
 
-def stack_options(scenario: Scenario, layout: Layout) -> StageOptions:
-    """The stage options a stack uses (recompute and ZeRO); the transformer-only ones stay empty."""
+def stack_options(scenario: Scenario, layout: Layout, unsharding: bool = False) -> StageOptions:
+    """The stage options a stack uses (recompute and ZeRO); the transformer-only ones stay empty
+    (``unsharding``: of its passes that gather their parameters first)."""
     return StageOptions(recompute=scenario.parallel.recompute, vocab_local=0, learned_positions=False, norm_params=0,
                         bias=False, tied_embeddings=False, mla=None, moe=None,
-                        shard_params=layout.state_zero_stage >= 3, grad_bytes=scenario.training.grad_bytes,
-                        reshard_after_forward=layout.reshard_after_forward,
+                        shard_params=layout.state_zero_stage >= 3 or unsharding,
+                        grad_bytes=scenario.training.grad_bytes, reshard_after_forward=layout.reshard_after_forward,
+                        scatter_grads=not unsharding,
                         accumulate_grads=scenario.training.layers_impl == "pytorch",
                         recompute_layers=scenario.parallel.recompute_num_layers)
 
@@ -146,13 +148,14 @@ def _widest_context(stack: LayerStackSpec, env: StackEnv) -> LayerContext:
     return env.context(*best)
 
 
-def build_stack_workload(scenario: Scenario, layout: Layout) -> Workload:
-    """Per-stage work of a layer stack for every model chunk of the layout."""
+def build_stack_workload(scenario: Scenario, layout: Layout, unsharding: bool = False) -> Workload:
+    """Per-stage work of a layer stack for every model chunk of the layout (``unsharding``: with
+    every pass gathering its parameters first)."""
     stack = scenario.model
     assert isinstance(stack, LayerStackSpec)
     env = stack_env(scenario, layout)
     units = unit_works(stack, env)
-    options = stack_options(scenario, layout)
+    options = stack_options(scenario, layout, unsharding)
     stages, outputs, cuts = [], [], []
     chains = layout.stage_chains
     scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel

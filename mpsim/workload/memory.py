@@ -47,11 +47,16 @@ class ModelStateBytes:
 
 
 def model_state_bytes(params: float, *, weight_bytes: int = 2, grad_bytes: int = 4, zero_stage: int = 0,
-                      shard: int = 1, optimizer: str = "adam") -> ModelStateBytes:
-    """Mixed-precision training state of ``params`` parameters, sharded per ZeRO stage over ``shard`` ranks."""
+                      shard: int = 1, optimizer: str = "adam", shard_weights: bool | None = None) -> ModelStateBytes:
+    """Mixed-precision training state of ``params`` parameters, sharded per ZeRO stage over ``shard`` ranks.
+
+    ``shard_weights``: whether the weights are sharded where it differs from the ZeRO stage's
+    rule (FSDP under a pipeline: ``Layout.weights_sharded``); None: from ZeRO-3 on.
+    """
     optimizer_bytes = params * OPTIMIZER_BYTES_PER_PARAM[optimizer] / (shard if zero_stage >= 1 else 1)
     grads = params * grad_bytes / (shard if zero_stage >= 2 else 1)
-    weights = params * weight_bytes / (shard if zero_stage >= 3 else 1)
+    sharded = zero_stage >= 3 if shard_weights is None else shard_weights
+    weights = params * weight_bytes / (shard if sharded else 1)
     return ModelStateBytes(params, weights, grads, optimizer_bytes)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from mpsim.schedules.actions import GATHERING
 from mpsim.workload.blocks import LayerContext
 from mpsim.workload.ops import Block, Op, Pass, collective, memory_op
 from mpsim.workload.transformer import MLAShape, MoEShape
@@ -35,6 +36,9 @@ class StageOptions:
     shard_params: bool
     grad_bytes: int  # bytes per gradient element when reduced
     reshard_after_forward: bool = True  # with shard_params: gather the parameters again before the backward
+    # with shard_params: reduce-scatter each backward's gradients; False: they accumulate unsharded and
+    # are reduced once per step (FSDP under a pipeline, Layout.fsdp_pipelined)
+    scatter_grads: bool = True
     # plain PyTorch: each backward adds every weight gradient into .grad (LayerContext.grad_accumulation_fused)
     accumulate_grads: bool = False
     # Megatron-Core's deferred LM-head weight gradients: the head stage's input-gradient pass is its
@@ -79,6 +83,10 @@ class StageWork:
     layer_activation_bytes: float  # of the activations, those of the transformer layers
 
 
+# a pass's field of StageWork by its action kind
+PASS_NAMES = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+
+
 @dataclass(frozen=True)
 class Workload:
     """Every stage's work plus the shapes the cost and memory models need."""
@@ -90,6 +98,16 @@ class Workload:
     # per stage, what crosses the cut after it (its activation forward, the gradient back);
     # empty when every cut carries p2p_bytes (a transformer's layers all have one output size)
     cut_bytes: tuple[float, ...] = ()
+    # FSDP resharding after the forward under a pipeline (Layout.fsdp_unsharding): per stage, the
+    # same work with each pass gathering its parameters first, for the passes that do
+    # (mpsim/schedules/unshard.py); empty otherwise
+    unsharding: tuple[StageWork, ...] = ()
+
+    def pass_of(self, stage: int, kind: str) -> Pass:
+        """A stage's pass by the kind it is priced as: ``F``, ``B``, ``I``, ``W``, or one of the
+        first three with ``+gather`` for the unsharding twin (``engine.core.duration_key``)."""
+        works = self.unsharding if kind.endswith(GATHERING) else self.stages
+        return getattr(works[stage], PASS_NAMES[kind.removesuffix(GATHERING)])
 
     def boundary_bytes(self, stage: int | None) -> float:
         """Bytes of one microbatch sent across the cut after ``stage`` (either way); the largest without one."""
@@ -170,9 +188,12 @@ def unit_blocks(label: str, params: float, forward, backward, backward_input, ba
     gathered for the forward and, when FSDP reshards after the forward (its default), again
     for the backward; with ``reshard_after_forward`` off they stay gathered from the forward
     to the backward, which gathers nothing (the memory report holds them meanwhile). The
-    gradients are scattered after the backward that completes them.
+    gradients are scattered after the backward that completes them, unless
+    ``scatter_grads`` is off (reduced once per step instead).
     """
     gather, release = _fsdp(label, params, options)
+    if not options.scatter_grads:
+        release = None
     again = gather if options.reshard_after_forward else None
     accumulate = accumulate_grads(label, param_tensors, options)
     if accumulate:  # otherwise the layer's own tuples, which its twins share (a pass prices them once)

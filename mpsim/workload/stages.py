@@ -139,8 +139,9 @@ def chunk_amax_reductions(ctx: LayerContext, works: list[LayerWork], rank_layers
             amax_reduction(ctx, "backward", rank_gemms, modules))
 
 
-def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOptions:
-    """The non-shape inputs of every stage of a scenario."""
+def stage_options(scenario: Scenario, layout: Layout, vocab: int, unsharding: bool = False) -> StageOptions:
+    """The non-shape inputs of every stage of a scenario (``unsharding``: of its passes that
+    gather their parameters first, ``Workload.unsharding``)."""
     model, training = scenario.model, scenario.training
     moe = None
     if model.moe is not None:
@@ -154,19 +155,20 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int) -> StageOption
         recompute=scenario.parallel.recompute, vocab_local=vocab // layout.tp,
         learned_positions=model.position_embedding == "learned", norm_params=2 if model.norm == "layernorm" else 1,
         bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
-        shard_params=layout.state_zero_stage >= 3, grad_bytes=training.grad_bytes,
-        reshard_after_forward=layout.reshard_after_forward,
+        shard_params=layout.state_zero_stage >= 3 or unsharding, grad_bytes=training.grad_bytes,
+        reshard_after_forward=layout.reshard_after_forward, scatter_grads=not unsharding,
         accumulate_grads=training.layers_impl == "pytorch",
         defer_head_wgrad=training.defer_embedding_wgrad,
         rank_layers=sum(layout.layers_per_chunk) / layout.pp if training.dtype == "fp8" else 0.0,
         recompute_layers=scenario.parallel.recompute_num_layers)
 
 
-def build_transformer_workload(scenario: Scenario, layout: Layout) -> Workload:
-    """Per-stage work for every model chunk of a transformer's layout."""
+def build_transformer_workload(scenario: Scenario, layout: Layout, unsharding: bool = False) -> Workload:
+    """Per-stage work for every model chunk of a transformer's layout (``unsharding``: with
+    every pass gathering its parameters first)."""
     ctx = layer_context(scenario, layout)
     vocab = padded_vocab(scenario.model.vocab_size, layout.tp)
-    options = stage_options(scenario, layout, vocab)
+    options = stage_options(scenario, layout, vocab, unsharding)
     dense_total = scenario.model.moe.dense_layers if scenario.model.moe else scenario.model.num_layers
     stages = []
     chains = layout.stage_chains
