@@ -12,6 +12,8 @@ from mpsim.engine.longest_path import simulate_fast, supports
 from mpsim.errors import InputError
 from mpsim.explore.bounds import step_lower_bound
 from mpsim.schedules import SCHEDULES, Action, Schedule, ScheduleError, build_schedule
+from mpsim.schedules.actions import GATHERING
+from mpsim.schedules.unshard import mark_unsharding
 from mpsim.simulate import simulate as simulate_scenario
 from mpsim.specs import load_scenario
 from tests.conftest import SCENARIOS
@@ -41,12 +43,18 @@ def engine_inputs(draw):
         schedule = build_schedule(name, pp, vpp, micro, check=True, timer=rank_spans)
     except ScheduleError:
         assume(False)
+    if draw(st.booleans()):  # FSDP under the pipeline: some passes gather their parameters first
+        schedule = mark_unsharding(schedule)
     action_s = {}
     for items in schedule.actions:
         for item in items:
             key = duration_key(item)
             if key not in action_s:
                 action_s[key] = draw(durations)
+    for key in [key for key in action_s if len(key) == 2 and key[1].endswith(GATHERING)]:
+        # a pass that gathers first is the same pass and a gather: never shorter
+        plain = action_s.setdefault((key[0], key[1].removesuffix(GATHERING)), draw(durations))
+        action_s[key] = plain + action_s[key]
     for stage in range(schedule.num_stages):  # the forward of every stage (the bound reads it)
         action_s.setdefault((stage, "F"), draw(durations))
     transfer_s = {}
