@@ -8,7 +8,9 @@ import pytest
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import final_grad_buckets
-from mpsim.explore.evaluate import simulate_scenario
+from mpsim.explore.evaluate import schedule_for, simulate_scenario
+from mpsim.explore.memfast import LayoutMemory, ShortWalk
+from mpsim.explore.plancache import short_schedule
 from mpsim.resolve import resolve
 from mpsim.results import summarize
 from mpsim.results.memory import GATHERED_PARAM_BYTES, rank_memory, walk_peak
@@ -138,3 +140,17 @@ def test_the_fast_engines_and_the_event_engine_agree_on_gathering_passes(schedul
     fast = simulate_scenario(s, engine="fast")
     assert any(kind.endswith("+gather") for key in fast.costs for kind in key[1::2])
     assert summarize(fast).step_time_s == summarize(simulate_scenario(s, engine="simpy")).step_time_s
+
+
+def test_the_planners_memory_check_finds_the_peak_after_a_backward():
+    # short sequences: a chunk's gathered weights outweigh a microbatch's activations, so the
+    # fullest moment follows a backward, which the walk shortened to the states after forwards
+    # would miss
+    s, layout, workload, _ = prepared(*RESHARDING, "model.seq_length=1024")
+    full = schedule_for(s, layout, None)
+    expected = max(rank_memory(s, layout, full, workload), key=lambda m: m.peak_memory_bytes)
+    assert expected.gathered_params_bytes > 0
+    check = LayoutMemory(s, layout, workload)
+    short = short_schedule(s, layout)
+    assert check.fullest(short.idle, short.memory).peak_memory_bytes == expected.peak_memory_bytes
+    assert check.fullest(short.idle, ShortWalk.of(full)).peak_memory_bytes < expected.peak_memory_bytes
