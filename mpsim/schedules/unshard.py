@@ -16,10 +16,10 @@ So in 1F1B's steady phase a forward follows its chunk's backward and gathers not
 while the backward after it gathers again: one gather per microbatch, not two. A chunk's
 first forward finds its parameters gathered at the start of the step (the runtime's
 ``UNSHARD`` actions, or FSDP's pre-forward hook issued while the rank waits for its input),
-which ``simulate.overlapped_param_gather_s`` prices. The torch runtime also frees and
-gathers again a chunk that falls out of its three most recently used
-(``_add_unshard_reshard``'s ``max_active_stages``); with more than three chunks per rank
-those extra gathers are not marked.
+which ``simulate.overlapped_param_gather_s`` prices. The torch runtime also frees a chunk
+that is not among the next three its rank will compute and gathers it again ahead of its
+next pass (``_add_unshard_reshard``'s ``max_active_stages``); with more than three chunks
+per rank those extra gathers are not marked.
 
 Without ``reshard_after_forward`` no pass gathers (``Layout.fsdp_whole_step``), and the
 schedule is left as it is.
