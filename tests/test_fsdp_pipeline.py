@@ -5,6 +5,8 @@ a pass gathers only where the chunk's parameters were freed (mpsim/schedules/uns
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import final_grad_buckets
@@ -14,7 +16,8 @@ from mpsim.explore.plancache import short_schedule
 from mpsim.resolve import resolve
 from mpsim.results import summarize
 from mpsim.results.memory import GATHERED_PARAM_BYTES, rank_memory, walk_peak
-from mpsim.schedules import build_schedule
+from mpsim.engine import rank_spans
+from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.actions import Action, Schedule, Unsharding, flat
 from mpsim.schedules.unshard import mark_unsharding
 from mpsim.simulate import simulate
@@ -84,6 +87,26 @@ def test_each_rank_gathers_once_per_microbatch_and_chunk(name, pp, vpp):
         assert len(marked) == microbatches * vpp
         assert all(a.kind != "W" for a in marked)
     assert mark_unsharding(schedule) == schedule  # marking twice changes nothing
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(sorted(SCHEDULES)), st.integers(1, 5), st.integers(1, 3), st.integers(1, 12))
+def test_every_chunk_gathers_once_per_forward_on_any_schedule(name, pp, vpp, microbatches):
+    # only a forward frees the parameters, and the chunk's next forward, backward or input-gradient
+    # pass gathers them again: as many gathers as forwards, whatever the order, pairs included
+    try:
+        schedule = build_schedule(name, pp, vpp, microbatches, check=True, timer=rank_spans)
+    except ScheduleError:
+        assume(False)
+    marked = mark_unsharding(schedule)
+    assert marked == schedule
+    for items in marked.actions:
+        actions = flat(items)
+        for stage in {a.stage for a in actions}:
+            mine = [a for a in actions if a.stage == stage]
+            assert sum(type(a) is Unsharding for a in mine) == sum(a.kind == "F" for a in mine)
+            assert not any(type(a) is Unsharding for a in mine if a.kind == "W")
+            assert type(mine[0]) is not Unsharding  # gathered at the start of the step
 
 
 def test_a_forward_after_its_chunks_backward_gathers_nothing():
