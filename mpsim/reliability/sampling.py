@@ -10,9 +10,9 @@ pair syncs with ``collective``, the optimizer step with ``memory``.
 
 One draw is made per (stage, pass kind) and per link direction (an overlapped pair, and a
 pass that gathers its parameters first, ``F+gather``, are kinds of their own), and holds
-for every microbatch of the step: the engine prices an action once per (stage, kind), so what is
-modelled is a device, link or group running slow or fast for a whole step (power and
-thermal states, a congested link), not kernel-to-kernel jitter, which would average
+for every microbatch of the step: the engine prices an action once per (stage, kind), so
+what is modelled is a device, link or group running slow or fast for a whole step (power
+and thermal states, a congested link), not kernel-to-kernel jitter, which would average
 out over a step's microbatches. docs/reliability.md states this.
 
 With every coefficient zero no step is re-run: each sample is the simulated step itself,
