@@ -145,3 +145,14 @@ def test_a_calibration_profile_is_named_and_a_link_what_if_it_absorbs_is_noted(t
     assert "note: the calibration profile prices" in captured.err and "faults.slow_link" in captured.err
     assert main(["run", megatron, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration"] is None
+
+
+def test_fsdp_under_a_pipeline_with_more_chunks_than_torch_keeps_gathered_says_so(capsys):
+    # torch's pipeline runtime keeps three of a rank's chunks gathered; mpsim prices one gather
+    # per chunk and step, and with more chunks the command says that the others are not priced
+    base = ["run", SCENARIO, "--json", "--set", "parallel.pp=2", "--set", "parallel.dp=2",
+            "--set", "parallel.zero_stage=3", "--set", "parallel.schedule=interleaved-1f1b"]
+    assert main([*base, "--set", "parallel.vpp=4"]) in (0, 3)
+    assert "note: FSDP under a pipeline with 4 chunks per rank" in capsys.readouterr().err
+    assert main([*base, "--set", "parallel.vpp=2"]) in (0, 3)
+    assert "note: FSDP" not in capsys.readouterr().err

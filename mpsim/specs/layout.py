@@ -250,6 +250,21 @@ def zero_sharding_note(scenario: Scenario, layout: Layout) -> str | None:
     return None
 
 
+# torch.distributed.pipelining's runtime keeps at most this many of a rank's chunks unsharded
+# (_add_unshard_reshard's max_active_stages, torch/distributed/pipelining/schedules.py)
+TORCH_UNSHARDED_CHUNKS = 3
+
+
+def fsdp_chunks_note(layout: Layout) -> str | None:
+    """One line for stderr when FSDP runs under a pipeline with more chunks per rank than
+    torch's pipeline runtime keeps gathered, whose extra gathers mpsim does not price, or None."""
+    if not layout.fsdp_pipelined or layout.vpp <= TORCH_UNSHARDED_CHUNKS:
+        return None
+    return (f"note: FSDP under a pipeline with {layout.vpp} chunks per rank: torch.distributed.pipelining keeps at "
+            f"most {TORCH_UNSHARDED_CHUNKS} of a rank's chunks gathered and gathers the others again before their "
+            f"next pass, which mpsim does not price (docs/parallelism.md)")
+
+
 def _num_microbatches(scenario: Scenario, dp: int) -> int:
     """Microbatches per pipeline per step: the global batch over dp x microbatch size."""
     plan = scenario.parallel
