@@ -257,12 +257,14 @@ TORCH_UNSHARDED_CHUNKS = 3
 
 def fsdp_chunks_note(layout: Layout) -> str | None:
     """One line for stderr when FSDP runs under a pipeline with more chunks per rank than
-    torch's pipeline runtime keeps gathered, whose extra gathers mpsim does not price, or None."""
+    torch's pipeline runtime keeps gathered (it frees the others and gathers them again, which
+    mpsim does not model), or None."""
     if not layout.fsdp_pipelined or layout.vpp <= TORCH_UNSHARDED_CHUNKS:
         return None
     return (f"note: FSDP under a pipeline with {layout.vpp} chunks per rank: torch.distributed.pipelining keeps at "
-            f"most {TORCH_UNSHARDED_CHUNKS} of a rank's chunks gathered and gathers the others again before their "
-            f"next pass, which mpsim does not price (docs/parallelism.md)")
+            f"most {TORCH_UNSHARDED_CHUNKS} of a rank's chunks gathered, freeing the others and gathering them again "
+            f"before their next pass; mpsim models neither the memory freed nor the extra gathers "
+            f"(docs/parallelism.md)")
 
 
 def _num_microbatches(scenario: Scenario, dp: int) -> int:
