@@ -8,6 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from mpsim.balance.auto import partition_problem
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import final_grad_buckets
 from mpsim.explore.evaluate import schedule_for, simulate_scenario
@@ -22,6 +23,7 @@ from mpsim.schedules.actions import Action, Schedule, Unsharding, flat
 from mpsim.schedules.unshard import mark_unsharding
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
+from mpsim.specs.layout import resolve_layout
 from mpsim.workload import build_workload
 from tests.conftest import SCENARIOS
 
@@ -177,3 +179,12 @@ def test_the_planners_memory_check_finds_the_peak_after_a_backward():
     short = short_schedule(s, layout)
     assert check.fullest(short.idle, short.memory).peak_memory_bytes == expected.peak_memory_bytes
     assert check.fullest(short.idle, ShortWalk.of(full)).peak_memory_bytes < expected.peak_memory_bytes
+
+
+def test_auto_balancing_prices_one_gather_per_unit_and_microbatch_when_resharding():
+    # layers_per_stage: auto weighs each layer by its passes; resharding after the forward adds
+    # the gather its backward makes, holding the parameters for the step adds none
+    held, resharding = (partition_problem(s, resolve_layout(s)) for s in
+                        (prepared(*HELD)[0], prepared(*RESHARDING)[0]))
+    assert all(a > b for a, b in zip(resharding.unit_s, held.unit_s))
+    assert resharding.extra_s[0] > held.extra_s[0] and resharding.extra_s[-1] > held.extra_s[-1]

@@ -65,14 +65,15 @@ def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
             + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes)
 
 
-def _unit_stages(scenario: Scenario, layout: Layout) -> tuple[list[StageWork], list[float], StageWork | None,
-                                                               StageWork | None]:
-    """(one-unit stages, bytes a cut after each unit sends, first-stage extra, last-stage extra)."""
+def _unit_stages(scenario: Scenario, layout: Layout, unsharding: bool = False
+                 ) -> tuple[list[StageWork], list[float], StageWork | None, StageWork | None]:
+    """(one-unit stages, bytes a cut after each unit sends, first-stage extra, last-stage extra);
+    ``unsharding``: each pass gathering its parameters first (``Workload.unsharding``)."""
     scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
     if isinstance(scenario.model, LayerStackSpec):
         from mpsim.workload.layer_stack import build_stack_stage, stack_env, stack_options, unit_works
 
-        options = stack_options(scenario, layout)
+        options = stack_options(scenario, layout, unsharding)
         units = unit_works(scenario.model, stack_env(scenario, layout))
         stages = [build_stack_stage((unit,), options) for unit in units]
         sends = [unit.output_bytes / (layout.tp if scatter else 1) for unit in units]
@@ -81,7 +82,7 @@ def _unit_stages(scenario: Scenario, layout: Layout) -> tuple[list[StageWork], l
     from mpsim.workload.stages import build_stage, layer_context, stage_options
 
     ctx = layer_context(scenario, layout)
-    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp))
+    options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp), unsharding)
     model = scenario.model
     dense_layers = model.moe.dense_layers if model.moe else model.num_layers
     stages = [build_stage(ctx, 1, 1 if i < dense_layers else 0, False, False, options)
@@ -96,9 +97,17 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
     """The layer-by-layer costs of a scenario's model as a partition problem."""
     model = CostModel(scenario, layout)
     stages, sends, first, last = _unit_stages(scenario, layout)
+    # FSDP resharding after the forward under a pipeline gathers each unit once per microbatch
+    # (mpsim/schedules/unshard.py): priced as the backward that gathers, after a forward that does not
+    gathering: dict[int, StageWork] = {}
+    if layout.fsdp_unsharding:
+        twins, _, first_twin, last_twin = _unit_stages(scenario, layout, unsharding=True)
+        gathering = {id(work): twin for work, twin in zip([*stages, first, last], [*twins, first_twin, last_twin])
+                     if work is not None}
 
     def seconds(work: StageWork) -> float:
-        return model.price(work.forward).duration_s + model.price(work.backward).duration_s
+        backward = gathering.get(id(work), work).backward
+        return model.price(work.forward).duration_s + model.price(backward).duration_s
 
     parts = layout.num_stages
     same_node = layout.pp > 1 and pipeline_neighbours_share_node(layout, 0, 1)
