@@ -4,6 +4,8 @@ a pass gathers only where the chunk's parameters were freed (mpsim/schedules/uns
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -188,3 +190,17 @@ def test_auto_balancing_prices_one_gather_per_unit_and_microbatch_when_reshardin
                         (prepared(*HELD)[0], prepared(*RESHARDING)[0]))
     assert all(a > b for a, b in zip(resharding.unit_s, held.unit_s))
     assert resharding.extra_s[0] > held.extra_s[0] and resharding.extra_s[-1] > held.extra_s[-1]
+
+
+def test_a_chunks_last_pass_frees_its_parameters_in_the_memory_walk():
+    # two chunks on one rank, one after the other: after the first chunk's last backward its
+    # gradients are reduced and its parameters freed, so the second chunk's forward peaks without them
+    def stage(params: float, activations: float) -> SimpleNamespace:
+        return SimpleNamespace(params=params / GATHERED_PARAM_BYTES, expert_params=0.0,
+                               activation_bytes=activations, weight_grad_buffer_bytes=0.0)
+
+    workload = SimpleNamespace(stages=[stage(10.0, 1.0), stage(5.0, 100.0)])
+    two = Schedule("two", 1, (0, 0), ((Action(0, "F", 0), Action(0, "B", 0), Action(1, "F", 0), Action(1, "B", 0)),))
+    walked = walk_peak(two, 0, workload, unsharding=True)
+    # the start holds both chunks (15); the second forward holds its 100 of activations alone
+    assert walked.bytes == pytest.approx(100.0) and walked.gathered_params_bytes == 0.0

@@ -160,19 +160,23 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
     the forward under a pipeline, ``Layout.fsdp_unsharding``), the unsharded parameters of
     every stage whose last pass was a backward, and of each stage before its first forward
     (gathered at the start of the step): a forward frees them, a backward gathers and
-    keeps them (``mpsim/schedules/unshard.py``).
+    keeps them (``mpsim/schedules/unshard.py``), and the stage's last pass frees them
+    once it ends.
     """
     level = held = for_weight_grads = 0.0
     in_flight = 0
     best = WalkPeak(0.0, 0, 0.0, 0.0)
     open_forwards: dict[int, int] = {}
     resident: set[int] = set()
+    actions = flat(schedule.actions[rank])
+    last_pass: dict[int, int] = {}  # each stage's last backward or weight-gradient pass
     if unsharding:
         resident = {stage for stage, owner in enumerate(schedule.stage_to_rank) if owner == rank}
         level = held = sum(_gathered_bytes(workload.stages[stage]) for stage in resident)
         if level > 0:
             best = WalkPeak(level, 0, held, 0.0)
-    for stage, kind, _ in flat(schedule.actions[rank]):
+        last_pass = {action.stage: index for index, action in enumerate(actions) if action.kind != "F"}
+    for index, (stage, kind, _) in enumerate(actions):
         work = workload.stages[stage]
         delta, count = _activation_deltas(work, kind)
         if layers_only and kind != "W":
@@ -201,6 +205,13 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
         in_flight += count
         if level > best.bytes:
             best = WalkPeak(level, in_flight, held, for_weight_grads)
+        if last_pass.get(stage) == index and stage in resident:
+            # after the chunk's last pass its gradients are reduced and its parameters freed
+            # (perform_reduce_grad, with resharding after the backward back on)
+            resident.discard(stage)
+            params = _gathered_bytes(work)
+            held -= params
+            level -= params
     return best
 
 
