@@ -82,6 +82,21 @@ def dispatch_counter(min_numel: int):
     return Count()
 
 
+def registered_schedule(name: str, pp: int, vpp: int, microbatches: int) -> Schedule:
+    """A registered schedule at sizes a hypothesis test drew, checked; the draw is discarded where
+    the schedule refuses those sizes."""
+    from hypothesis import assume
+
+    from mpsim.engine import rank_spans
+    from mpsim.schedules import ScheduleError, build_schedule
+
+    try:
+        return build_schedule(name, pp, vpp, microbatches, check=True, timer=rank_spans)
+    except ScheduleError:
+        assume(False)
+        raise  # not reached: assume(False) ends the example
+
+
 def uniform_input(schedule: Schedule, forward_s: float = 1.0, backward_s: float = 2.0, weight_s: float | None = None,
                   transfer_s: float = 0.0, **options) -> EngineInput:
     """Engine input where every stage costs the same (the closed-form bubble setting)."""

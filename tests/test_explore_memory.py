@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpsim.engine import rank_spans
@@ -13,6 +13,7 @@ from mpsim.explore.memwalk import distinct_items, memory_schedule
 from mpsim.results.memory import activation_walk
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.actions import flat
+from tests.conftest import registered_schedule
 
 sizes = st.floats(min_value=0.0, max_value=1e9, allow_nan=False, allow_infinity=False)
 
@@ -23,10 +24,7 @@ def schedules(draw):
     low = max(1, getattr(SCHEDULES[name], "min_vpp", 1))
     high = getattr(SCHEDULES[name], "max_vpp", 3) or 3
     pp, vpp, micro = draw(st.integers(1, 6)), draw(st.integers(low, max(low, min(high, 4)))), draw(st.integers(1, 16))
-    try:
-        return build_schedule(name, pp, vpp, micro, check=True, timer=rank_spans)
-    except ScheduleError:
-        assume(False)
+    return registered_schedule(name, pp, vpp, micro)
 
 
 def workload(draw, stages: int) -> SimpleNamespace:

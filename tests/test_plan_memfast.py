@@ -17,10 +17,10 @@ from mpsim.explore.memwalk import memory_schedule
 from mpsim.explore.planbase import apply_fields, base_scenario
 from mpsim.resolve import resolve
 from mpsim.results.memory import rank_memory, walk_peak
-from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
+from mpsim.schedules import SCHEDULES, build_schedule
 from mpsim.schedules.actions import flat
 from mpsim.workload import build_workload
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, registered_schedule
 
 sizes = st.floats(0.0, 1e9, allow_nan=False)
 
@@ -28,10 +28,7 @@ sizes = st.floats(0.0, 1e9, allow_nan=False)
 @settings(max_examples=80, deadline=None)
 @given(st.sampled_from(sorted(SCHEDULES)), st.integers(1, 4), st.integers(1, 3), st.integers(1, 12), st.data())
 def test_array_walk_equals_the_loop(name, pp, vpp, micro, data):
-    try:
-        schedule = build_schedule(name, pp, vpp, micro, check=True, timer=rank_spans)
-    except ScheduleError:
-        assume(False)
+    schedule = registered_schedule(name, pp, vpp, micro)
     stages = [SimpleNamespace(activation_bytes=data.draw(sizes), weight_grad_buffer_bytes=data.draw(sizes))
               for _ in range(schedule.num_stages)]
     workload = SimpleNamespace(stages=stages)
@@ -44,10 +41,7 @@ def test_array_walk_equals_the_loop(name, pp, vpp, micro, data):
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(sorted(SCHEDULES)), st.integers(1, 4), st.integers(1, 3), st.integers(1, 10))
 def test_a_short_walk_gives_back_its_schedule(name, pp, vpp, micro):
-    try:
-        schedule = build_schedule(name, pp, vpp, micro, check=True, timer=rank_spans)
-    except ScheduleError:
-        assume(False)
+    schedule = registered_schedule(name, pp, vpp, micro)
     short = memory_schedule(schedule)
     rebuilt = ShortWalk.of(schedule).schedule()
     assert rebuilt.actions == tuple(tuple(flat(items)) for items in short.actions)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpsim.engine import EngineInput, GradBucket, rank_spans, simulate, simulate_fast, simulate_steady
 from mpsim.engine.core import duration_key
 from mpsim.engine.steady import MAX_PERIOD
-from mpsim.schedules import Action, Schedule, ScheduleError, build_schedule
+from mpsim.schedules import Action, Schedule, build_schedule
+from tests.conftest import registered_schedule
 
 RELATIVE = 1e-9
 PERIODIC = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1")
@@ -27,10 +28,7 @@ def long_inputs(draw, names=PERIODIC):
     pp = draw(st.integers(2, 4))
     vpp = 2 if name == "interleaved-1f1b" else 1
     micro = draw(st.integers(4, 12)) * (pp if name == "interleaved-1f1b" else 1) * 2
-    try:
-        schedule = build_schedule(name, pp, vpp, micro, check=True, timer=rank_spans)
-    except ScheduleError:
-        assume(False)
+    schedule = registered_schedule(name, pp, vpp, micro)
     seconds = st.floats(0.0, 5.0, allow_nan=False)
     action_s = {}
     for items in schedule.actions:
