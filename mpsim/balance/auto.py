@@ -3,8 +3,9 @@
 Each pipeline unit (a transformer layer; a top-level layer or block repetition of a
 stack) is built as a one-unit stage and priced by the real cost model: its forward and
 backward seconds on one rank (under FSDP resharding after the forward in a pipeline, the
-backward that gathers the unit's parameters: one gather per microbatch), the seconds to send its output to the next stage, its
-model-state bytes after ZeRO sharding and its activation bytes per microbatch. The
+backward that gathers the unit's parameters: one gather per microbatch), the seconds to
+send its output to the next stage, its model-state bytes after ZeRO sharding and its
+activation bytes per microbatch. The
 schedule says how many microbatches each stage keeps in flight at its peak (1F1B: ``p``
 on the first stage, 1 on the last), which is what makes the memory budget differ by
 stage. A transformer's embedding and LM head are fixed extras of the first and last
