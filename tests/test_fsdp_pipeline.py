@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from mpsim.balance.auto import partition_problem
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import final_grad_buckets
+from mpsim.engine.core import duration_key
 from mpsim.explore.evaluate import schedule_for, simulate_scenario
 from mpsim.explore.memfast import LayoutMemory, ShortWalk
+from mpsim.explore.memwalk import item_keys
 from mpsim.explore.plancache import short_schedule
 from mpsim.resolve import resolve
 from mpsim.results import summarize
@@ -109,6 +111,14 @@ def test_every_chunk_gathers_once_per_forward_on_any_schedule(name, pp, vpp, mic
             assert type(mine[0]) is not Unsharding  # gathered at the start of the step
 
 
+def test_the_planners_bound_reads_the_gathering_passes_keys():
+    # the step's lower bound counts each rank's items by their duration keys (memwalk.item_keys)
+    schedule = mark_unsharding(build_schedule("1f1b", 2, 1, 4))
+    for items in schedule.actions:
+        assert item_keys(items) == [duration_key(item) for item in items]
+        assert any(kind.endswith("+gather") for _, kind in item_keys(items))
+
+
 def test_a_forward_after_its_chunks_backward_gathers_nothing():
     schedule = mark_unsharding(build_schedule("1f1b", 2, 1, 4))
     last = [(str(a), type(a) is Unsharding) for a in schedule.actions[1]]
@@ -128,18 +138,22 @@ def test_resharding_gathers_more_than_holding_and_holds_less_weight_memory():
         assert a.grads_bytes == pytest.approx(b.grads_bytes)  # accumulated unsharded for the step
 
 
+def _stage(params_bytes: float, activation_bytes: float) -> SimpleNamespace:
+    """A stage for the memory walk: its gathered parameters' bytes and one microbatch's activations."""
+    return SimpleNamespace(params=params_bytes / GATHERED_PARAM_BYTES, expert_params=0.0,
+                           activation_bytes=activation_bytes, weight_grad_buffer_bytes=0.0)
+
+
 def test_a_backward_keeps_its_chunks_parameters_in_the_memory_walk():
-    _, layout, workload, _ = prepared(*RESHARDING)
-    # stage 0 alone on rank 0: one forward, then its backward
-    one = Schedule("one", 1, (0,) + (1,) * (layout.num_stages - 1), ((Action(0, "F", 0), Action(0, "B", 0)), ()))
-    params = (workload.stages[0].params + workload.stages[0].expert_params) * GATHERED_PARAM_BYTES
-    activations = workload.stages[0].activation_bytes
-    plain = walk_peak(one, 0, workload)
-    walked = walk_peak(one, 0, workload, unsharding=True)
-    assert plain.bytes == pytest.approx(activations)
-    # gathered at the start, freed by the forward, gathered again by the backward and kept
-    assert walked.bytes == pytest.approx(max(params, activations))
-    assert walked.gathered_params_bytes == pytest.approx(params if params > activations else 0.0)
+    # two microbatches through one chunk of 10 bytes of weights and 4 of activations each: the
+    # start holds the weights (10), the forwards free them (4, then 8), the first backward gathers
+    # them and keeps them beside the second microbatch's activations (4 + 10): the peak
+    workload = SimpleNamespace(stages=[_stage(10.0, 4.0)])
+    two = Schedule("two", 2, (0,), ((Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)),))
+    assert walk_peak(two, 0, workload).bytes == pytest.approx(8.0)
+    walked = walk_peak(two, 0, workload, unsharding=True)
+    assert walked.bytes == pytest.approx(14.0) and walked.gathered_params_bytes == pytest.approx(10.0)
+    assert walked.in_flight == 1
 
 
 def test_the_step_holds_zero_1_state_and_gathers_once():
@@ -191,11 +205,7 @@ def test_auto_balancing_prices_one_gather_per_unit_and_microbatch_when_reshardin
 def test_a_chunks_last_pass_frees_its_parameters_in_the_memory_walk():
     # two chunks on one rank, one after the other: after the first chunk's last backward its
     # gradients are reduced and its parameters freed, so the second chunk's forward peaks without them
-    def stage(params: float, activations: float) -> SimpleNamespace:
-        return SimpleNamespace(params=params / GATHERED_PARAM_BYTES, expert_params=0.0,
-                               activation_bytes=activations, weight_grad_buffer_bytes=0.0)
-
-    workload = SimpleNamespace(stages=[stage(10.0, 1.0), stage(5.0, 100.0)])
+    workload = SimpleNamespace(stages=[_stage(10.0, 1.0), _stage(5.0, 100.0)])
     two = Schedule("two", 1, (0, 0), ((Action(0, "F", 0), Action(0, "B", 0), Action(1, "F", 0), Action(1, "B", 0)),))
     walked = walk_peak(two, 0, workload, unsharding=True)
     # the start holds both chunks (15); the second forward holds its 100 of activations alone

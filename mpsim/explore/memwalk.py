@@ -48,10 +48,11 @@ def rank_actions(items: tuple) -> list[Action] | tuple:
 
 
 def item_keys(items: tuple) -> list[tuple]:
-    """The duration key of each of a rank's items (``engine.core.duration_key``)."""
-    if Overlapped in set(map(type, items)):
-        return list(map(duration_key, items))
-    return list(map(_ACTION_KEY, items))
+    """The duration key of each of a rank's items (``engine.core.duration_key``): read straight
+    off the tuples where every item is a plain action, else (pairs, unsharding actions) one by one."""
+    if set(map(type, items)) <= {Action}:
+        return list(map(_ACTION_KEY, items))
+    return list(map(duration_key, items))
 
 
 def read_actions(actions) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, Unsharding
+from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, Unsharding, stages_by_rank
 
 
 def _marked(action: Action, resident: set[int]) -> Action:
@@ -49,8 +49,8 @@ def mark_unsharding(schedule: Schedule) -> Schedule:
     """``schedule`` with every action that gathers its stage's parameters as ``Unsharding``
     (FSDP resharding after the forward under a pipeline: module doc)."""
     ranks = []
-    for rank, items in enumerate(schedule.actions):
-        resident = {stage for stage, owner in enumerate(schedule.stage_to_rank) if owner == rank}
+    for items, held in zip(schedule.actions, stages_by_rank(schedule.stage_to_rank, schedule.num_ranks)):
+        resident = set(held)  # gathered at the start of the step
         marked: list[Item] = []
         for item in items:
             if isinstance(item, Overlapped):
