@@ -202,6 +202,22 @@ def test_auto_balancing_prices_one_gather_per_unit_and_microbatch_when_reshardin
     assert resharding.extra_s[0] > held.extra_s[0] and resharding.extra_s[-1] > held.extra_s[-1]
 
 
+def test_auto_balancing_budgets_the_parameters_a_backward_keeps_when_resharding():
+    # a unit's state under resharding is the held layout's (full weights) plus the weights' shard: its
+    # parameters gathered whole on top of the shard; without them the split chosen below put rank 1
+    # at 80.65 GiB of 80 GiB (17, 21, 22, 20 layers)
+    held, resharding = (partition_problem(s, resolve_layout(s)) for s in
+                        (prepared(*HELD)[0], prepared(*RESHARDING)[0]))
+    _, layout, workload, _ = prepared(*RESHARDING)
+    layer = workload.stages[1]
+    shard = layer.params / layer.layers * GATHERED_PARAM_BYTES / layout.shard_ranks
+    added = [r - h for r, h in zip(resharding.unit_state_bytes, held.unit_state_bytes)]
+    assert added == pytest.approx([shard] * len(added))
+    result = simulate(prepared(*RESHARDING, "parallel.layers_per_stage=auto")[0])
+    memory = rank_memory(result.scenario, result.layout, result.schedule, result.workload)
+    assert all(m.fits for m in memory), [round(m.peak_memory_bytes / 2**30, 2) for m in memory]
+
+
 def test_a_chunks_last_pass_frees_its_parameters_in_the_memory_walk():
     # two chunks on one rank, one after the other: after the first chunk's last backward its
     # gradients are reduced and its parameters freed, so the second chunk's forward peaks without them

@@ -45,6 +45,11 @@ VARIANTS = {  # paths the shipped scenarios do not take
     "gpipe out of memory": (SCENARIOS / "llama3_70b_32xh100.yaml", ("parallel.schedule=gpipe",)),
     "ZeRO-3 parameters held from forward to backward": (LLAMA8, FSDP_HELD),
     "fragmentation allowance": (SCENARIOS / "megatron_22b_8xa100.yaml", ("training.memory_fragmentation=0.1",)),
+    # each chunk gathered at the start, freed by its forwards, gathered and kept by its backwards
+    "FSDP resharding under an interleaved pipeline": (
+        SCENARIOS / "llama3_70b_32xh100.yaml",
+        ("parallel.tp=4", "parallel.recompute=full", "parallel.zero_stage=3", "parallel.reshard_after_forward=true",
+         "parallel.schedule=interleaved-1f1b", "parallel.vpp=2")),
 }
 
 

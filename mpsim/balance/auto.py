@@ -4,9 +4,9 @@ Each pipeline unit (a transformer layer; a top-level layer or block repetition o
 stack) is built as a one-unit stage and priced by the real cost model: its forward and
 backward seconds on one rank (under FSDP resharding after the forward in a pipeline, the
 backward that gathers the unit's parameters: one gather per microbatch), the seconds to
-send its output to the next stage, its model-state bytes after ZeRO sharding and its
-activation bytes per microbatch. The
-schedule says how many microbatches each stage keeps in flight at its peak (1F1B: ``p``
+send its output to the next stage, its model-state bytes after ZeRO sharding (with FSDP
+resharding after the forward in a pipeline, plus its parameters gathered whole, which a
+backward keeps) and its activation bytes per microbatch. The schedule says how many microbatches each stage keeps in flight at its peak (1F1B: ``p``
 on the first stage, 1 on the last), which is what makes the memory budget differ by
 stage. A transformer's embedding and LM head are fixed extras of the first and last
 stage. The budget is the device's capacity less the reserved memory
@@ -28,7 +28,7 @@ from mpsim.schedules import Schedule, build_schedule, flat
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
-from mpsim.workload.memory import model_state_bytes, reserved_bytes
+from mpsim.workload.memory import gathered_params_bytes, model_state_bytes, reserved_bytes
 from mpsim.workload.stage_work import StageWork
 
 
@@ -58,13 +58,21 @@ def in_flight_per_stage(scenario: Scenario, layout: Layout, schedule: Schedule |
 
 
 def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
-    """Weights, gradients and optimizer state of a stage's parameters on one rank."""
+    """Weights, gradients and optimizer state of a stage's parameters on one rank.
+
+    Under FSDP resharding after the forward in a pipeline (``Layout.fsdp_unsharding``) also
+    the stage's parameters gathered whole: a backward keeps them until the chunk's next
+    forward (``results.memory.walk_peak``). Every chunk counts them in full on top of its
+    activations, an upper bound of the walk, where a backward's gather takes the place of
+    the activations it frees and a forward frees them: a split within the budget fits.
+    """
     training = scenario.training
     kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage,
                   shard_weights=layout.weights_sharded,
                   optimizer=training.optimizer)
+    gathered = gathered_params_bytes(work) if layout.fsdp_unsharding else 0.0
     return (model_state_bytes(work.params, shard=layout.shard_ranks, **kwargs).total_bytes
-            + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes)
+            + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes + gathered)
 
 
 def _unit_stages(scenario: Scenario, layout: Layout, unsharding: bool = False

@@ -25,8 +25,8 @@ from mpsim.cost.devices import part_of_pp_ranks
 from mpsim.schedules.actions import Schedule, flat, parts, stages_by_rank
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
-from mpsim.workload.memory import model_state_bytes, reserved_parts
-from mpsim.workload.stage_work import StageWork, Workload
+from mpsim.workload.memory import GATHERED_PARAM_BYTES, gathered_params_bytes, model_state_bytes, reserved_parts
+from mpsim.workload.stage_work import Workload
 
 
 # How much more than its allocated peak a real process reserves depends on the run (the
@@ -126,17 +126,9 @@ def activation_timeline(timeline, workload: Workload, rank: int) -> list[tuple[f
     return points
 
 
-GATHERED_PARAM_BYTES = 2  # ZeRO-3 / FSDP gathers the bf16 weights
-
-
 def held_params(layout: Layout) -> bool:
     """Whether gathered ZeRO-3 parameters stay from a stage's forward to its backward."""
     return layout.state_zero_stage >= 3 and not layout.reshard_after_forward
-
-
-def _gathered_bytes(work: StageWork) -> float:
-    """Bytes of a stage's parameters gathered whole (bf16)."""
-    return (work.params + work.expert_params) * GATHERED_PARAM_BYTES
 
 
 @dataclass(frozen=True)
@@ -172,7 +164,7 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
     last_pass: dict[int, int] = {}  # each stage's last backward or weight-gradient pass
     if unsharding:
         resident = {stage for stage, owner in enumerate(schedule.stage_to_rank) if owner == rank}
-        level = held = sum(_gathered_bytes(workload.stages[stage]) for stage in resident)
+        level = held = sum(gathered_params_bytes(workload.stages[stage]) for stage in resident)
         if level > 0:
             best = WalkPeak(level, 0, held, 0.0)
         last_pass = {action.stage: index for index, action in enumerate(actions) if action.kind != "F"}
@@ -186,7 +178,7 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
         if kind in ("I", "W"):
             for_weight_grads += work.weight_grad_buffer_bytes if kind == "I" else -work.weight_grad_buffer_bytes
         if unsharding and kind != "W" and (kind == "F") == (stage in resident):
-            params = _gathered_bytes(work)
+            params = gathered_params_bytes(work)
             if kind == "F":  # freed after the forward
                 resident.discard(stage)
                 params = -params
@@ -198,7 +190,7 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
             before = open_forwards.get(stage, 0)
             open_forwards[stage] = before + count
             if before == 0 and count > 0 or before + count == 0:
-                params = _gathered_bytes(work)
+                params = gathered_params_bytes(work)
                 held += params if count > 0 else -params
                 delta += params if count > 0 else -params
         level += delta
@@ -209,7 +201,7 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
             # after the chunk's last pass its gradients are reduced and its parameters freed
             # (perform_reduce_grad, with resharding after the backward back on)
             resident.discard(stage)
-            params = _gathered_bytes(work)
+            params = gathered_params_bytes(work)
             held -= params
             level -= params
     return best

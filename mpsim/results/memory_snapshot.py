@@ -23,6 +23,13 @@ What is in it:
   allocates what its weight-gradient pass (``W``) still needs, which that ``W`` frees; with
   ZeRO-3 parameters held from forward to backward, a stage's gathered parameters are
   allocated with its first open forward and freed after the backward that closes the last.
+  With FSDP resharding after the forward under a pipeline (``Layout.fsdp_unsharding``),
+  each of the rank's chunks is gathered when the recording starts; a forward frees it, a
+  backward that finds it freed gathers it and keeps it, and the chunk's last pass frees it
+  when it ends. FSDP frees and gathers layer by layer as the pass goes; the snapshot moves
+  the chunk as one block, freed before the forward's activations arrive and gathered after
+  the backward's leave, which reaches the peak of the layer-by-layer order to within a
+  layer and is the order the memory table's walk counts (``memory.walk_peak``).
   Every ``alloc`` event has its free events, so the step ends with only the resident blocks
   allocated, and the peak of the recorded allocations on top of them is mpsim's
   ``peak_memory_bytes`` less its fragmentation allowance.
@@ -43,9 +50,10 @@ from __future__ import annotations
 import pickle
 
 from mpsim.results.caching_allocator import LARGE_SEGMENT_ROUND_BYTES, CachingAllocator
-from mpsim.results.memory import GATHERED_PARAM_BYTES, RankMemory, held_params
+from mpsim.results.memory import RankMemory, held_params
 from mpsim.schedules.actions import parts
 from mpsim.simulate import SimulationResult
+from mpsim.workload.memory import gathered_params_bytes
 
 
 def _frames(label: str) -> list[dict]:
@@ -93,17 +101,30 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
     hold = held_params(result.layout)
     live: dict[tuple, list[int]] = {}  # (what, stage, microbatch) -> addresses of its parts
     open_forwards: dict[int, int] = {}  # stage -> microbatches between forward and backward
-    for record in result.timeline.actions[rank]:
-        for action in parts(record.action):
+    records = result.timeline.actions[rank]
+    unsharded: dict[int, list[int]] = {}  # FSDP resharding under a pipeline: chunk -> its gathered parameters
+    last_pass: dict[int, tuple[int, int]] = {}  # chunk -> (record, part) of its last backward or W
+    if result.layout.fsdp_unsharding:
+        allocator.time_us = 0
+        for stage, owner in enumerate(result.schedule.stage_to_rank):
+            if owner == rank:
+                unsharded[stage] = allocate(gathered_params_bytes(stages[stage]),
+                                            f"unsharded parameters of stage {stage} (FSDP, gathered for the step)")
+        last_pass = {action.stage: (index, part) for index, record in enumerate(records)
+                     for part, action in enumerate(parts(record.action)) if action.kind != "F"}
+    for index, record in enumerate(records):
+        for part, action in enumerate(parts(record.action)):
             stage, kind, microbatch = action.stage, action.kind, action.microbatch
             work = stages[stage]
             where = f"stage {stage}, microbatch {microbatch}"
             # allocations when a forward starts, frees when a backward ends (memory.activation_timeline)
             allocator.time_us = round((record.start_s if kind == "F" else record.end_s) * 1e6)
             if kind == "F":
+                if stage in unsharded:  # the forward frees the chunk's parameters
+                    release(unsharded.pop(stage))
                 if hold and open_forwards.get(stage, 0) == 0:
                     live[("params", stage, 0)] = allocate(
-                        (work.params + work.expert_params) * GATHERED_PARAM_BYTES,
+                        gathered_params_bytes(work),
                         f"gathered parameters of stage {stage} (ZeRO-3, held from forward to backward)")
                 open_forwards[stage] = open_forwards.get(stage, 0) + 1
                 live[("activations", stage, microbatch)] = allocate(
@@ -117,8 +138,14 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
                 open_forwards[stage] -= 1
                 if hold and open_forwards[stage] == 0:
                     release(live.pop(("params", stage, 0)))
+                if result.layout.fsdp_unsharding and stage not in unsharded:  # gathered and kept
+                    unsharded[stage] = allocate(gathered_params_bytes(work),
+                                                f"unsharded parameters of stage {stage} (FSDP, gathered by "
+                                                f"the backward of microbatch {microbatch} and kept)")
             else:  # W
                 release(live.pop(("weight grad", stage, microbatch), []))
+            if last_pass.get(stage) == (index, part) and stage in unsharded:
+                release(unsharded.pop(stage))  # its gradients reduced, its parameters freed
     return {"segments": allocator.snapshot_segments(), "device_traces": [allocator.trace]}
 
 

@@ -25,6 +25,8 @@ from mpsim.workload.transformer import LayerContext, layer_work
 
 # optimizer state per parameter: fp32 master weight + Adam m and v, or bf16 m and v only
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 12, "adam-bf16": 4}
+# ZeRO-3 / FSDP gathers the bf16 weights
+GATHERED_PARAM_BYTES = 2
 
 
 def layer_activation_bytes(ctx: LayerContext, recompute: str) -> float:
@@ -44,6 +46,11 @@ class ModelStateBytes:
     @property
     def total_bytes(self) -> float:
         return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def gathered_params_bytes(work) -> float:
+    """Bytes of a stage's parameters gathered whole (``work``: a ``StageWork``), dense and expert."""
+    return (work.params + work.expert_params) * GATHERED_PARAM_BYTES
 
 
 def model_state_bytes(params: float, *, weight_bytes: int = 2, grad_bytes: int = 4, zero_stage: int = 0,
