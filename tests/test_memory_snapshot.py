@@ -183,3 +183,20 @@ def test_an_out_of_memory_rank_records_one_oom_at_the_failing_request():
     assert events[oom]["device_free"] == memory[rank].capacity_bytes - reserved
     assert events[oom + 1]["action"] == "segment_alloc"
     assert reserved + events[oom + 1]["size"] > memory[rank].capacity_bytes
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_the_memory_plot_and_the_report_reach_the_tables_peak(name):
+    # both draw a floor plus what the passes allocate and free (memory.memory_timeline); their highest
+    # point is the rank's peak in the memory table, gathered parameters coming and going included
+    from types import SimpleNamespace
+
+    from mpsim.results.html.payload import _rank_memory
+    from mpsim.results.memory_views import GiB, _rank_curve
+
+    result, memory = simulated(*VARIANTS[name])
+    for m in memory:
+        _, values = _rank_curve(result, m)
+        assert max(values) * GiB == pytest.approx(m.peak_memory_bytes, rel=1e-12), (name, m.rank)
+        drawn = _rank_memory(result, SimpleNamespace(memory=memory), m.rank)
+        assert abs(drawn["resident"] + max(drawn["held"]) - m.peak_memory_bytes) <= 2, (name, m.rank)

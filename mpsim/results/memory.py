@@ -109,26 +109,93 @@ def _activation_deltas(work, kind: str) -> tuple[float, int]:
     return -work.weight_grad_buffer_bytes, 0  # W
 
 
-def activation_timeline(timeline, workload: Workload, rank: int) -> list[tuple[float, float]]:
-    """(time, activation bytes held) after every action of ``rank``, from the simulated timeline.
+def memory_timeline(timeline, schedule: Schedule, workload: Workload, layout: Layout, rank: int
+                    ) -> list[tuple[float, float]]:
+    """(time, bytes) after every action of ``rank`` on the simulated timeline: the activations
+    and weight-gradient buffers held, and the gathered parameters where ZeRO-3 holds them
+    (``param_steps``); the step's other memory is a constant floor under it.
 
-    Activations are counted as allocated from the start of a forward and released at the
-    end of the backward that consumes them.
+    What an action adds is counted from its start, what it frees from its end (an action
+    that frees more than it adds: from its end), in the memory walk's order, so that the
+    highest point is ``walk_peak``'s.
     """
-    level = 0.0
-    points = [(0.0, 0.0)]
+    steps = param_steps(schedule, rank, workload, held_params(layout), layout.fsdp_unsharding)
+    level = sum(gathered_params_bytes(workload.stages[stage]) for stage in steps.resident)
+    points = [(0.0, level)]
+    index = 0
     for record in timeline.actions[rank]:
         for action in parts(record.action):
-            delta, _ = _activation_deltas(workload.stages[action.stage], action.kind)
-            when = record.start_s if delta > 0 else record.end_s
+            delta = _activation_deltas(workload.stages[action.stage], action.kind)[0] + steps.changes[index]
             level += delta
-            points.append((when, level))
+            points.append((record.start_s if delta > 0 else record.end_s, level))
+            if steps.freed_after[index]:
+                level -= steps.freed_after[index]
+                points.append((record.end_s, level))
+            index += 1
     return points
 
 
 def held_params(layout: Layout) -> bool:
     """Whether gathered ZeRO-3 parameters stay from a stage's forward to its backward."""
     return layout.state_zero_stage >= 3 and not layout.reshard_after_forward
+
+
+@dataclass(frozen=True)
+class ParamSteps:
+    """Gathered ZeRO-3 / FSDP parameters along one rank's action list (``param_steps``)."""
+
+    resident: tuple[int, ...]  # stages whose parameters are gathered when the step starts
+    changes: tuple[float, ...]  # per action: bytes it gathers (+) or frees (-)
+    freed_after: tuple[float, ...]  # per action: bytes freed once it has ended (a chunk's last pass)
+
+
+def param_steps(schedule: Schedule, rank: int, workload: Workload, hold_params: bool = False,
+                unsharding: bool = False) -> ParamSteps:
+    """Where the rank's gathered parameters come and go, action by action of ``flat(schedule.actions[rank])``.
+
+    With ``hold_params`` (FSDP without ``reshard_after_forward``) a stage's parameters are
+    gathered by the forward that opens its first microbatch and freed by the backward
+    that closes its last. With ``unsharding`` (FSDP resharding after the forward under a
+    pipeline, ``Layout.fsdp_unsharding``) every stage of the rank is gathered when the step
+    starts; a forward frees them, a backward that finds them freed gathers and keeps them
+    (``mpsim/schedules/unshard.py``), and the stage's last pass frees them once it ends
+    (its gradients are reduced then, with resharding after the backward back on). FSDP
+    gathers and frees layer by layer as a pass goes; taken with the pass's activations
+    as one change, that is the layer-by-layer peak to within a layer.
+    """
+    actions = flat(schedule.actions[rank])
+    changes = [0.0] * len(actions)
+    freed_after = [0.0] * len(actions)
+    if not (hold_params or unsharding):
+        return ParamSteps((), tuple(changes), tuple(freed_after))
+    start: tuple[int, ...] = ()
+    last_pass: dict[int, int] = {}
+    if unsharding:
+        start = tuple(stage for stage, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+        last_pass = {action.stage: index for index, action in enumerate(actions) if action.kind != "F"}
+    resident = set(start)
+    open_forwards: dict[int, int] = {}
+    for index, (stage, kind, _) in enumerate(actions):
+        size = gathered_params_bytes(workload.stages[stage])
+        if unsharding and kind != "W" and (kind == "F") == (stage in resident):
+            if kind == "F":  # freed after the forward
+                resident.discard(stage)
+                changes[index] -= size
+            else:  # gathered for the backward and kept
+                resident.add(stage)
+                changes[index] += size
+        count = _activation_deltas(workload.stages[stage], kind)[1]
+        if hold_params and count:
+            before = open_forwards.get(stage, 0)
+            open_forwards[stage] = before + count
+            if before == 0 and count > 0:
+                changes[index] += size
+            elif before + count == 0:
+                changes[index] -= size
+        if last_pass.get(stage) == index and stage in resident:
+            resident.discard(stage)
+            freed_after[index] = size
+    return ParamSteps(start, tuple(changes), tuple(freed_after))
 
 
 @dataclass(frozen=True)
@@ -145,29 +212,16 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
               hold_params: bool = False, unsharding: bool = False) -> WalkPeak:
     """The peak of the rank's action list, as ``WalkPeak``.
 
-    The bytes are the activations the schedule holds and, with ``hold_params``, the
-    unsharded parameters of every stage that has a microbatch between its forward and its
-    backward (FSDP without ``reshard_after_forward``: gathered for the first such forward,
-    freed after the backward that leaves none). With ``unsharding`` (FSDP resharding after
-    the forward under a pipeline, ``Layout.fsdp_unsharding``), the unsharded parameters of
-    every stage whose last pass was a backward, and of each stage before its first forward
-    (gathered at the start of the step): a forward frees them, a backward gathers and
-    keeps them (``mpsim/schedules/unshard.py``), and the stage's last pass frees them
-    once it ends.
+    The bytes are the activations the schedule holds and the gathered parameters
+    ``param_steps`` says are held (``hold_params``: FSDP without ``reshard_after_forward``;
+    ``unsharding``: FSDP resharding after the forward under a pipeline).
     """
-    level = held = for_weight_grads = 0.0
-    in_flight = 0
-    best = WalkPeak(0.0, 0, 0.0, 0.0)
-    open_forwards: dict[int, int] = {}
-    resident: set[int] = set()
     actions = flat(schedule.actions[rank])
-    last_pass: dict[int, int] = {}  # each stage's last backward or weight-gradient pass
-    if unsharding:
-        resident = {stage for stage, owner in enumerate(schedule.stage_to_rank) if owner == rank}
-        level = held = sum(gathered_params_bytes(workload.stages[stage]) for stage in resident)
-        if level > 0:
-            best = WalkPeak(level, 0, held, 0.0)
-        last_pass = {action.stage: index for index, action in enumerate(actions) if action.kind != "F"}
+    steps = param_steps(schedule, rank, workload, hold_params, unsharding)
+    level = held = sum(gathered_params_bytes(workload.stages[stage]) for stage in steps.resident)
+    for_weight_grads = 0.0
+    in_flight = 0
+    best = WalkPeak(level, 0, held, 0.0) if level > 0 else WalkPeak(0.0, 0, 0.0, 0.0)
     for index, (stage, kind, _) in enumerate(actions):
         work = workload.stages[stage]
         delta, count = _activation_deltas(work, kind)
@@ -177,33 +231,13 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
                      "I": work.weight_grad_buffer_bytes - work.layer_activation_bytes}[kind]
         if kind in ("I", "W"):
             for_weight_grads += work.weight_grad_buffer_bytes if kind == "I" else -work.weight_grad_buffer_bytes
-        if unsharding and kind != "W" and (kind == "F") == (stage in resident):
-            params = gathered_params_bytes(work)
-            if kind == "F":  # freed after the forward
-                resident.discard(stage)
-                params = -params
-            else:  # gathered for the backward and kept
-                resident.add(stage)
-            held += params
-            delta += params
-        if hold_params and count:
-            before = open_forwards.get(stage, 0)
-            open_forwards[stage] = before + count
-            if before == 0 and count > 0 or before + count == 0:
-                params = gathered_params_bytes(work)
-                held += params if count > 0 else -params
-                delta += params if count > 0 else -params
-        level += delta
+        held += steps.changes[index]
+        level += delta + steps.changes[index]
         in_flight += count
         if level > best.bytes:
             best = WalkPeak(level, in_flight, held, for_weight_grads)
-        if last_pass.get(stage) == index and stage in resident:
-            # after the chunk's last pass its gradients are reduced and its parameters freed
-            # (perform_reduce_grad, with resharding after the backward back on)
-            resident.discard(stage)
-            params = gathered_params_bytes(work)
-            held -= params
-            level -= params
+        held -= steps.freed_after[index]
+        level -= steps.freed_after[index]
     return best
 
 

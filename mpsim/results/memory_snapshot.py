@@ -20,16 +20,16 @@ What is in it:
 - Recorded during the step, timed from the engine's timeline: each (stage, microbatch)
   forward allocates its activations when it starts; the backward that consumes them frees
   them when it ends. An input-gradient pass (``I``) of a split backward frees them and
-  allocates what its weight-gradient pass (``W``) still needs, which that ``W`` frees; with
-  ZeRO-3 parameters held from forward to backward, a stage's gathered parameters are
-  allocated with its first open forward and freed after the backward that closes the last.
-  With FSDP resharding after the forward under a pipeline (``Layout.fsdp_unsharding``),
-  each of the rank's chunks is gathered when the recording starts; a forward frees it, a
-  backward that finds it freed gathers it and keeps it, and the chunk's last pass frees it
-  when it ends. FSDP frees and gathers layer by layer as the pass goes; the snapshot moves
-  the chunk as one block, freed before the forward's activations arrive and gathered after
-  the backward's leave, which reaches the peak of the layer-by-layer order to within a
-  layer and is the order the memory table's walk counts (``memory.walk_peak``).
+  allocates what its weight-gradient pass (``W``) still needs, which that ``W`` frees.
+  Parameters that ZeRO-3 gathers come and go where ``memory.param_steps`` says: with
+  FSDP holding them from forward to backward, a stage's are allocated with its first
+  open forward and freed after the backward that closes the last; with FSDP resharding
+  after the forward under a pipeline, each chunk of the rank is gathered when the
+  recording starts, a forward frees it, a backward that finds it freed gathers it and
+  keeps it, and the chunk's last pass frees it when it ends. FSDP frees and gathers
+  layer by layer as a pass goes; the snapshot moves a chunk's parameters as one block,
+  freed before the pass allocates and gathered after it frees, which reaches the
+  layer-by-layer peak to within a layer and is the order the memory table's walk counts.
   Every ``alloc`` event has its free events, so the step ends with only the resident blocks
   allocated, and the peak of the recorded allocations on top of them is mpsim's
   ``peak_memory_bytes`` less its fragmentation allowance.
@@ -50,7 +50,7 @@ from __future__ import annotations
 import pickle
 
 from mpsim.results.caching_allocator import LARGE_SEGMENT_ROUND_BYTES, CachingAllocator
-from mpsim.results.memory import RankMemory, held_params
+from mpsim.results.memory import RankMemory, held_params, param_steps
 from mpsim.schedules.actions import parts
 from mpsim.simulate import SimulationResult
 from mpsim.workload.memory import gathered_params_bytes
@@ -97,36 +97,29 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
         allocate(size, name)
 
     allocator.recording = True
+    allocator.time_us = 0
     stages = result.workload.stages
-    hold = held_params(result.layout)
+    layout = result.layout
+    steps = param_steps(result.schedule, rank, result.workload, held_params(layout), layout.fsdp_unsharding)
+    why = "ZeRO-3, held from forward to backward" if held_params(layout) else "FSDP, freed by a forward"
+    gathered: dict[int, list[int]] = {}  # stage -> addresses of its gathered parameters
+    for stage in steps.resident:
+        gathered[stage] = allocate(gathered_params_bytes(stages[stage]),
+                                   f"gathered parameters of stage {stage} ({why}; at the start of the step)")
     live: dict[tuple, list[int]] = {}  # (what, stage, microbatch) -> addresses of its parts
-    open_forwards: dict[int, int] = {}  # stage -> microbatches between forward and backward
-    records = result.timeline.actions[rank]
-    unsharded: dict[int, list[int]] = {}  # FSDP resharding under a pipeline: chunk -> its gathered parameters
-    last_pass: dict[int, tuple[int, int]] = {}  # chunk -> (record, part) of its last backward or W
-    if result.layout.fsdp_unsharding:
-        allocator.time_us = 0
-        for stage, owner in enumerate(result.schedule.stage_to_rank):
-            if owner == rank:
-                unsharded[stage] = allocate(gathered_params_bytes(stages[stage]),
-                                            f"unsharded parameters of stage {stage} (FSDP, gathered for the step)")
-        last_pass = {action.stage: (index, part) for index, record in enumerate(records)
-                     for part, action in enumerate(parts(record.action)) if action.kind != "F"}
-    for index, record in enumerate(records):
-        for part, action in enumerate(parts(record.action)):
+    index = 0
+    for record in result.timeline.actions[rank]:
+        for action in parts(record.action):
             stage, kind, microbatch = action.stage, action.kind, action.microbatch
             work = stages[stage]
             where = f"stage {stage}, microbatch {microbatch}"
-            # allocations when a forward starts, frees when a backward ends (memory.activation_timeline)
+            change = steps.changes[index]
+            # allocations when a forward starts, frees when a backward ends (memory.memory_timeline);
+            # parameters a pass frees go before what it allocates, parameters it gathers after what it frees
             allocator.time_us = round((record.start_s if kind == "F" else record.end_s) * 1e6)
+            if change < 0:
+                release(gathered.pop(stage))
             if kind == "F":
-                if stage in unsharded:  # the forward frees the chunk's parameters
-                    release(unsharded.pop(stage))
-                if hold and open_forwards.get(stage, 0) == 0:
-                    live[("params", stage, 0)] = allocate(
-                        gathered_params_bytes(work),
-                        f"gathered parameters of stage {stage} (ZeRO-3, held from forward to backward)")
-                open_forwards[stage] = open_forwards.get(stage, 0) + 1
                 live[("activations", stage, microbatch)] = allocate(
                     work.activation_bytes, f"activations of {where} (forward until backward)")
             elif kind in ("B", "I"):
@@ -135,17 +128,13 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
                     live[("weight grad", stage, microbatch)] = allocate(
                         work.weight_grad_buffer_bytes,
                         f"inputs and output gradients of {where} kept for its weight gradient (I until W)")
-                open_forwards[stage] -= 1
-                if hold and open_forwards[stage] == 0:
-                    release(live.pop(("params", stage, 0)))
-                if result.layout.fsdp_unsharding and stage not in unsharded:  # gathered and kept
-                    unsharded[stage] = allocate(gathered_params_bytes(work),
-                                                f"unsharded parameters of stage {stage} (FSDP, gathered by "
-                                                f"the backward of microbatch {microbatch} and kept)")
             else:  # W
                 release(live.pop(("weight grad", stage, microbatch), []))
-            if last_pass.get(stage) == (index, part) and stage in unsharded:
-                release(unsharded.pop(stage))  # its gradients reduced, its parameters freed
+            if change > 0:
+                gathered[stage] = allocate(change, f"gathered parameters of stage {stage} ({why}; by {where})")
+            if steps.freed_after[index]:
+                release(gathered.pop(stage))  # the chunk's last pass: its gradients reduced, its parameters freed
+            index += 1
     return {"segments": allocator.snapshot_segments(), "device_traces": [allocator.trace]}
 
 

@@ -1,9 +1,9 @@
 """Memory per device over the step, drawn one line per pipeline rank.
 
 The lines come from the engine's timeline: activations are allocated when a forward
-starts and freed when the backward that consumes them ends
-(``memory.activation_timeline``); model state, buffers and reserved memory are the floor
-for the whole step. The same memory as a PyTorch memory snapshot is
+starts and freed when the backward that consumes them ends, and parameters that ZeRO-3
+gathers come and go with the passes (``memory.memory_timeline``); model state, the other
+buffers and reserved memory are the floor for the whole step. The same memory as a PyTorch memory snapshot is
 written by ``mpsim/results/memory_snapshot.py``.
 
 A plot of every rank of a deep pipeline would be a tangle, so past ``ALL_RANKS_UP_TO``
@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mpsim.results.memory import RankMemory, activation_timeline  # noqa: E402
+from mpsim.results.memory import RankMemory, memory_timeline  # noqa: E402
 from mpsim.simulate import SimulationResult  # noqa: E402
 
 GiB = 2.0**30
@@ -65,8 +65,8 @@ def spread_labels(wanted: list[float], pitch: float, low: float = 0.0, high: flo
 
 def _rank_curve(result: SimulationResult, m: RankMemory) -> tuple[list[float], list[float]]:
     """(times in s, GiB on the device) of one rank as a step function to the end of the step."""
-    resident = m.peak_memory_bytes - m.activations_peak_bytes
-    points = activation_timeline(result.timeline, result.workload, m.rank)
+    resident = m.peak_memory_bytes - m.activations_peak_bytes - m.gathered_params_bytes
+    points = memory_timeline(result.timeline, result.schedule, result.workload, result.layout, m.rank)
     times = [t for t, _ in points] + [result.timeline.span_s]
     values = [(resident + level) / GiB for _, level in points] + [(resident + points[-1][1]) / GiB]
     return times, values

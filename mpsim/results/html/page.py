@@ -73,7 +73,7 @@ action to zoom to it (elsewhere: the whole step), hover for its breakdown. Numbe
 <section id="comm"><h2>Exposed communication and optimizer</h2><div id="comm-body"></div></section>
 <section id="memory"><h2>Memory per device over the step</h2>
 <p class="note">Model state, buffers and reserved memory are the floor; activations rise with each forward and
-fall with its backward. Pick ranks to compare (Ctrl/Shift-click for several).</p>
+fall with its backward, and parameters that ZeRO-3 gathers come and go with the passes. Pick ranks to compare (Ctrl/Shift-click for several).</p>
 <div class="controls"><select id="memory-ranks" multiple size="4" aria-label="ranks shown"></select></div>
 <div class="chart"><canvas id="memory-canvas"></canvas></div></section>
 </main>

@@ -21,7 +21,7 @@ from typing import Any
 
 from mpsim.results.idle import KINDS as IDLE_KINDS
 from mpsim.results.idle import idle_intervals
-from mpsim.results.memory import activation_timeline
+from mpsim.results.memory import memory_timeline
 from mpsim.results.metrics import Summary
 from mpsim.results.report import summary_dict
 from mpsim.results.trace import whole_ns
@@ -109,10 +109,10 @@ def _rank_idle(result: SimulationResult, rank: int, reference: BubbleReference |
 
 def _rank_memory(result: SimulationResult, summary: Summary, rank: int) -> dict[str, Any]:
     memory = summary.memory[rank]
-    points = activation_timeline(result.timeline, result.workload, rank)
-    return {"resident": round(memory.peak_memory_bytes - memory.activations_peak_bytes),
+    points = memory_timeline(result.timeline, result.schedule, result.workload, result.layout, rank)
+    return {"resident": round(memory.peak_memory_bytes - memory.activations_peak_bytes - memory.gathered_params_bytes),
             "peak": round(memory.peak_memory_bytes), "time": [whole_ns(t) for t, _ in points],
-            "activations": [round(level) for _, level in points]}
+            "held": [round(level) for _, level in points]}
 
 
 def run_payload(result: SimulationResult, summary: Summary, reference: BubbleReference | None,

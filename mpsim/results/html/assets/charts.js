@@ -86,9 +86,9 @@ function drawMemory(run) {
   chosen.forEach((r, index) => {
     const m = run.ranks[r].memory, color = `hsl(${(index * 137) % 360} 60% 40%)`;
     ctx.strokeStyle = color; ctx.lineWidth = 1.5; ctx.beginPath();
-    let level = m.resident + m.activations[0];
+    let level = m.resident + m.held[0];
     ctx.moveTo(X(m.time[0]), Y(level));
-    for (let i = 1; i < m.time.length; i++) { ctx.lineTo(X(m.time[i]), Y(level)); level = m.resident + m.activations[i]; ctx.lineTo(X(m.time[i]), Y(level)); }
+    for (let i = 1; i < m.time.length; i++) { ctx.lineTo(X(m.time[i]), Y(level)); level = m.resident + m.held[i]; ctx.lineTo(X(m.time[i]), Y(level)); }
     ctx.lineTo(X(tmax), Y(level)); ctx.stroke();
     ends.push({ y: Y(m.peak), text: `rank ${r}: peak ${fmtGiB(m.peak)}`, color });
   });
