@@ -11,7 +11,9 @@ overhead. The compute side is not one efficiency number:
   ``gemm_tile_k``: before its first step it loads one step's operand tiles, after its
   last it writes its output tile (and reads it first when it accumulates), and during
   both the SM's tensor cores wait (:func:`tile_fill_efficiency`). A GEMM with a short K,
-  as tensor parallelism makes them, spends a larger share of its time there.
+  as tensor parallelism makes them, spends a larger share of its time there. A GEMM with
+  fewer output tiles than SMs may also split K (:func:`split_k_choices`), paying a
+  reduction of fp32 partial sums; the fastest split is taken.
 * Fused attention kernels run at their published rate: where the accelerator carries a
   sweep of the kernel over sequence lengths (``efficiency.attention_sweep``), the rate at
   the keys per query one kernel call sees and at its head size, masked and unmasked work
@@ -37,15 +39,32 @@ from mpsim.errors import InputError
 from mpsim.specs.accelerator import BYTES_PER_ELEMENT, AcceleratorSpec
 from mpsim.workload.ops import Op
 
+# bytes of one partial sum a split-K GEMM stores for its reduction (fp32 accumulators)
+PARTIAL_SUM_BYTES = 4
 
-def wave_efficiency(batch: int, m: int, n: int, tile: tuple[int, int], units: int) -> float:
-    """Useful fraction of the tile-waves a GEMM occupies (best of both tile orientations)."""
-    best = 0.0
-    for tile_m, tile_n in (tile, (tile[1], tile[0])):
-        tiles = batch * math.ceil(m / tile_m) * math.ceil(n / tile_n)
-        waves = math.ceil(tiles / units)
-        best = max(best, batch * m * n / (waves * units * tile_m * tile_n))
-    return best
+
+def tile_waves(batch: int, m: int, n: int, tile: tuple[int, int], units: int, splits: int = 1) -> int:
+    """Waves of output tiles over ``units`` (best of both tile orientations), each tile cut ``splits``
+    ways along K."""
+    return min(math.ceil(batch * math.ceil(m / tile_m) * math.ceil(n / tile_n) * splits / units)
+               for tile_m, tile_n in (tile, (tile[1], tile[0])))
+
+
+def split_k_choices(batch: int, m: int, n: int, k: int, tile: tuple[int, int], tile_k: int | None,
+                    units: int) -> tuple[int, ...]:
+    """The K splits worth pricing: 1, and where the output tiles leave part of one wave idle,
+    powers of two up to the split that fills it, each split at least one K step deep.
+
+    With fewer output tiles than compute units a library cuts K too (cuBLAS's split-K and
+    its ``splitKreduce`` kernel, CUTLASS's split-K and stream-K), so that every unit works
+    and a reduction sums the partial products; with a wave or more of tiles it does not.
+    """
+    tiles = min(batch * math.ceil(m / tile_m) * math.ceil(n / tile_n) for tile_m, tile_n in (tile, tile[::-1]))
+    choices = [1]
+    step = tile_k or 1
+    while tiles * choices[-1] * 2 <= units and k >= choices[-1] * 2 * step:
+        choices.append(choices[-1] * 2)
+    return tuple(choices)
 
 
 def tile_fill_efficiency(k: int, tile: tuple[int, int], tile_k: int, operand_bytes: int, epilogue_bytes: int,
@@ -131,6 +150,30 @@ class ComputeModel:
                                    for seq in lengths)
         return seconds / self._sustained_attention
 
+    def _split_gemm_s(self, op: Op, batch: int, m: int, n: int, k: int, splits: int, gemm_flops: float,
+                      element_bytes: int) -> float:
+        """Seconds of a GEMM's tiles with K cut ``splits`` ways: waves of tiles, each walking its
+        share of K; cut, each tile stores fp32 partial sums, which a reduction kernel then reads
+        and sums into the output (memory-bound, with its own launch)."""
+        eff = self.accelerator.efficiency
+        units = self.accelerator.compute_units
+        tile_m, tile_n = eff.gemm_tile
+        depth = math.ceil(k / splits)
+        epilogue = PARTIAL_SUM_BYTES if splits > 1 else op.epilogue_bytes or element_bytes
+        useful_s = 2.0 * tile_m * tile_n * depth / (gemm_flops / units)
+        steps = 1.0 if eff.gemm_tile_k is None else tile_fill_efficiency(
+            depth, eff.gemm_tile, eff.gemm_tile_k, element_bytes, epilogue,
+            gemm_flops / units, self.memory_bandwidth / units, eff.gemm_epilogue_overlap)
+        # the op's own FLOPs at the tiling's pace (they can differ from the shape's: a strided
+        # convolution's input gradient runs as a GEMM over every input position)
+        seconds = tile_waves(batch, m, n, eff.gemm_tile, units, splits) * useful_s / steps \
+            * op.flops / (2.0 * batch * m * n * k)
+        if splits > 1:
+            output = batch * m * n
+            seconds += (output * splits * PARTIAL_SUM_BYTES + output * (op.epilogue_bytes or element_bytes)) \
+                / self.memory_bandwidth + self.overhead_s
+        return seconds
+
     def _time(self, op: Op) -> float:
         if self.calibration is not None:
             return self.calibration.op_seconds(op)
@@ -143,11 +186,8 @@ class ComputeModel:
             gemm_flops = self._gemm_flops(dtype)
             units = self.accelerator.compute_units
             element_bytes = BYTES_PER_ELEMENT[dtype]
-            filled = wave_efficiency(batch, m, n, eff.gemm_tile, units)
-            steps = 1.0 if eff.gemm_tile_k is None else tile_fill_efficiency(
-                k, eff.gemm_tile, eff.gemm_tile_k, element_bytes, op.epilogue_bytes or element_bytes,
-                gemm_flops / units, self.memory_bandwidth / units, eff.gemm_epilogue_overlap)
-            compute_s = op.flops / (gemm_flops * filled * steps)
+            compute_s = min(self._split_gemm_s(op, batch, m, n, k, splits, gemm_flops, element_bytes)
+                            for splits in split_k_choices(batch, m, n, k, eff.gemm_tile, eff.gemm_tile_k, units))
         elif op.kind == "attention":
             compute_s = self._attention_s(op, dtype)
         elif op.kind == "memory":

@@ -205,10 +205,10 @@ def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> Bl
     dgrad = Op(f"{name}.dgrad", "gemm", flops=flops, bytes=float(out_bytes + w_bytes + in_bytes),
                shape=(groups, b * positions_in, channels // groups, out_channels // groups * kernel))
     # the weight gradient reduces over every output position into a small (depth x channels)
-    # result; cuDNN splits that reduction (split-K) so enough tiles run at once
-    splits = _split_k(depth, out_channels // groups, b * positions_out) if groups == 1 else 1
+    # result, which the library splits (split-K) so that enough tiles run at once: the compute
+    # model prices that split (mpsim/cost/compute.py)
     wgrad = Op(f"{name}.wgrad", "gemm", flops=flops, bytes=float(in_bytes + out_bytes + acc),
-               shape=(groups * splits, depth, out_channels // groups, b * positions_out // splits))
+               shape=(groups, depth, out_channels // groups, b * positions_out))
     forward: list[Item] = [fwd]
     backward: list[Item] = [dgrad, wgrad]
     backward_input: list[Item] = [dgrad]
@@ -221,19 +221,6 @@ def _conv(env: StackEnv, placed: PlacedLayer, layer: ConvLayer, mode: str) -> Bl
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), (wgrad,), params=float(params),
                      saved_bytes=float(in_bytes), weight_grad_buffer_bytes=float(in_bytes + out_bytes),
                      param_tensors=param_tensors(weights, out_channels if layer.bias else 0))
-
-
-# output tiles a GEMM should offer to fill a GPU (about its SM count); split-K partitions
-# of the reduction are added until it does, each at least this deep
-SPLIT_K_TARGET_TILES = 128
-SPLIT_K_MIN_DEPTH = 256
-SPLIT_K_TILE = 128
-
-
-def _split_k(m: int, n: int, k: int) -> int:
-    """How many parts a GEMM with few output tiles and a long reduction splits the reduction into."""
-    tiles = math.ceil(m / SPLIT_K_TILE) * math.ceil(n / SPLIT_K_TILE)
-    return max(1, min(math.ceil(SPLIT_K_TARGET_TILES / tiles), k // SPLIT_K_MIN_DEPTH))
 
 
 # HBM traffic per element of the output, in activation sizes: (forward, backward, kept for
