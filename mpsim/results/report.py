@@ -126,9 +126,10 @@ def format_summary(summary: Summary) -> str:
            f"(training.optimizer_post_validation)"] if s.cross_step_overlap_s > 0 else []),
         f"  throughput   {s.model_tflops_per_device:.1f} model TFLOP/s per device   MFU {100 * s.mfu:.1f} %   "
         f"HFU {100 * s.hfu:.1f} %"
-        # below MFU when causal attention skips more score blocks than recompute adds work
+        # below MFU when causal attention skips more score blocks than recompute adds work (said
+        # only where the printed figures differ)
         + (" (below MFU: the model's FLOP count includes work its kernels skip, such as the masked "
-           "half of causal attention)" if s.hfu < s.mfu else ""),
+           "half of causal attention)" if round(100 * s.hfu, 1) < round(100 * s.mfu, 1) else ""),
         f"  bubble       {100 * s.bubble_fraction:.1f} % of the pipeline time ({format_seconds(s.bubble_s)} idle per "
         f"rank; Zero Bubble's rate {100 * s.bubble_rate_zb:.1f} %)",
         f"    by cause: schedule fill/drain {format_seconds(s.bubble_schedule_s)}, stage imbalance "
