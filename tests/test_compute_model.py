@@ -230,17 +230,31 @@ def test_a_kernel_below_the_streaming_rate_takes_longer_by_its_share():
 
 def test_a_gemm_with_few_output_tiles_splits_k_and_pays_for_the_reduction():
     # a recurrence step of 64 rows: 4 output tiles of 128 x 256 on 108 SMs; with K cut into s parts the
-    # tiles fill up to 4 x 16 = 64 SMs, and each part stores fp32 partial sums for a reduction
+    # tiles fill up to 4 x 16 = 64 SMs, and each part stores fp32 partial sums for a reduction kernel
     model = ComputeModel(A100, "bf16")
     op = gemm("step", 64, 1024, 8192)
     assert split_k_choices(1, 64, 1024, 8192, (128, 256), 64, 108) == (1, 2, 4, 8, 16)
-    whole = model._split_gemm_s(op, 1, 64, 1024, 8192, 1, model.gemm_flops, 2)
-    priced = [model._split_gemm_s(op, 1, 64, 1024, 8192, s, model.gemm_flops, 2) for s in (2, 4, 8, 16)]
-    assert priced == sorted(priced, reverse=True) and priced[-1] < whole / 4
-    # a sixteenth as deep is not 16x as fast: each tile's load and store, and the reduction
+    memory_s = op.bytes / model.memory_bandwidth
+    priced = [model._split_gemm_s(op, 1, 64, 1024, 8192, s, model.gemm_flops, 2, memory_s) for s in (1, 2, 4, 8, 16)]
+    assert priced == sorted(priced, reverse=True) and priced[-1] < priced[0] / 4  # 221 -> 29 us
+    # a sixteenth as deep is not 16x as fast: each tile's load and store, then the reduction after it
+    tiles_s = model._split_gemm_s(op, 1, 64, 1024, 8192, 1, model.gemm_flops, 2, 0.0)
     reduction_s = (16 * 64 * 1024 * 4 + 64 * 1024 * 2) / model.memory_bandwidth + model.overhead_s
-    assert priced[-1] > whole / 16 + reduction_s
-    assert model.time(op) == pytest.approx(max(priced[-1], op.bytes / model.memory_bandwidth) + model.overhead_s)
+    assert priced[-1] > tiles_s / 16 + reduction_s
+    assert model.time(op) == pytest.approx(priced[-1] + model.overhead_s)
+
+
+def test_a_split_gemm_bound_by_memory_adds_its_reduction_after_its_traffic():
+    # 256 x 256 output, K = 65,536 on an H100: the split kernel streams its operands and partial sums,
+    # and the reduction that reads those sums back starts after it, so the two add up
+    h100 = ComputeModel(load_accelerator("h100-sxm-80gb"), "bf16")
+    op = gemm("skinny", 256, 256, 65536)
+    memory_s = op.bytes / h100.memory_bandwidth
+    time_s = h100.time(op) - h100.overhead_s
+    assert time_s > memory_s + h100.overhead_s  # the reduction's launch on top of the streaming
+    splits = split_k_choices(1, 256, 256, 65536, (128, 256), 64, 132)
+    assert splits[-1] > 1 and time_s == pytest.approx(min(
+        h100._split_gemm_s(op, 1, 256, 256, 65536, s, h100.gemm_flops, 2, memory_s) for s in splits))
 
 
 def test_a_gemm_that_fills_a_wave_or_has_a_short_k_is_not_split():

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpsim.balance.auto import partition_problem
+from mpsim.balance.partition import balance
 from mpsim.cost.actions import CostModel
 from mpsim.cost.step import final_grad_buckets
 from mpsim.engine.core import duration_key
@@ -20,7 +21,7 @@ from mpsim.explore.memwalk import item_keys
 from mpsim.explore.plancache import short_schedule
 from mpsim.resolve import resolve
 from mpsim.results import summarize
-from mpsim.results.memory import GATHERED_PARAM_BYTES, rank_memory, walk_peak
+from mpsim.results.memory import rank_memory, walk_peak
 from mpsim.schedules import SCHEDULES, build_schedule
 from mpsim.schedules.actions import Action, Schedule, Unsharding, flat
 from mpsim.schedules.unshard import mark_unsharding
@@ -28,6 +29,7 @@ from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.specs.layout import resolve_layout
 from mpsim.workload import build_workload
+from mpsim.workload.memory import GATHERED_PARAM_BYTES
 from tests.conftest import SCENARIOS, registered_schedule
 
 LLAMA70 = SCENARIOS / "llama3_70b_32xh100.yaml"
@@ -202,18 +204,37 @@ def test_auto_balancing_prices_one_gather_per_unit_and_microbatch_when_reshardin
     assert resharding.extra_s[0] > held.extra_s[0] and resharding.extra_s[-1] > held.extra_s[-1]
 
 
-def test_auto_balancing_budgets_the_parameters_a_backward_keeps_when_resharding():
-    # a unit's state under resharding is the held layout's (full weights) plus the weights' shard: its
-    # parameters gathered whole on top of the shard; without them the split chosen below put rank 1
-    # at 80.65 GiB of 80 GiB (17, 21, 22, 20 layers)
+@pytest.mark.parametrize("sequence", [8192, 1024])
+def test_auto_balancing_budgets_the_parameters_a_backward_keeps_when_resharding(sequence):
+    # a unit's state under resharding: the weights' shard, where holding the parameters for the step
+    # keeps them whole, plus what the parameters gathered whole add beyond one microbatch's activations
+    # (at 8K tokens a layer's activations outweigh its parameters, at 1K its parameters theirs)
+    length = f"model.seq_length={sequence}"
     held, resharding = (partition_problem(s, resolve_layout(s)) for s in
-                        (prepared(*HELD)[0], prepared(*RESHARDING)[0]))
-    _, layout, workload, _ = prepared(*RESHARDING)
+                        (prepared(*HELD, length)[0], prepared(*RESHARDING, length)[0]))
+    _, layout, workload, _ = prepared(*RESHARDING, length)
     layer = workload.stages[1]
-    shard = layer.params / layer.layers * GATHERED_PARAM_BYTES / layout.shard_ranks
+    whole = layer.params / layer.layers * GATHERED_PARAM_BYTES
     added = [r - h for r, h in zip(resharding.unit_state_bytes, held.unit_state_bytes)]
-    assert added == pytest.approx([shard] * len(added))
-    result = simulate(prepared(*RESHARDING, "parallel.layers_per_stage=auto")[0])
+    excess = [max(0.0, whole - activation) for activation in resharding.unit_activation_bytes]
+    assert added == pytest.approx([whole / layout.shard_ranks - whole + e for e in excess])
+    assert all(e > 0 for e in excess) == (sequence == 1024) and any(e > 0 for e in excess) == (sequence == 1024)
+
+
+@pytest.mark.parametrize("overrides", [
+    RESHARDING,  # the split chosen without the gathered parameters put rank 1 at 80.65 GiB of 80
+    (*BASE, "parallel.zero_stage=1"),
+    (*RESHARDING, "model.seq_length=4096", "parallel.schedule=zb-h1"),  # weight-gradient buffers
+    (*RESHARDING, "model.seq_length=4096", "parallel.schedule=interleaved-1f1b", "parallel.vpp=2"),
+], ids=["resharding", "zero-1", "resharding zb-h1", "resharding interleaved"])
+def test_a_split_the_memory_budget_admits_fits_in_the_memory_table(overrides):
+    # the budget bounds the memory walk: state, each part of the activations and what a split backward
+    # keeps at its own peak, gathered parameters beyond a microbatch, the table's buffers and reserve
+    scenario = prepared(*overrides, "parallel.layers_per_stage=auto")[0]
+    counts = balance(partition_problem(scenario, resolve_layout(scenario)))
+    assert counts is not None
+    result = simulate(scenario)
+    assert tuple(w.layers for w in result.workload.stages) == counts
     memory = rank_memory(result.scenario, result.layout, result.schedule, result.workload)
     assert all(m.fits for m in memory), [round(m.peak_memory_bytes / 2**30, 2) for m in memory]
 

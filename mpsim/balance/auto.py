@@ -5,14 +5,18 @@ stack) is built as a one-unit stage and priced by the real cost model: its forwa
 backward seconds on one rank (under FSDP resharding after the forward in a pipeline, the
 backward that gathers the unit's parameters: one gather per microbatch), the seconds to
 send its output to the next stage, its model-state bytes after ZeRO sharding (with FSDP
-resharding after the forward in a pipeline, plus its parameters gathered whole, which a
-backward keeps) and its activation bytes per microbatch. The schedule says how many microbatches each stage keeps in flight at its peak (1F1B: ``p``
-on the first stage, 1 on the last), which is what makes the memory budget differ by
-stage. A transformer's embedding and LM head are fixed extras of the first and last
-stage. The budget is the device's capacity less the reserved memory
-(``workload.memory.reserved_bytes``) and fragmentation, shared evenly by a rank's
-``vpp`` chunks. When no split fits, the fastest split is returned and the memory report
-shows what overflows.
+resharding after the forward in a pipeline, plus what its parameters gathered whole, which
+a backward keeps, add beyond a microbatch's activations), its activation bytes per
+microbatch and what a split backward keeps for its weight gradient. The schedule says
+how many microbatches each stage keeps in flight at its peak (1F1B: ``p`` on the first
+stage, 1 on the last), which is what makes the memory budget differ by stage, and how
+many input gradients wait for their weight gradient at most. A
+transformer's embedding and LM head are fixed extras of the first and last stage. The
+budget is the device's capacity less the reserved memory
+(``workload.memory.reserved_bytes``), fragmentation and the communication buffers at a
+peak (``workload.memory.transient_buffers_bytes``), shared evenly by a rank's ``vpp``
+chunks; each part at its own peak, so a split within it fits the memory table. When no
+split fits, the fastest split is returned and the memory report shows what overflows.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from mpsim.schedules import Schedule, build_schedule, flat
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
-from mpsim.workload.memory import gathered_params_bytes, model_state_bytes, reserved_bytes
+from mpsim.workload.memory import gathered_params_bytes, model_state_bytes, reserved_bytes, transient_buffers_bytes
 from mpsim.workload.stage_work import StageWork
 
 
@@ -61,18 +65,49 @@ def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
     """Weights, gradients and optimizer state of a stage's parameters on one rank.
 
     Under FSDP resharding after the forward in a pipeline (``Layout.fsdp_unsharding``) also
-    the stage's parameters gathered whole: a backward keeps them until the chunk's next
-    forward (``results.memory.walk_peak``). Every chunk counts them in full on top of its
-    activations, an upper bound of the walk, where a backward's gather takes the place of
-    the activations it frees and a forward frees them: a split within the budget fits.
+    what the stage's parameters gathered whole add beyond one microbatch's activations: a
+    chunk holds them from the step's start to its first forward and from a backward to its
+    next forward (``results.memory.walk_peak``), and a backward has just freed one of the
+    microbatches its stage holds at most, so the chunk's activations and parameters stay
+    within its peak microbatches' activations plus that excess. Counted per unit, the
+    excess is a bound of the chunk's.
     """
     training = scenario.training
     kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage,
                   shard_weights=layout.weights_sharded,
                   optimizer=training.optimizer)
-    gathered = gathered_params_bytes(work) if layout.fsdp_unsharding else 0.0
+    gathered = max(0.0, gathered_params_bytes(work) - work.activation_bytes) if layout.fsdp_unsharding else 0.0
     return (model_state_bytes(work.params, shard=layout.shard_ranks, **kwargs).total_bytes
             + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes + gathered)
+
+
+def pending_weight_grads_per_stage(layout: Layout, schedule: Schedule | None) -> tuple[int, ...]:
+    """The most input-gradient passes of each stage waiting for their weight-gradient pass at
+    once (zero-bubble schedules), from the schedule; none where it cannot be built."""
+    pending = [0] * layout.num_stages
+    if schedule is None:
+        return tuple(pending)
+    for actions in schedule.actions:
+        waiting = [0] * layout.num_stages
+        for stage, kind, _ in flat(actions):
+            waiting[stage] += 1 if kind == "I" else -1 if kind == "W" else 0
+            pending[stage] = max(pending[stage], waiting[stage])
+    return tuple(pending)
+
+
+def _transient_bytes(scenario: Scenario, layout: Layout, works: list[StageWork]) -> float:
+    """The communication buffers the memory table adds at a rank's peak (``transient_buffers_bytes``),
+    for the largest layer of the model."""
+    if isinstance(scenario.model, LayerStackSpec):
+        from mpsim.workload.layer_stack import stack_env, widest_context
+
+        context = widest_context(scenario.model, stack_env(scenario, layout))
+    else:
+        from mpsim.workload.stages import layer_context
+
+        context = layer_context(scenario, layout)
+    largest = max((work.largest_layer_params for work in works), default=0.0)
+    return transient_buffers_bytes(largest, context.activation_message, layout)
 
 
 def _unit_stages(scenario: Scenario, layout: Layout, unsharding: bool = False
@@ -125,23 +160,31 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
     extra_bytes = [0.0] * parts
     schedule = _schedule(scenario, layout)
     in_flight = in_flight_per_stage(scenario, layout, schedule)
+    pending = pending_weight_grads_per_stage(layout, schedule)
     for stage_index, work in ((0, first), (parts - 1, last)):
         if work is not None:
             extra_s[stage_index] += seconds(work)
             extra_bytes[stage_index] += _state_bytes(scenario, layout, work) + \
-                in_flight[stage_index] * work.activation_bytes
+                in_flight[stage_index] * work.activation_bytes + pending[stage_index] * work.weight_grad_buffer_bytes
     training = scenario.training
-    capacity = scenario.cluster.system.accelerator.memory.capacity
-    budget = (capacity * (1 - training.memory_fragmentation) - reserved_bytes(scenario, layout)) / layout.vpp
+    # what a rank holds besides its stages' state and activations: reserved memory, the communication
+    # buffers at its peak, the fragmentation allowance; the rest is shared by the rank's chunks
+    transient = _transient_bytes(scenario, layout, [*stages, *(w for w in (first, last) if w is not None)])
+
+    def budget_of(capacity: float) -> float:
+        return (capacity * (1 - training.memory_fragmentation) - reserved_bytes(scenario, layout) - transient) \
+            / layout.vpp
+
+    budget = budget_of(scenario.cluster.system.accelerator.memory.capacity)
     ranks = tuple(schedule.stage_to_rank) if schedule is not None else tuple(s % layout.pp for s in range(parts))
-    slowdown, budgets = _device_differences(model, ranks, stages,
-                                            lambda cap: (cap * (1 - training.memory_fragmentation)
-                                                         - reserved_bytes(scenario, layout)) / layout.vpp)
+    slowdown, budgets = _device_differences(model, ranks, stages, budget_of)
     return PartitionProblem(
         unit_s=tuple(seconds(work) for work in stages), parts=parts,
         boundary_s=tuple(p2p_time(size, same_node, model.system) if layout.pp > 1 else 0.0 for size in sends),
         unit_state_bytes=tuple(_state_bytes(scenario, layout, work) for work in stages),
         unit_activation_bytes=tuple(work.activation_bytes for work in stages),
+        unit_weight_grad_bytes=tuple(work.weight_grad_buffer_bytes for work in stages) if any(pending) else (),
+        pending_weight_grads=pending if any(pending) else (),
         extra_s=tuple(extra_s), extra_bytes=tuple(extra_bytes), in_flight=in_flight, capacity_bytes=budget,
         stage_slowdown=slowdown, stage_capacity_bytes=budgets)
 

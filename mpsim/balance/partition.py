@@ -37,6 +37,10 @@ class PartitionProblem:
     extra_s: tuple[float, ...] = ()  # fixed seconds of each stage (a transformer's embedding, head)
     extra_bytes: tuple[float, ...] = ()  # fixed bytes of each stage
     in_flight: tuple[int, ...] = ()  # microbatches each stage holds at its peak
+    # split backwards (zero-bubble schedules): what each unit's input-gradient pass keeps for its
+    # weight-gradient pass, and the most such passes each stage has waiting at once
+    unit_weight_grad_bytes: tuple[float, ...] = ()
+    pending_weight_grads: tuple[int, ...] = ()
     capacity_bytes: float = math.inf  # budget of each stage
     # on a heterogeneous or degraded cluster: how many times slower each stage's device runs the
     # same work, and each stage's own budget (docs/heterogeneous.md); empty: 1 and capacity_bytes
@@ -73,10 +77,13 @@ def stage_time_s(problem: PartitionProblem, stage: int, a: int, b: int, times: P
     return work + problem._get(problem.extra_s, stage) + send
 
 
-def stage_bytes(problem: PartitionProblem, stage: int, held: float, kept: float) -> float:
-    """Peak bytes of ``stage`` holding units whose state adds up to ``held`` and activations to ``kept``."""
+def stage_bytes(problem: PartitionProblem, stage: int, held: float, kept: float, waiting: float = 0.0) -> float:
+    """Peak bytes of ``stage`` holding units whose state adds up to ``held``, activations to ``kept``
+    and what an input-gradient pass keeps for its weight-gradient pass to ``waiting``: each at its
+    own peak, a bound of the stage's peak."""
     flight = problem.in_flight[stage] if problem.in_flight else 1
-    return held + flight * kept + problem._get(problem.extra_bytes, stage)
+    pending = problem.pending_weight_grads[stage] if problem.pending_weight_grads else 0
+    return held + flight * kept + pending * waiting + problem._get(problem.extra_bytes, stage)
 
 
 def units_bytes(values: tuple[float, ...], a: int, b: int) -> float:
@@ -107,7 +114,8 @@ def bottleneck_s(problem: PartitionProblem, counts: tuple[int, ...] | list[int])
 def fits(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> bool:
     """Whether every stage of the split is within the memory budget."""
     return all(stage_bytes(problem, i, units_bytes(problem.unit_state_bytes, a, b),
-                           units_bytes(problem.unit_activation_bytes, a, b)) <= problem.capacity_of(i)
+                           units_bytes(problem.unit_activation_bytes, a, b),
+                           units_bytes(problem.unit_weight_grad_bytes, a, b)) <= problem.capacity_of(i)
                for i, (a, b) in enumerate(counts_to_cuts(counts)))
 
 
@@ -119,6 +127,7 @@ def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ..
     times = Prefix(problem.unit_s, n)
     state = problem.unit_state_bytes or (0.0,) * n
     acts = problem.unit_activation_bytes or (0.0,) * n
+    waits = problem.unit_weight_grad_bytes or (0.0,) * n
     inf = math.inf
     # best[b]: best bottleneck covering units [0, b) with the stages so far; start[i][b]: where stage i begins
     best = [inf] * (n + 1)
@@ -133,12 +142,13 @@ def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ..
         for b in range(stage + 1, n - (parts - 1 - stage) + 1):
             if last and b != n:
                 continue
-            held = kept = 0.0  # the stage's bytes, grown unit by unit as units_bytes adds them
+            held = kept = waiting = 0.0  # the stage's bytes, grown unit by unit as units_bytes adds them
             for a in range(b - 1, stage - 1, -1):
                 held += state[a]
                 kept += acts[a]
+                waiting += waits[a]
                 cost = stage_time_s(problem, stage, a, b, times)
-                if cost >= new[b] or stage_bytes(problem, stage, held, kept) > cap:
+                if cost >= new[b] or stage_bytes(problem, stage, held, kept, waiting) > cap:
                     break  # an earlier start only adds work and memory
                 if best[a] == inf:
                     continue

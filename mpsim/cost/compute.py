@@ -151,10 +151,11 @@ class ComputeModel:
         return seconds / self._sustained_attention
 
     def _split_gemm_s(self, op: Op, batch: int, m: int, n: int, k: int, splits: int, gemm_flops: float,
-                      element_bytes: int) -> float:
-        """Seconds of a GEMM's tiles with K cut ``splits`` ways: waves of tiles, each walking its
-        share of K; cut, each tile stores fp32 partial sums, which a reduction kernel then reads
-        and sums into the output (memory-bound, with its own launch)."""
+                      element_bytes: int, memory_s: float) -> float:
+        """Seconds of a GEMM with K cut ``splits`` ways, its launch overhead apart: waves of tiles,
+        each walking its share of K, or the kernel's memory traffic (``memory_s``) if longer; cut,
+        each tile stores fp32 partial sums (traffic of the kernel too), which a reduction kernel
+        then reads and sums into the output, memory-bound and with a launch of its own."""
         eff = self.accelerator.efficiency
         units = self.accelerator.compute_units
         tile_m, tile_n = eff.gemm_tile
@@ -166,13 +167,13 @@ class ComputeModel:
             gemm_flops / units, self.memory_bandwidth / units, eff.gemm_epilogue_overlap)
         # the op's own FLOPs at the tiling's pace (they can differ from the shape's: a strided
         # convolution's input gradient runs as a GEMM over every input position)
-        seconds = tile_waves(batch, m, n, eff.gemm_tile, units, splits) * useful_s / steps \
+        tiles_s = tile_waves(batch, m, n, eff.gemm_tile, units, splits) * useful_s / steps \
             * op.flops / (2.0 * batch * m * n * k)
-        if splits > 1:
-            output = batch * m * n
-            seconds += (output * splits * PARTIAL_SUM_BYTES + output * (op.epilogue_bytes or element_bytes)) \
-                / self.memory_bandwidth + self.overhead_s
-        return seconds
+        if splits == 1:
+            return max(tiles_s, memory_s)
+        partial_bytes = batch * m * n * splits * PARTIAL_SUM_BYTES
+        reduction_s = (partial_bytes + batch * m * n * (op.epilogue_bytes or element_bytes)) / self.memory_bandwidth
+        return max(tiles_s, memory_s + partial_bytes / self.memory_bandwidth) + reduction_s + self.overhead_s
 
     def _time(self, op: Op) -> float:
         if self.calibration is not None:
@@ -186,8 +187,10 @@ class ComputeModel:
             gemm_flops = self._gemm_flops(dtype)
             units = self.accelerator.compute_units
             element_bytes = BYTES_PER_ELEMENT[dtype]
-            compute_s = min(self._split_gemm_s(op, batch, m, n, k, splits, gemm_flops, element_bytes)
-                            for splits in split_k_choices(batch, m, n, k, eff.gemm_tile, eff.gemm_tile_k, units))
+            # the fastest split, its memory traffic included (so the max below is already taken)
+            compute_s = memory_s = min(
+                self._split_gemm_s(op, batch, m, n, k, splits, gemm_flops, element_bytes, memory_s)
+                for splits in split_k_choices(batch, m, n, k, eff.gemm_tile, eff.gemm_tile_k, units))
         elif op.kind == "attention":
             compute_s = self._attention_s(op, dtype)
         elif op.kind == "memory":

@@ -25,7 +25,8 @@ from mpsim.cost.devices import part_of_pp_ranks
 from mpsim.schedules.actions import Schedule, flat, parts, stages_by_rank
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
-from mpsim.workload.memory import GATHERED_PARAM_BYTES, gathered_params_bytes, model_state_bytes, reserved_parts
+from mpsim.workload.memory import (gathered_params_bytes, held_params, model_state_bytes,
+                                   reserved_parts, transient_buffers_bytes)
 from mpsim.workload.stage_work import Workload
 
 
@@ -127,17 +128,14 @@ def memory_timeline(timeline, schedule: Schedule, workload: Workload, layout: La
         for action in parts(record.action):
             delta = _activation_deltas(workload.stages[action.stage], action.kind)[0] + steps.changes[index]
             level += delta
-            points.append((record.start_s if delta > 0 else record.end_s, level))
+            # never before the point ahead of it: a pair's backward that gathers adds from its start,
+            # after its forward that freed more than it added counted from its end
+            points.append((max(record.start_s if delta > 0 else record.end_s, points[-1][0]), level))
             if steps.freed_after[index]:
                 level -= steps.freed_after[index]
                 points.append((record.end_s, level))
             index += 1
     return points
-
-
-def held_params(layout: Layout) -> bool:
-    """Whether gathered ZeRO-3 parameters stay from a stage's forward to its backward."""
-    return layout.state_zero_stage >= 3 and not layout.reshard_after_forward
 
 
 @dataclass(frozen=True)
@@ -150,7 +148,7 @@ class ParamSteps:
 
 
 def param_steps(schedule: Schedule, rank: int, workload: Workload, hold_params: bool = False,
-                unsharding: bool = False) -> ParamSteps:
+                unsharding: bool = False, actions: list | None = None) -> ParamSteps:
     """Where the rank's gathered parameters come and go, action by action of ``flat(schedule.actions[rank])``.
 
     With ``hold_params`` (FSDP without ``reshard_after_forward``) a stage's parameters are
@@ -163,7 +161,8 @@ def param_steps(schedule: Schedule, rank: int, workload: Workload, hold_params: 
     gathers and frees layer by layer as a pass goes; taken with the pass's activations
     as one change, that is the layer-by-layer peak to within a layer.
     """
-    actions = flat(schedule.actions[rank])
+    if actions is None:
+        actions = flat(schedule.actions[rank])
     changes = [0.0] * len(actions)
     freed_after = [0.0] * len(actions)
     if not (hold_params or unsharding):
@@ -217,8 +216,9 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
     ``unsharding``: FSDP resharding after the forward under a pipeline).
     """
     actions = flat(schedule.actions[rank])
-    steps = param_steps(schedule, rank, workload, hold_params, unsharding)
-    level = held = sum(gathered_params_bytes(workload.stages[stage]) for stage in steps.resident)
+    gathering = hold_params or unsharding
+    steps = param_steps(schedule, rank, workload, hold_params, unsharding, actions) if gathering else None
+    level = held = sum(gathered_params_bytes(workload.stages[stage]) for stage in steps.resident) if steps else 0.0
     for_weight_grads = 0.0
     in_flight = 0
     best = WalkPeak(level, 0, held, 0.0) if level > 0 else WalkPeak(0.0, 0, 0.0, 0.0)
@@ -231,13 +231,16 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
                      "I": work.weight_grad_buffer_bytes - work.layer_activation_bytes}[kind]
         if kind in ("I", "W"):
             for_weight_grads += work.weight_grad_buffer_bytes if kind == "I" else -work.weight_grad_buffer_bytes
-        held += steps.changes[index]
-        level += delta + steps.changes[index]
+        if steps is not None:
+            held += steps.changes[index]
+            delta += steps.changes[index]
+        level += delta
         in_flight += count
         if level > best.bytes:
             best = WalkPeak(level, in_flight, held, for_weight_grads)
-        held -= steps.freed_after[index]
-        level -= steps.freed_after[index]
+        if steps is not None and steps.freed_after[index]:
+            held -= steps.freed_after[index]
+            level -= steps.freed_after[index]
     return best
 
 
@@ -249,18 +252,9 @@ def activation_walk(schedule: Schedule, rank: int, workload: Workload, layers_on
 
 
 def _buffers_bytes(works: list, workload: Workload, layout: Layout) -> float:
-    """Transient communication buffers at the peak: the largest of them is live at a time.
-
-    Under ZeRO-3 two layers are gathered at a time (the one computing and the one
-    prefetched); with the parameters held from forward to backward those are part of
-    what the walk holds (``walk_peak``).
-    """
-    ctx = workload.context
-    gathered_input = ctx.activation_message if layout.tp > 1 and layout.sequence_parallel else 0.0
+    """Transient communication buffers at the rank's peak (``transient_buffers_bytes``)."""
     largest = max((w.largest_layer_params for w in works), default=0.0)
-    zero3_layers = 2 * largest * GATHERED_PARAM_BYTES if layout.weights_sharded and not held_params(layout) \
-        else 0.0
-    return gathered_input + zero3_layers
+    return transient_buffers_bytes(largest, workload.context.activation_message, layout)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mpsim.results.memory import RankMemory, memory_timeline  # noqa: E402
+from mpsim.results.memory import RankMemory, held_params, memory_timeline  # noqa: E402
 from mpsim.simulate import SimulationResult  # noqa: E402
 
 GiB = 2.0**30
@@ -137,8 +137,9 @@ def plot_memory(result: SimulationResult, memory: list[RankMemory], path: str, r
     from mpsim.results.plot import setup_text  # the resolved setup, so that a --set of the system shows
 
     ax.set_title(f"{setup_text(result)}: memory per device over one step\n{shown}\nmodel state, buffers and "
-                 f"reserved memory are the floor; activations rise with each forward and fall with its backward "
-                 f"(dot: each rank's peak)", fontsize=9, loc="left")
+                 f"reserved memory are the floor; activations rise with each forward and fall with its backward"
+                 f"{', gathered ZeRO-3 parameters come and go' if held_params(result.layout) or result.layout.fsdp_unsharding else ''}"
+                 f" (dot: each rank's peak)", fontsize=9, loc="left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.savefig(path, dpi=150 if not path.endswith(".svg") else fig.dpi)

@@ -136,7 +136,7 @@ def stack_options(scenario: Scenario, layout: Layout, unsharding: bool = False) 
                         recompute_layers=scenario.parallel.recompute_num_layers)
 
 
-def _widest_context(stack: LayerStackSpec, env: StackEnv) -> LayerContext:
+def widest_context(stack: LayerStackSpec, env: StackEnv) -> LayerContext:
     """The context of the largest input a TP all-gather re-assembles (what sequence parallelism buffers)."""
     best = (1, 1)
     for unit, modes in zip(stack_units(stack), plan_tensor_parallel(stack, env.tp, env.sequence_parallel)):
@@ -171,7 +171,7 @@ def build_stack_workload(scenario: Scenario, layout: Layout, unsharding: bool = 
     # each cut sends its own activation; p2p_bytes is the largest, for what needs one size
     p2p = max(cuts, default=units[-1].output_bytes / (layout.tp if scatter else 1))
     vocab = tied_embedding(stack).num_embeddings if stack.tied_embeddings else 0
-    return Workload(tuple(stages), _widest_context(stack, env), vocab, float(p2p), tuple(outputs))
+    return Workload(tuple(stages), widest_context(stack, env), vocab, float(p2p), tuple(outputs))
 
 
 def stack_model_flops_per_sample(stack: LayerStackSpec) -> float:

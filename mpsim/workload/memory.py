@@ -53,6 +53,25 @@ def gathered_params_bytes(work) -> float:
     return (work.params + work.expert_params) * GATHERED_PARAM_BYTES
 
 
+def held_params(layout: Layout) -> bool:
+    """Whether gathered ZeRO-3 parameters stay from a stage's forward to its backward."""
+    return layout.state_zero_stage >= 3 and not layout.reshard_after_forward
+
+
+def transient_buffers_bytes(largest_layer_params: float, activation_message: float, layout: Layout) -> float:
+    """Transient communication buffers at a rank's peak: the largest of them is live at a time.
+
+    Sequence parallelism gathers a layer's input whole (``activation_message`` bytes); under
+    ZeRO-3 two layers are gathered at a time (the one computing and the one prefetched),
+    except where the parameters are held from forward to backward, which the memory walk
+    counts instead.
+    """
+    gathered_input = activation_message if layout.tp > 1 and layout.sequence_parallel else 0.0
+    zero3_layers = 2 * largest_layer_params * GATHERED_PARAM_BYTES \
+        if layout.weights_sharded and not held_params(layout) else 0.0
+    return gathered_input + zero3_layers
+
+
 def model_state_bytes(params: float, *, weight_bytes: int = 2, grad_bytes: int = 4, zero_stage: int = 0,
                       shard: int = 1, optimizer: str = "adam", shard_weights: bool | None = None) -> ModelStateBytes:
     """Mixed-precision training state of ``params`` parameters, sharded per ZeRO stage over ``shard`` ranks.

@@ -2,11 +2,12 @@
 
 Before fitting, a trace's GEMM is priced as mpsim prices any GEMM
 (``mpsim/cost/compute.py``): the accelerator's peak for the math mode times its best
-measured matmul efficiency, the wave quantization of the output tiles over the SMs and
-the share of each tile's time spent in its main loop. That model is built for the large
-GEMMs of transformer training; the trace GEMMs of recommendation models and CNNs are
-mostly small (7-300 us), where cuBLAS picks smaller tiles and splits K, and the datasheet
-model is several times slow.
+measured matmul efficiency, the wave quantization of the output tiles over the SMs, the
+share of each tile's time spent in its main loop, and K split where the tiles leave SMs
+idle. That model is built for the large GEMMs of transformer training; the trace GEMMs
+of recommendation models and CNNs are mostly small (7-300 us), where cuBLAS also picks
+smaller tiles, which the datasheet model does not (37 % and 83 % median error on the
+held-out GEMMs of two recommendation-model traces, ``benchmarks/trace_calibration.py``).
 
 The fitted form keeps the physics a GEMM kernel cannot escape, four numbers per math
 mode (:class:`~mpsim.specs.calibration.GemmShapeFit`)::
