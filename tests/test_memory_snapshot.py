@@ -50,6 +50,11 @@ VARIANTS = {  # paths the shipped scenarios do not take
         SCENARIOS / "llama3_70b_32xh100.yaml",
         ("parallel.tp=4", "parallel.recompute=full", "parallel.zero_stage=3", "parallel.reshard_after_forward=true",
          "parallel.schedule=interleaved-1f1b", "parallel.vpp=2")),
+    # pairs of a forward that frees its chunk and a backward that gathers its own
+    "FSDP resharding under DualPipeV": (
+        SCENARIOS / "llama3_70b_32xh100.yaml",
+        ("parallel.tp=4", "parallel.recompute=full", "parallel.zero_stage=3", "parallel.reshard_after_forward=true",
+         "parallel.schedule=dualpipev", "parallel.vpp=2")),
 }
 
 
@@ -196,7 +201,8 @@ def test_the_memory_plot_and_the_report_reach_the_tables_peak(name):
 
     result, memory = simulated(*VARIANTS[name])
     for m in memory:
-        _, values = _rank_curve(result, m)
+        times, values = _rank_curve(result, m)
+        assert times == sorted(times), (name, m.rank)  # a step function forward in time
         assert max(values) * GiB == pytest.approx(m.peak_memory_bytes, rel=1e-12), (name, m.rank)
         drawn = _rank_memory(result, SimpleNamespace(memory=memory), m.rank)
         assert abs(drawn["resident"] + max(drawn["held"]) - m.peak_memory_bytes) <= 2, (name, m.rank)
