@@ -12,11 +12,15 @@ how many microbatches each stage keeps in flight at its peak (1F1B: ``p`` on the
 stage, 1 on the last), which is what makes the memory budget differ by stage, and how
 many input gradients wait for their weight gradient at most. A
 transformer's embedding and LM head are fixed extras of the first and last stage. The
-budget is the device's capacity less the reserved memory
-(``workload.memory.reserved_bytes``), fragmentation and the communication buffers at a
-peak (``workload.memory.transient_buffers_bytes``), shared evenly by a rank's ``vpp``
-chunks; each part at its own peak, so a split within it fits the memory table. When no
-split fits, the fastest split is returned and the memory report shows what overflows.
+budget is the device's capacity less the reserved memory (each part of a mixed
+cluster its own, ``workload.memory.reserved_parts``), fragmentation and the communication
+buffers at a peak (``workload.memory.transient_buffers_bytes``), shared evenly by a
+rank's ``vpp`` chunks; each part at its own peak, so that a split within it fits the
+memory table, but where the run searches its schedule again with the priced times (zb-1p,
+zb-2p hold more microbatches than the unit-time search the budget reads) and where
+``recompute_num_layers`` recomputes only a chunk's first layers (each unit is budgeted as
+recomputed). When no split fits, the fastest split is returned and the memory report shows
+what overflows.
 """
 
 from __future__ import annotations
@@ -32,16 +36,22 @@ from mpsim.schedules import Schedule, build_schedule, flat
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
-from mpsim.workload.memory import gathered_params_bytes, model_state_bytes, reserved_bytes, transient_buffers_bytes
+from mpsim.workload.memory import gathered_params_bytes, model_state_bytes, reserved_parts, transient_buffers_bytes
 from mpsim.workload.stage_work import StageWork
 
 
 def _schedule(scenario: Scenario, layout: Layout) -> Schedule | None:
-    """The layout's schedule, or None where it cannot be built here (a schedule file the layout check
-    reports later)."""
+    """The layout's schedule, the LM head's weight gradients deferred where the run defers them
+    (``simulate.plan_schedule``'s rule), or None where it cannot be built here (a schedule file
+    the layout check reports later)."""
     try:
-        return build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
-                              timer=rank_spans, microbatch_group_size=layout.microbatch_group_size)
+        schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
+                                  timer=rank_spans, microbatch_group_size=layout.microbatch_group_size)
+        if scenario.training.defer_embedding_wgrad:
+            from mpsim.schedules.deferral import defer_head_weight_grads
+
+            schedule = defer_head_weight_grads(schedule, scenario.training.wgrad_deferral_limit)
+        return schedule
     except Exception:
         return None
 
@@ -171,11 +181,13 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
     # buffers at its peak, the fragmentation allowance; the rest is shared by the rank's chunks
     transient = _transient_bytes(scenario, layout, [*stages, *(w for w in (first, last) if w is not None)])
 
-    def budget_of(capacity: float) -> float:
-        return (capacity * (1 - training.memory_fragmentation) - reserved_bytes(scenario, layout) - transient) \
+    def budget_of(system) -> float:
+        """A chunk's share of one device of ``system`` (a part of a mixed cluster: its own reserve)."""
+        reserved = sum(size for _, size in reserved_parts(scenario, layout, system))
+        return (system.accelerator.memory.capacity * (1 - training.memory_fragmentation) - reserved - transient) \
             / layout.vpp
 
-    budget = budget_of(scenario.cluster.system.accelerator.memory.capacity)
+    budget = budget_of(scenario.cluster.system)
     ranks = tuple(schedule.stage_to_rank) if schedule is not None else tuple(s % layout.pp for s in range(parts))
     slowdown, budgets = _device_differences(model, ranks, stages, budget_of)
     return PartitionProblem(
@@ -190,7 +202,7 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
 
 
 def _device_differences(model: CostModel, ranks: tuple[int, ...], units: list[StageWork],
-                        budget_of: Callable[[float], float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+                        budget_of: Callable[[object], float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(slowdown, memory budget) of each stage on its own device (``ranks``: each stage's pipeline
     rank as the schedule places it, round robin where it cannot be built); ((), ()) when every
     stage has the base device.
@@ -212,7 +224,7 @@ def _device_differences(model: CostModel, ranks: tuple[int, ...], units: list[St
         if id(here) not in ratio:
             ratio[id(here)] = total_s(here) / base_s if base_s > 0 else 1.0
     return (tuple(ratio[id(here)] for here in models),
-            tuple(budget_of(here.system.accelerator.memory.capacity) for here in models))
+            tuple(budget_of(here.system) for here in models))
 
 
 def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
