@@ -173,3 +173,25 @@ def test_the_summary_gives_each_parts_reserved_memory(tmp_path, capsys):
     assert main(["run", str(HOMOGENEOUS)]) == 0
     lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "reserved per device" in line]
     assert len(lines) == 1 and lines[0].startswith("reserved per device: ")
+
+
+def test_the_automatic_split_budgets_each_part_with_its_own_reserved_memory(tmp_path):
+    # a part whose NCCL runs one channel reserves less than one running dgx-a100's channels; each
+    # stage's budget takes off its own part's reserve, as the memory table does
+    path = write(tmp_path, {"parts": [{"system": {"base": "dgx-a100", "collective_channels": 1}, "nodes": 2},
+                                      {"system": {"base": "dgx-a100", "accelerator": "a100-sxm-40gb"}, "nodes": 2}],
+                            "between_parts": BETWEEN})
+    from mpsim.balance.auto import partition_problem
+    from mpsim.resolve import resolve
+    from mpsim.workload.memory import reserved_parts
+
+    scenario = load_scenario(path, ["parallel.layers_per_stage=auto"]).scenario
+    layout = resolve(scenario)
+    budgets = partition_problem(scenario, layout).stage_capacity_bytes
+    reserves = [sum(size for _, size in reserved_parts(scenario, layout, part.system))
+                for part in scenario.cluster.parts]
+    capacities = [part.system.accelerator.memory.capacity for part in scenario.cluster.parts]
+    assert reserves[0] < reserves[1]
+    # what the budget takes off besides the reserve is the same on both parts
+    others = [capacities[part] - budgets[stage] - reserves[part] for stage, part in ((0, 0), (1, 0), (2, 1), (3, 1))]
+    assert others == pytest.approx([others[0]] * 4)
