@@ -162,19 +162,3 @@ def test_too_few_units_for_the_stages_is_an_input_error():
     with pytest.raises(InputError, match="fewer than the pp x vpp = 8"):
         resolve_layout(scenario.model_copy(update={"model": scenario.model.model_copy(
             update={"layers": scenario.model.layers[:3] + scenario.model.layers[-1:]})}))
-
-
-def test_auto_takes_the_fastest_split_where_the_memory_walk_says_it_fits():
-    # Grok-1-like, two chunks per rank: the budget gives each chunk half its rank's memory, and the first
-    # chunk, with 16 microbatches in flight, needs more than that while its partner needs less; the
-    # memory-blind split is faster and the memory table's walk fits it, so auto takes it (it chose a
-    # split of 11.67 s; this one steps in 9.70 s at 79.67 GiB of 80)
-    from mpsim.results.memory import rank_memory
-
-    scenario = load_scenario(SCENARIOS / "grok1_like_512xh100.yaml", ["parallel.layers_per_stage=auto"]).scenario
-    problem = partition_problem(scenario, resolve_layout(scenario))
-    budgeted, fastest = balance(problem), balance(problem, use_memory=False)
-    assert budgeted is not None and bottleneck_s(problem, fastest) < bottleneck_s(problem, budgeted)
-    result = simulate(scenario)
-    assert tuple(work.layers for work in result.workload.stages) == fastest
-    assert all(m.fits for m in rank_memory(result.scenario, result.layout, result.schedule, result.workload))

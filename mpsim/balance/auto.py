@@ -19,18 +19,15 @@ rank's ``vpp`` chunks; each part at its own peak, so that a split within it fits
 memory table, but where the run searches its schedule again with the priced times (zb-1p,
 zb-2p hold more microbatches than the unit-time search the budget reads) and where
 ``recompute_num_layers`` recomputes only a chunk's first layers (each unit is budgeted as
-recomputed). The even share is cautious where a rank's chunks differ, so a faster split
-found without the budget is taken where the memory table's walk fits it
-(:func:`balanced_layers`). When no split fits, the fastest split is returned and the
-memory report shows what overflows.
+recomputed). When no split fits, the fastest split is returned and the memory report shows
+what overflows.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
-from mpsim.balance.partition import PartitionProblem, balance, bottleneck_s
+from mpsim.balance.partition import PartitionProblem, balance
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import p2p_time
 from mpsim.cost.topology import pipeline_neighbours_share_node
@@ -231,33 +228,10 @@ def _device_differences(model: CostModel, ranks: tuple[int, ...], units: list[St
 
 
 def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
-    """Units per model chunk minimizing the slowest stage within the memory budget (fastest if none fits).
-
-    The budget shares a rank's memory evenly among its chunks, each at its own peak, which
-    can refuse the fastest split where the rank has the room; so where the split without a
-    budget is faster than the budgeted one, its memory is walked as the memory table walks
-    it, and it is taken when every rank fits.
-    """
+    """Units per model chunk minimizing the slowest stage within the memory budget (fastest if none fits)."""
     problem = partition_problem(scenario, layout)
-    fastest = balance(problem, use_memory=False)
-    assert fastest is not None
     counts = balance(problem)
     if counts is None:
-        return fastest
-    if fastest != counts and bottleneck_s(problem, fastest) < bottleneck_s(problem, counts) \
-            and _walk_fits(scenario, replace(layout, layers_per_chunk=fastest)):
-        return fastest
+        counts = balance(problem, use_memory=False)
+    assert counts is not None
     return counts
-
-
-def _walk_fits(scenario: Scenario, layout: Layout) -> bool:
-    """Whether every pipeline rank of ``layout`` (its split given) fits its device, by the memory
-    table's own walk over the layout's schedule (searched schedules: the unit-time search)."""
-    from mpsim.results.memory import rank_memory
-    from mpsim.workload import build_workload
-
-    schedule = _schedule(scenario, layout)
-    if schedule is None:
-        return False
-    return all(m.fits for m in rank_memory(scenario, layout, schedule, build_workload(scenario, layout),
-                                           layer_peaks=False))
