@@ -10,17 +10,19 @@ a backward keeps, add beyond a microbatch's activations), its activation bytes p
 microbatch and what a split backward keeps for its weight gradient. The schedule says
 how many microbatches each stage keeps in flight at its peak (1F1B: ``p`` on the first
 stage, 1 on the last), which is what makes the memory budget differ by stage, and how
-many input gradients wait for their weight gradient at most. A
-transformer's embedding and LM head are fixed extras of the first and last stage. The
-budget is the device's capacity less the reserved memory (each part of a mixed
+many input gradients wait for their weight gradient at most. A transformer's embedding
+and LM head are fixed extras of the first and last stage.
+
+The budget is the device's capacity less the reserved memory (each part of a mixed
 cluster its own, ``workload.memory.reserved_parts``), fragmentation and the communication
 buffers at a peak (``workload.memory.transient_buffers_bytes``), shared evenly by a
-rank's ``vpp`` chunks; each part at its own peak, so that a split within it fits the
-memory table, but where the run searches its schedule again with the priced times (zb-1p,
-zb-2p hold more microbatches than the unit-time search the budget reads) and where
-``recompute_num_layers`` recomputes only a chunk's first layers (each unit is budgeted as
-recomputed). When no split fits, the fastest split is returned and the memory report shows
-what overflows.
+rank's ``vpp`` chunks. Each part is counted at its own peak, so that a split within the
+budget fits the memory table, but where the run searches its schedule again with the
+priced times (zb-1p, zb-2p can hold more microbatches than the unit-time search the
+budget reads) and where ``recompute_num_layers`` recomputes only a chunk's first layers
+(each unit is budgeted as recomputed). The even share is cautious where a rank's chunks
+differ (docs/models.md). When no split fits, the fastest split is returned and the
+memory report shows what overflows.
 """
 
 from __future__ import annotations
