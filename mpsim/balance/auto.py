@@ -58,19 +58,25 @@ def _schedule(scenario: Scenario, layout: Layout) -> Schedule | None:
         return None
 
 
+def _peak_per_stage(schedule: Schedule, num_stages: int, opens: str, closes: tuple[str, ...]) -> list[int]:
+    """The most passes of kind ``opens`` each stage has not yet matched by one of ``closes``, at
+    any point of its rank's list."""
+    peak = [0] * num_stages
+    for actions in schedule.actions:
+        held = [0] * num_stages
+        for stage, kind, _ in flat(actions):
+            held[stage] += 1 if kind == opens else -1 if kind in closes else 0
+            peak[stage] = max(peak[stage], held[stage])
+    return peak
+
+
 def in_flight_per_stage(scenario: Scenario, layout: Layout, schedule: Schedule | None = None) -> tuple[int, ...]:
     """Peak microbatches each stage holds between its forward and its backward, from the schedule
     (built here when not given; 1F1B's warm-up where it cannot be built)."""
     schedule = schedule or _schedule(scenario, layout)
     if schedule is None:
         return tuple(min(layout.num_microbatches, layout.pp - s % layout.pp) for s in range(layout.num_stages))
-    peak = [0] * layout.num_stages
-    for actions in schedule.actions:
-        held = [0] * layout.num_stages
-        for stage, kind, _ in flat(actions):
-            held[stage] += 1 if kind == "F" else -1 if kind in ("B", "I") else 0
-            peak[stage] = max(peak[stage], held[stage])
-    return tuple(max(1, n) for n in peak)
+    return tuple(max(1, n) for n in _peak_per_stage(schedule, layout.num_stages, "F", ("B", "I")))
 
 
 def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
@@ -96,15 +102,9 @@ def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
 def pending_weight_grads_per_stage(layout: Layout, schedule: Schedule | None) -> tuple[int, ...]:
     """The most input-gradient passes of each stage waiting for their weight-gradient pass at
     once (zero-bubble schedules), from the schedule; none where it cannot be built."""
-    pending = [0] * layout.num_stages
     if schedule is None:
-        return tuple(pending)
-    for actions in schedule.actions:
-        waiting = [0] * layout.num_stages
-        for stage, kind, _ in flat(actions):
-            waiting[stage] += 1 if kind == "I" else -1 if kind == "W" else 0
-            pending[stage] = max(pending[stage], waiting[stage])
-    return tuple(pending)
+        return (0,) * layout.num_stages
+    return tuple(_peak_per_stage(schedule, layout.num_stages, "I", ("W",)))
 
 
 def _transient_bytes(scenario: Scenario, layout: Layout, works: list[StageWork]) -> float:

@@ -43,11 +43,16 @@ from mpsim.workload.ops import Op
 PARTIAL_SUM_BYTES = 4
 
 
+def output_tiles(batch: int, m: int, n: int, tile: tuple[int, int]) -> tuple[int, int]:
+    """Output tiles of a GEMM in each orientation of the tile."""
+    return tuple(batch * math.ceil(m / tile_m) * math.ceil(n / tile_n)  # type: ignore[return-value]
+                 for tile_m, tile_n in (tile, (tile[1], tile[0])))
+
+
 def tile_waves(batch: int, m: int, n: int, tile: tuple[int, int], units: int, splits: int = 1) -> int:
     """Waves of output tiles over ``units`` (best of both tile orientations), each tile cut ``splits``
     ways along K."""
-    return min(math.ceil(batch * math.ceil(m / tile_m) * math.ceil(n / tile_n) * splits / units)
-               for tile_m, tile_n in (tile, (tile[1], tile[0])))
+    return min(math.ceil(tiles * splits / units) for tiles in output_tiles(batch, m, n, tile))
 
 
 def split_k_choices(batch: int, m: int, n: int, k: int, tile: tuple[int, int], tile_k: int | None,
@@ -59,7 +64,7 @@ def split_k_choices(batch: int, m: int, n: int, k: int, tile: tuple[int, int], t
     its ``splitKreduce`` kernel, CUTLASS's split-K and stream-K), so that every unit works
     and a reduction sums the partial products; with a wave or more of tiles it does not.
     """
-    tiles = min(batch * math.ceil(m / tile_m) * math.ceil(n / tile_n) for tile_m, tile_n in (tile, tile[::-1]))
+    tiles = min(output_tiles(batch, m, n, tile))
     choices = [1]
     step = tile_k or 1
     while tiles * choices[-1] * 2 <= units and k >= choices[-1] * 2 * step:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from mpsim.cost.devices import part_of_pp_ranks
 from mpsim.schedules.actions import Schedule, flat, parts, stages_by_rank
+from mpsim.schedules.unshard import gathers
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.memory import (gathered_params_bytes, held_params, model_state_bytes,
@@ -170,18 +171,19 @@ def param_steps(schedule: Schedule, rank: int, workload: Workload, hold_params: 
     start: tuple[int, ...] = ()
     last_pass: dict[int, int] = {}
     if unsharding:
-        start = tuple(stage for stage, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+        start = tuple(stages_by_rank(schedule.stage_to_rank, schedule.num_ranks)[rank])
         last_pass = {action.stage: index for index, action in enumerate(actions) if action.kind != "F"}
     resident = set(start)
     open_forwards: dict[int, int] = {}
     for index, (stage, kind, _) in enumerate(actions):
         size = gathered_params_bytes(workload.stages[stage])
-        if unsharding and kind != "W" and (kind == "F") == (stage in resident):
-            if kind == "F":  # freed after the forward
-                resident.discard(stage)
+        if unsharding:
+            # a forward that found them gathered frees them (one that gathers frees them again: no
+            # change), a backward that gathers them keeps them
+            gathered = gathers(stage, kind, resident)
+            if kind == "F" and not gathered:
                 changes[index] -= size
-            else:  # gathered for the backward and kept
-                resident.add(stage)
+            elif kind in ("B", "I") and gathered:
                 changes[index] += size
         count = _activation_deltas(workload.stages[stage], kind)[1]
         if hold_params and count:
@@ -221,7 +223,7 @@ def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bo
     level = held = sum(gathered_params_bytes(workload.stages[stage]) for stage in steps.resident) if steps else 0.0
     for_weight_grads = 0.0
     in_flight = 0
-    best = WalkPeak(level, 0, held, 0.0) if level > 0 else WalkPeak(0.0, 0, 0.0, 0.0)
+    best = WalkPeak(level, 0, held, 0.0)
     for index, (stage, kind, _) in enumerate(actions):
         work = workload.stages[stage]
         delta, count = _activation_deltas(work, kind)

@@ -32,17 +32,23 @@ from dataclasses import replace
 from mpsim.schedules.actions import Action, Item, Overlapped, Schedule, Unsharding, stages_by_rank
 
 
+def gathers(stage: int, kind: str, resident: set[int]) -> bool:
+    """Whether a pass of ``kind`` on ``stage`` gathers the stage's parameters; ``resident`` (the
+    stages whose parameters are gathered) follows what the pass leaves: a forward frees what it
+    used, a backward keeps it, a weight-gradient pass does not touch it."""
+    if kind == "W":
+        return False
+    gathered = stage not in resident
+    if kind == "F":
+        resident.discard(stage)
+    else:
+        resident.add(stage)
+    return gathered
+
+
 def _marked(action: Action, resident: set[int]) -> Action:
     """``action``, as ``Unsharding`` when it must gather; ``resident`` follows what it leaves gathered."""
-    stage, kind = action.stage, action.kind
-    if kind == "W":
-        return action
-    gathers = stage not in resident
-    if kind == "F":
-        resident.discard(stage)  # the forward frees what it used
-    else:
-        resident.add(stage)  # a backward keeps it
-    return Unsharding(*action) if gathers else action
+    return Unsharding(*action) if gathers(action.stage, action.kind, resident) else action
 
 
 def mark_unsharding(schedule: Schedule) -> Schedule:
