@@ -27,14 +27,17 @@ memory report shows what overflows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from mpsim.balance.partition import PartitionProblem, balance
+from mpsim.balance.partition import (PartitionProblem, RankPasses, balance, bottleneck_s, counts_to_cuts, fits_ranks,
+                                     rank_peak_bytes, stage_bytes, units_bytes)
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import p2p_time
 from mpsim.cost.topology import pipeline_neighbours_share_node
 from mpsim.engine import rank_spans
-from mpsim.schedules import Schedule, build_schedule, flat
+from mpsim.schedules import SEARCHED, Schedule, build_schedule, canonical_name, flat, is_searched
+from mpsim.schedules.zb_list import StageTimes
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
@@ -150,8 +153,27 @@ def _unit_stages(scenario: Scenario, layout: Layout, unsharding: bool = False
     return stages, [send] * len(stages), embedding, head
 
 
-def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
-    """The layer-by-layer costs of a scenario's model as a partition problem."""
+@dataclass(frozen=True)
+class _Units:
+    """A scenario's pipeline units priced one by one, with the first and last stage's fixed work."""
+
+    works: list[StageWork]
+    sends: list[float]  # bytes a cut after each unit sends
+    first: StageWork | None
+    last: StageWork | None
+    model: CostModel
+    gathering: dict[int, StageWork]  # id of a unit -> its twin whose passes gather its parameters first
+
+    def passes_s(self, work: StageWork) -> tuple[float, float, float, float]:
+        """(forward, whole backward, input-gradient, weight-gradient) seconds of one unit per microbatch."""
+        twin = self.gathering.get(id(work), work)
+        price = self.model.price
+        return (price(work.forward).duration_s, price(twin.backward).duration_s,
+                price(twin.backward_input).duration_s,
+                price(work.backward_weight, self.model.weight_pass_slowdown).duration_s)
+
+
+def _priced_units(scenario: Scenario, layout: Layout) -> _Units:
     model = CostModel(scenario, layout)
     stages, sends, first, last = _unit_stages(scenario, layout)
     # FSDP resharding after the forward under a pipeline gathers each unit once per microbatch
@@ -161,23 +183,33 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
         twins, _, first_twin, last_twin = _unit_stages(scenario, layout, unsharding=True)
         gathering = {id(work): twin for work, twin in zip([*stages, first, last], [*twins, first_twin, last_twin])
                      if work is not None}
+    return _Units(stages, sends, first, last, model, gathering)
+
+
+def partition_problem(scenario: Scenario, layout: Layout, units: _Units | None = None,
+                      schedule: Schedule | None = None) -> PartitionProblem:
+    """The layer-by-layer costs of a scenario's model as a partition problem (``schedule``: the
+    one whose microbatches in flight it budgets; the layout's own where not given)."""
+    units = units or _priced_units(scenario, layout)
+    model, stages, first, last = units.model, units.works, units.first, units.last
 
     def seconds(work: StageWork) -> float:
-        backward = gathering.get(id(work), work).backward
-        return model.price(work.forward).duration_s + model.price(backward).duration_s
+        forward_s, backward_s, _, _ = units.passes_s(work)
+        return forward_s + backward_s
 
     parts = layout.num_stages
     same_node = layout.pp > 1 and pipeline_neighbours_share_node(layout, 0, 1)
-    extra_s = [0.0] * parts
-    extra_bytes = [0.0] * parts
-    schedule = _schedule(scenario, layout)
+    extra_s, extra_bytes = [0.0] * parts, [0.0] * parts
+    extra_activation, extra_weight_grad = [0.0] * parts, [0.0] * parts
+    schedule = schedule or _schedule(scenario, layout)
     in_flight = in_flight_per_stage(scenario, layout, schedule)
     pending = pending_weight_grads_per_stage(layout, schedule)
     for stage_index, work in ((0, first), (parts - 1, last)):
         if work is not None:
             extra_s[stage_index] += seconds(work)
-            extra_bytes[stage_index] += _state_bytes(scenario, layout, work) + \
-                in_flight[stage_index] * work.activation_bytes + pending[stage_index] * work.weight_grad_buffer_bytes
+            extra_bytes[stage_index] += _state_bytes(scenario, layout, work)
+            extra_activation[stage_index] += work.activation_bytes
+            extra_weight_grad[stage_index] += work.weight_grad_buffer_bytes
     training = scenario.training
     # what a rank holds besides its stages' state and activations: reserved memory, the communication
     # buffers at its peak, the fragmentation allowance; the rest is shared by the rank's chunks
@@ -194,13 +226,14 @@ def partition_problem(scenario: Scenario, layout: Layout) -> PartitionProblem:
     slowdown, budgets = _device_differences(model, ranks, stages, budget_of)
     return PartitionProblem(
         unit_s=tuple(seconds(work) for work in stages), parts=parts,
-        boundary_s=tuple(p2p_time(size, same_node, model.system) if layout.pp > 1 else 0.0 for size in sends),
+        boundary_s=tuple(p2p_time(size, same_node, model.system) if layout.pp > 1 else 0.0 for size in units.sends),
         unit_state_bytes=tuple(_state_bytes(scenario, layout, work) for work in stages),
         unit_activation_bytes=tuple(work.activation_bytes for work in stages),
-        unit_weight_grad_bytes=tuple(work.weight_grad_buffer_bytes for work in stages) if any(pending) else (),
+        unit_weight_grad_bytes=tuple(work.weight_grad_buffer_bytes for work in stages),
         pending_weight_grads=pending if any(pending) else (),
         extra_s=tuple(extra_s), extra_bytes=tuple(extra_bytes), in_flight=in_flight, capacity_bytes=budget,
-        stage_slowdown=slowdown, stage_capacity_bytes=budgets)
+        stage_slowdown=slowdown, stage_capacity_bytes=budgets,
+        extra_activation_bytes=tuple(extra_activation), extra_weight_grad_bytes=tuple(extra_weight_grad))
 
 
 def _device_differences(model: CostModel, ranks: tuple[int, ...], units: list[StageWork],
@@ -229,11 +262,106 @@ def _device_differences(model: CostModel, ranks: tuple[int, ...], units: list[St
             tuple(budget_of(here.system) for here in models))
 
 
+def _rank_passes(schedule: Schedule) -> tuple[RankPasses, ...]:
+    """Each rank's compute passes in its order, as the partition's rank walk reads them."""
+    return tuple(tuple((stage, kind) for stage, kind, _ in flat(actions) if kind in "FBIW")
+                 for actions in schedule.actions)
+
+
+def _tightened(budgeted: PartitionProblem, problem: PartitionProblem, counts: tuple[int, ...],
+               ranks: tuple[RankPasses, ...]) -> PartitionProblem:
+    """``budgeted`` with the budget of each stage whose rank overflows under ``counts`` (walking
+    ``ranks``, the passes of the split's own searched schedule) at most its budget in ``problem``
+    less what the walk exceeds the per-stage bounds by, shared among the rank's stages: the split
+    is then refused, and a split near it budgeted for what such a schedule holds beyond the bounds.
+    """
+    cuts = counts_to_cuts(counts)
+    bound = [stage_bytes(problem, stage, units_bytes(problem.unit_state_bytes, a, b),
+                         units_bytes(problem.unit_activation_bytes, a, b),
+                         units_bytes(problem.unit_weight_grad_bytes, a, b)) for stage, (a, b) in enumerate(cuts)]
+    capacity = [budgeted.capacity_of(stage) for stage in range(problem.parts)]
+    for passes in ranks:
+        stages = sorted({stage for stage, _ in passes})
+        peak = rank_peak_bytes(problem, counts, passes)
+        if passes and peak > sum(problem.capacity_of(stage) for stage in stages):  # where the split overflows
+            excess = peak - sum(bound[stage] for stage in stages)
+            for stage in stages:
+                capacity[stage] = min(capacity[stage], problem.capacity_of(stage) - excess / len(stages))
+    return replace(budgeted, stage_capacity_bytes=tuple(capacity))
+
+
+def _run_schedules(scenario: Scenario, layout: Layout, units: _Units, problem: PartitionProblem,
+                   base: Schedule | None) -> Callable[[tuple[int, ...]], Schedule | None]:
+    """The schedule the run takes for a split: the layout's own, or for zb-1p and zb-2p the one
+    searched with the split's priced stage and transfer times (``simulate.searched_schedule``'s
+    rule, each stage's times the sum of its units' and its fixed work's)."""
+    name = scenario.parallel.schedule
+    if base is None or not is_searched(name):
+        return lambda counts: base
+    search = SEARCHED[canonical_name(name)]
+    unit_passes = [units.passes_s(work) for work in units.works]
+    extras = [[0.0] * 4 for _ in range(problem.parts)]
+    for stage, work in ((0, units.first), (problem.parts - 1, units.last)):
+        if work is not None:
+            extras[stage] = [a + b for a, b in zip(extras[stage], units.passes_s(work))]
+
+    def searched(counts: tuple[int, ...]) -> Schedule:
+        cuts = counts_to_cuts(counts)
+        slowdown = problem.stage_slowdown or (1.0,) * problem.parts
+
+        def per_stage(kind: int) -> tuple[float, ...]:
+            return tuple((sum(p[kind] for p in unit_passes[a:b]) + extras[stage][kind]) * slowdown[stage]
+                         for stage, (a, b) in enumerate(cuts))
+
+        acts = [units_bytes(problem.unit_activation_bytes, a, b) + problem._get(problem.extra_activation_bytes, s)
+                for s, (a, b) in enumerate(cuts)]
+        waits = [units_bytes(problem.unit_weight_grad_bytes, a, b) + problem._get(problem.extra_weight_grad_bytes, s)
+                 for s, (a, b) in enumerate(cuts)]
+        transfer_s = max((problem.boundary_s[b - 1] for a, b in cuts[:-1]), default=0.0)
+        # (forward, whole backward, input gradient, weight gradient): the search takes the split backward
+        times = StageTimes(per_stage(0), per_stage(2), per_stage(3), transfer_s, tuple(acts), tuple(waits))
+        return search(times, layout.num_microbatches, rank_spans)
+
+    return searched
+
+
+# Rounds of tightening the budgets by what the searched schedule of the split found last holds
+# beyond them (each round refuses that split; past the last, no split is taken as fitting)
+MAX_SPLIT_ROUNDS = 8
+
+
 def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
-    """Units per model chunk minimizing the slowest stage within the memory budget (fastest if none fits)."""
-    problem = partition_problem(scenario, layout)
-    counts = balance(problem)
-    if counts is None:
-        counts = balance(problem, use_memory=False)
-    assert counts is not None
-    return counts
+    """Units per model chunk minimizing the slowest stage within the memory budget (fastest if none fits).
+
+    A split is taken when every rank fits its device walking the passes of the schedule the
+    run takes (:func:`mpsim.balance.partition.fits_ranks`). Where the run searches its
+    schedule again with the priced times (zb-1p, zb-2p) and that schedule holds more than the
+    budget counted, the budgets are tightened by the excess and the model split again. The split
+    found without a budget is taken where it is faster and fits by that walk, which lets a
+    rank's chunks share its memory unevenly.
+    """
+    units = _priced_units(scenario, layout)
+    base = _schedule(scenario, layout)
+    problem = partition_problem(scenario, layout, units, base)
+    run_schedule = _run_schedules(scenario, layout, units, problem, base)
+
+    def fits_as_run(counts: tuple[int, ...]) -> bool:
+        schedule = run_schedule(counts)
+        return schedule is None or fits_ranks(problem, counts, _rank_passes(schedule))
+
+    chosen, budgeted = None, problem
+    for _ in range(MAX_SPLIT_ROUNDS):
+        counts = balance(budgeted)
+        if counts is None:
+            break
+        schedule = run_schedule(counts)
+        if schedule is None or fits_ranks(problem, counts, _rank_passes(schedule)):
+            chosen = counts
+            break
+        budgeted = _tightened(budgeted, problem, counts, _rank_passes(schedule))
+    fastest = balance(problem, use_memory=False)
+    assert fastest is not None
+    if fastest != chosen and (chosen is None or bottleneck_s(problem, fastest) < bottleneck_s(problem, chosen)) \
+            and fits_as_run(fastest):
+        return fastest
+    return chosen if chosen is not None else fastest

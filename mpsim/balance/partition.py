@@ -35,7 +35,7 @@ class PartitionProblem:
     unit_state_bytes: tuple[float, ...] = ()  # weights, gradients and optimizer state of each unit
     unit_activation_bytes: tuple[float, ...] = ()  # kept per microbatch in flight
     extra_s: tuple[float, ...] = ()  # fixed seconds of each stage (a transformer's embedding, head)
-    extra_bytes: tuple[float, ...] = ()  # fixed bytes of each stage
+    extra_bytes: tuple[float, ...] = ()  # fixed state bytes of each stage (its embedding's, its head's)
     in_flight: tuple[int, ...] = ()  # microbatches each stage holds at its peak
     # split backwards (zero-bubble schedules): what each unit's input-gradient pass keeps for its
     # weight-gradient pass, and the most such passes each stage has waiting at once
@@ -46,6 +46,9 @@ class PartitionProblem:
     # same work, and each stage's own budget (docs/heterogeneous.md); empty: 1 and capacity_bytes
     stage_slowdown: tuple[float, ...] = ()
     stage_capacity_bytes: tuple[float, ...] = ()
+    # what the fixed work of each stage keeps per microbatch in flight, and per weight gradient waiting
+    extra_activation_bytes: tuple[float, ...] = ()
+    extra_weight_grad_bytes: tuple[float, ...] = ()
 
     def capacity_of(self, stage: int) -> float:
         """The memory budget of ``stage``."""
@@ -83,7 +86,9 @@ def stage_bytes(problem: PartitionProblem, stage: int, held: float, kept: float,
     own peak, a bound of the stage's peak."""
     flight = problem.in_flight[stage] if problem.in_flight else 1
     pending = problem.pending_weight_grads[stage] if problem.pending_weight_grads else 0
-    return held + flight * kept + pending * waiting + problem._get(problem.extra_bytes, stage)
+    return (held + problem._get(problem.extra_bytes, stage)
+            + flight * (kept + problem._get(problem.extra_activation_bytes, stage))
+            + pending * (waiting + problem._get(problem.extra_weight_grad_bytes, stage)))
 
 
 def units_bytes(values: tuple[float, ...], a: int, b: int) -> float:
@@ -117,6 +122,44 @@ def fits(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> bool
                            units_bytes(problem.unit_activation_bytes, a, b),
                            units_bytes(problem.unit_weight_grad_bytes, a, b)) <= problem.capacity_of(i)
                for i, (a, b) in enumerate(counts_to_cuts(counts)))
+
+
+# A pipeline rank's passes in the order it runs them: (stage, kind), the kind F (forward), B (whole
+# backward), I (input gradient) or W (weight gradient)
+RankPasses = tuple[tuple[int, str], ...]
+
+
+def rank_peak_bytes(problem: PartitionProblem, counts: tuple[int, ...] | list[int], passes: RankPasses) -> float:
+    """Peak bytes of a pipeline rank that runs ``passes`` under the split ``counts``.
+
+    Its stages' state and fixed bytes, plus the most that its passes hold at once: a forward
+    keeps its stage's activations until the backward (or the input gradient, which keeps
+    what the weight gradient needs until that runs). Where a rank holds several chunks
+    this walk lets one chunk use what the others leave free at that moment, which the
+    per-stage bound of :func:`stage_bytes` cannot; for one chunk it is at most that bound.
+    """
+    cuts = counts_to_cuts(counts)
+
+    def per_stage(units: tuple[float, ...], extra: tuple[float, ...]) -> list[float]:
+        return [units_bytes(units, a, b) + problem._get(extra, stage) for stage, (a, b) in enumerate(cuts)]
+
+    kept = per_stage(problem.unit_activation_bytes, problem.extra_activation_bytes)
+    waiting = per_stage(problem.unit_weight_grad_bytes, problem.extra_weight_grad_bytes)
+    change = {"F": lambda s: kept[s], "B": lambda s: -kept[s], "I": lambda s: waiting[s] - kept[s],
+              "W": lambda s: -waiting[s]}
+    level = top = 0.0
+    for stage, kind in passes:
+        level += change[kind](stage)
+        top = max(top, level)
+    state = per_stage(problem.unit_state_bytes, problem.extra_bytes)
+    return sum(state[stage] for stage in {stage for stage, _ in passes}) + top
+
+
+def fits_ranks(problem: PartitionProblem, counts: tuple[int, ...] | list[int], ranks: tuple[RankPasses, ...]) -> bool:
+    """Whether every rank's peak (:func:`rank_peak_bytes`) is within the budgets of its stages together."""
+    return all(rank_peak_bytes(problem, counts, passes)
+               <= sum(problem.capacity_of(stage) for stage in {stage for stage, _ in passes})
+               for passes in ranks if passes)
 
 
 def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ...] | None:
