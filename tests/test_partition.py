@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
@@ -173,7 +172,7 @@ def test_the_rank_walk_is_within_the_per_stage_bounds(name, pp, rounds, data):
     # a rank's walk takes its chunks' activations as the passes hold them at once: never more than
     # each stage at its own peak (the bound the split's search budgets), equal for one stage and 1F1B
     from mpsim.balance.auto import _peak_per_stage, _rank_passes
-    from mpsim.balance.partition import rank_peak_bytes, stage_bytes, units_bytes
+    from mpsim.balance.partition import rank_peak_bytes, stage_bytes, stage_sums
     from mpsim.engine import rank_spans
     from mpsim.schedules import build_schedule
 
@@ -188,10 +187,7 @@ def test_the_rank_walk_is_within_the_per_stage_bounds(name, pp, rounds, data):
         in_flight=tuple(max(1, n) for n in _peak_per_stage(schedule, parts, "F", ("B", "I"))),
         pending_weight_grads=tuple(_peak_per_stage(schedule, parts, "I", ("W",))))
     counts = even_split(units, parts)
-    cuts = [(a, b) for a, b in zip([0, *itertools.accumulate(counts)], itertools.accumulate(counts))]
-    bounds = [stage_bytes(problem, s, units_bytes(problem.unit_state_bytes, a, b),
-                          units_bytes(problem.unit_activation_bytes, a, b),
-                          units_bytes(problem.unit_weight_grad_bytes, a, b)) for s, (a, b) in enumerate(cuts)]
+    bounds = [stage_bytes(problem, s, *sums) for s, sums in enumerate(stage_sums(problem, counts))]
     for rank, passes in enumerate(_rank_passes(schedule)):
         stages = {stage for stage, _ in passes}
         walk = rank_peak_bytes(problem, counts, passes)

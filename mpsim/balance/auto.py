@@ -16,13 +16,14 @@ and LM head are fixed extras of the first and last stage.
 The budget is the device's capacity less the reserved memory (each part of a mixed
 cluster its own, ``workload.memory.reserved_parts``), fragmentation and the communication
 buffers at a peak (``workload.memory.transient_buffers_bytes``), shared evenly by a
-rank's ``vpp`` chunks. Each part is counted at its own peak, so that a split within the
-budget fits the memory table, but where the run searches its schedule again with the
-priced times (zb-1p, zb-2p can hold more microbatches than the unit-time search the
-budget reads) and where ``recompute_num_layers`` recomputes only a chunk's first layers
-(each unit is budgeted as recomputed). The even share is cautious where a rank's chunks
-differ (docs/models.md). When no split fits, the fastest split is returned and the
-memory report shows what overflows.
+rank's ``vpp`` chunks, each part of a stage counted at its own peak. The split the
+dynamic program finds is then walked rank by rank over the passes of the schedule the
+run takes (:func:`balanced_layers`): zb-1p and zb-2p are searched again with the split's
+priced times, as the run does, and may hold more than the unit-time search the budget
+read, and a rank's chunks may share its memory unevenly, which the even share refuses.
+``recompute_num_layers``, which recomputes only a chunk's first layers, is budgeted as
+if every unit recomputed (docs/models.md). When no split fits, the fastest split is
+returned and the memory report shows what overflows.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from mpsim.balance.partition import (PartitionProblem, RankPasses, balance, bottleneck_s, counts_to_cuts, fits_ranks,
-                                     rank_peak_bytes, stage_bytes, units_bytes)
+                                     rank_peak_bytes, stage_bytes, stage_sums)
 from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import p2p_time
 from mpsim.cost.topology import pipeline_neighbours_share_node
@@ -264,7 +265,7 @@ def _device_differences(model: CostModel, ranks: tuple[int, ...], units: list[St
 
 def _rank_passes(schedule: Schedule) -> tuple[RankPasses, ...]:
     """Each rank's compute passes in its order, as the partition's rank walk reads them."""
-    return tuple(tuple((stage, kind) for stage, kind, _ in flat(actions) if kind in "FBIW")
+    return tuple(tuple((stage, kind) for stage, kind, _ in flat(actions) if kind in ("F", "B", "I", "W"))
                  for actions in schedule.actions)
 
 
@@ -275,10 +276,7 @@ def _tightened(budgeted: PartitionProblem, problem: PartitionProblem, counts: tu
     less what the walk exceeds the per-stage bounds by, shared among the rank's stages: the split
     is then refused, and a split near it budgeted for what such a schedule holds beyond the bounds.
     """
-    cuts = counts_to_cuts(counts)
-    bound = [stage_bytes(problem, stage, units_bytes(problem.unit_state_bytes, a, b),
-                         units_bytes(problem.unit_activation_bytes, a, b),
-                         units_bytes(problem.unit_weight_grad_bytes, a, b)) for stage, (a, b) in enumerate(cuts)]
+    bound = [stage_bytes(problem, stage, *sums) for stage, sums in enumerate(stage_sums(problem, counts))]
     capacity = [budgeted.capacity_of(stage) for stage in range(problem.parts)]
     for passes in ranks:
         stages = sorted({stage for stage, _ in passes})
@@ -313,13 +311,11 @@ def _run_schedules(scenario: Scenario, layout: Layout, units: _Units, problem: P
             return tuple((sum(p[kind] for p in unit_passes[a:b]) + extras[stage][kind]) * slowdown[stage]
                          for stage, (a, b) in enumerate(cuts))
 
-        acts = [units_bytes(problem.unit_activation_bytes, a, b) + problem._get(problem.extra_activation_bytes, s)
-                for s, (a, b) in enumerate(cuts)]
-        waits = [units_bytes(problem.unit_weight_grad_bytes, a, b) + problem._get(problem.extra_weight_grad_bytes, s)
-                 for s, (a, b) in enumerate(cuts)]
+        sums = stage_sums(problem, counts, fixed=True)
         transfer_s = max((problem.boundary_s[b - 1] for a, b in cuts[:-1]), default=0.0)
         # (forward, whole backward, input gradient, weight gradient): the search takes the split backward
-        times = StageTimes(per_stage(0), per_stage(2), per_stage(3), transfer_s, tuple(acts), tuple(waits))
+        times = StageTimes(per_stage(0), per_stage(2), per_stage(3), transfer_s,
+                           tuple(kept for _, kept, _ in sums), tuple(waiting for _, _, waiting in sums))
         return search(times, layout.num_microbatches, rank_spans)
 
     return searched
@@ -345,8 +341,7 @@ def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
     problem = partition_problem(scenario, layout, units, base)
     run_schedule = _run_schedules(scenario, layout, units, problem, base)
 
-    def fits_as_run(counts: tuple[int, ...]) -> bool:
-        schedule = run_schedule(counts)
+    def fits_as_run(counts: tuple[int, ...], schedule: Schedule | None) -> bool:
         return schedule is None or fits_ranks(problem, counts, _rank_passes(schedule))
 
     chosen, budgeted = None, problem
@@ -355,13 +350,13 @@ def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
         if counts is None:
             break
         schedule = run_schedule(counts)
-        if schedule is None or fits_ranks(problem, counts, _rank_passes(schedule)):
+        if fits_as_run(counts, schedule):
             chosen = counts
             break
         budgeted = _tightened(budgeted, problem, counts, _rank_passes(schedule))
     fastest = balance(problem, use_memory=False)
     assert fastest is not None
     if fastest != chosen and (chosen is None or bottleneck_s(problem, fastest) < bottleneck_s(problem, chosen)) \
-            and fits_as_run(fastest):
+            and fits_as_run(fastest, run_schedule(fastest)):
         return fastest
     return chosen if chosen is not None else fastest

@@ -16,6 +16,11 @@ and the boundary term depends on ``b`` alone), so the scan over ``a`` stops at t
 start that is already worse than the best found or over budget. This is the classic
 linear-partition problem (e.g. Narayanan et al. 2019, PipeDream's planner, solve a
 richer variant the same way); ``exhaustive`` enumerates every split for tests.
+
+The per-stage bound counts each stage's microbatches in flight and weight gradients
+waiting at their own peaks. :func:`rank_peak_bytes` is the tighter check of a split
+found: it walks one rank's passes in their order, so chunks of one rank, and the two
+peaks of one stage, are added only where they meet.
 """
 
 from __future__ import annotations
@@ -116,12 +121,24 @@ def bottleneck_s(problem: PartitionProblem, counts: tuple[int, ...] | list[int])
     return max(stage_time_s(problem, i, a, b) for i, (a, b) in enumerate(counts_to_cuts(counts)))
 
 
+def stage_sums(problem: PartitionProblem, counts: tuple[int, ...] | list[int], fixed: bool = False
+               ) -> list[tuple[float, float, float]]:
+    """(state, activations per microbatch, weight-gradient inputs per waiting pass) of each
+    stage's units under the split; ``fixed``: with the stage's fixed bytes of each kind."""
+    sums = []
+    for stage, (a, b) in enumerate(counts_to_cuts(counts)):
+        extra = (problem._get(problem.extra_bytes, stage), problem._get(problem.extra_activation_bytes, stage),
+                 problem._get(problem.extra_weight_grad_bytes, stage)) if fixed else (0.0, 0.0, 0.0)
+        sums.append((units_bytes(problem.unit_state_bytes, a, b) + extra[0],
+                     units_bytes(problem.unit_activation_bytes, a, b) + extra[1],
+                     units_bytes(problem.unit_weight_grad_bytes, a, b) + extra[2]))
+    return sums
+
+
 def fits(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> bool:
     """Whether every stage of the split is within the memory budget."""
-    return all(stage_bytes(problem, i, units_bytes(problem.unit_state_bytes, a, b),
-                           units_bytes(problem.unit_activation_bytes, a, b),
-                           units_bytes(problem.unit_weight_grad_bytes, a, b)) <= problem.capacity_of(i)
-               for i, (a, b) in enumerate(counts_to_cuts(counts)))
+    return all(stage_bytes(problem, i, *sums) <= problem.capacity_of(i)
+               for i, sums in enumerate(stage_sums(problem, counts)))
 
 
 # A pipeline rank's passes in the order it runs them: (stage, kind), the kind F (forward), B (whole
@@ -138,21 +155,14 @@ def rank_peak_bytes(problem: PartitionProblem, counts: tuple[int, ...] | list[in
     this walk lets one chunk use what the others leave free at that moment, which the
     per-stage bound of :func:`stage_bytes` cannot; for one chunk it is at most that bound.
     """
-    cuts = counts_to_cuts(counts)
-
-    def per_stage(units: tuple[float, ...], extra: tuple[float, ...]) -> list[float]:
-        return [units_bytes(units, a, b) + problem._get(extra, stage) for stage, (a, b) in enumerate(cuts)]
-
-    kept = per_stage(problem.unit_activation_bytes, problem.extra_activation_bytes)
-    waiting = per_stage(problem.unit_weight_grad_bytes, problem.extra_weight_grad_bytes)
-    change = {"F": lambda s: kept[s], "B": lambda s: -kept[s], "I": lambda s: waiting[s] - kept[s],
-              "W": lambda s: -waiting[s]}
+    sums = stage_sums(problem, counts, fixed=True)
+    change = {"F": lambda s: sums[s][1], "B": lambda s: -sums[s][1], "I": lambda s: sums[s][2] - sums[s][1],
+              "W": lambda s: -sums[s][2]}
     level = top = 0.0
     for stage, kind in passes:
         level += change[kind](stage)
         top = max(top, level)
-    state = per_stage(problem.unit_state_bytes, problem.extra_bytes)
-    return sum(state[stage] for stage in {stage for stage, _ in passes}) + top
+    return sum(sums[stage][0] for stage in {stage for stage, _ in passes}) + top
 
 
 def fits_ranks(problem: PartitionProblem, counts: tuple[int, ...] | list[int], ranks: tuple[RankPasses, ...]) -> bool:
