@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from mpsim.balance import PartitionProblem, balance, bottleneck_s, exhaustive
 from mpsim.balance.auto import partition_problem
-from mpsim.balance.partition import fits
+from mpsim.balance.partition import fits, stage_sums
 from mpsim.resolve import resolve
 from mpsim.results import format_summary, summarize, summary_json
 from mpsim.results.memory import rank_memory
@@ -64,6 +65,41 @@ def test_balance_is_optimal_within_the_memory_limit(problem):
         return
     assert counts is not None and fits(problem, counts)
     assert bottleneck_s(problem, counts) == pytest.approx(optimum, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(problems(with_memory=True), st.integers(0, 3), st.data())
+def test_balance_is_optimal_when_each_stage_recomputes_only_its_first_layers(problem, recomputed, data):
+    # recompute_num_layers: a stage's first layers recompute (less memory, more time), the rest keep
+    # their activations, so a unit's cost depends on where its stage starts
+    n = len(problem.unit_s)
+    saved = data.draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n))
+    extra_acts = data.draw(st.lists(st.floats(0.0, 2.0), min_size=n, max_size=n))
+    layers = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    problem = replace(problem, recomputed_layers=recomputed, unit_is_layer=tuple(layers),
+                      kept_unit_s=tuple(t * (1 - f) if layer else t
+                                        for t, f, layer in zip(problem.unit_s, saved, layers)),
+                      kept_unit_activation_bytes=tuple(a + e if layer else a
+                                                       for a, e, layer in zip(problem.unit_activation_bytes,
+                                                                              extra_acts, layers)))
+    optimum, best = exhaustive(problem)
+    counts = balance(problem)
+    if best is None:
+        assert counts is None
+        return
+    assert counts is not None and fits(problem, counts)
+    assert bottleneck_s(problem, counts) == pytest.approx(optimum, rel=1e-9)
+
+
+def test_a_stage_keeps_the_activations_of_the_layers_past_its_recomputed_ones():
+    # two layers per stage, the first recomputed (1 s, 1 B), the second kept (0.5 s, 3 B)
+    problem = PartitionProblem((1.0,) * 4, 2, unit_activation_bytes=(1.0,) * 4, recomputed_layers=1,
+                               kept_unit_s=(0.5,) * 4, kept_unit_activation_bytes=(3.0,) * 4)
+    assert bottleneck_s(problem, (2, 2)) == 1.5 and bottleneck_s(problem, (1, 3)) == 2.0
+    assert stage_sums(problem, (2, 2))[0][1] == 4.0 and stage_sums(problem, (1, 3))[1][1] == 7.0
+    # every layer priced as recomputed, (2, 2) would fit 2 B; as it runs it needs 4
+    assert balance(replace(problem, capacity_bytes=3.9)) is None
+    assert balance(replace(problem, capacity_bytes=4.0)) == (2, 2)
 
 
 def test_a_stage_exactly_at_its_budget_fits_for_the_search_as_for_the_check():
@@ -226,5 +262,21 @@ def test_a_searched_zero_bubble_schedule_is_budgeted_as_it_runs(overrides):
     unit_time_split = balance(partition_problem(scenario, layout))
     assert unit_time_split is not None and unit_time_split != layout.layers_per_chunk
     result = simulate(scenario)
+    memory = rank_memory(result.scenario, result.layout, result.schedule, result.workload)
+    assert all(m.fits for m in memory), [round(m.peak_memory_bytes / 2**30, 2) for m in memory]
+
+
+def test_the_automatic_split_budgets_the_layers_recompute_num_layers_leaves_kept():
+    # Megatron's block recompute: a chunk's first layer recomputes and the others keep their
+    # activations; each unit budgeted as recomputed admitted (20, 20, 20, 20) at 98.96 GiB of 80
+    scenario = load_scenario(SCENARIOS / "llama3_70b_32xh100.yaml", [
+        "parallel.layers_per_stage=auto", "parallel.recompute=full", "parallel.recompute_num_layers=1",
+        "model.seq_length=24576", "parallel.global_batch_size=32"]).scenario
+    layout = resolve(scenario)
+    problem = partition_problem(scenario, layout)
+    assert balance(replace(problem, recomputed_layers=None)) == (20, 20, 20, 20)
+    assert not fits(problem, (20, 20, 20, 20))
+    result = simulate(scenario)
+    assert result.layout.layers_per_chunk != (20, 20, 20, 20)
     memory = rank_memory(result.scenario, result.layout, result.schedule, result.workload)
     assert all(m.fits for m in memory), [round(m.peak_memory_bytes / 2**30, 2) for m in memory]

@@ -21,9 +21,10 @@ dynamic program finds is then walked rank by rank over the passes of the schedul
 run takes (:func:`balanced_layers`): zb-1p and zb-2p are searched again with the split's
 priced times, as the run does, and may hold more than the unit-time search the budget
 read, and a rank's chunks may share its memory unevenly, which the even share refuses.
-``recompute_num_layers``, which recomputes only a chunk's first layers, is budgeted as
-if every unit recomputed (docs/models.md). When no split fits, the fastest split is
-returned and the memory report shows what overflows.
+Under ``recompute_num_layers``, which recomputes only a chunk's first layers, each unit
+is priced both ways and a stage's first layers count as recomputed (docs/models.md).
+When no split fits, the fastest split is returned and the memory report shows what
+overflows.
 """
 
 from __future__ import annotations
@@ -126,24 +127,28 @@ def _transient_bytes(scenario: Scenario, layout: Layout, works: list[StageWork])
     return transient_buffers_bytes(largest, context.activation_message, layout)
 
 
-def _unit_stages(scenario: Scenario, layout: Layout, unsharding: bool = False
-                 ) -> tuple[list[StageWork], list[float], StageWork | None, StageWork | None]:
-    """(one-unit stages, bytes a cut after each unit sends, first-stage extra, last-stage extra);
-    ``unsharding``: each pass gathering its parameters first (``Workload.unsharding``)."""
+def _unit_stages(scenario: Scenario, layout: Layout, unsharding: bool = False, keeping: bool = False
+                 ) -> tuple[list[StageWork], list[float], StageWork | None, StageWork | None, list[bool]]:
+    """(one-unit stages, bytes a cut after each unit sends, first-stage extra, last-stage extra,
+    which units are layers that recompute may apply to); ``unsharding``: each pass gathering its
+    parameters first (``Workload.unsharding``); ``keeping``: every layer keeping its activations
+    (what ``recompute_num_layers`` leaves past a chunk's first layers)."""
     scatter = scenario.training.pp_scatter_gather or layout.sequence_parallel
     if isinstance(scenario.model, LayerStackSpec):
         from mpsim.workload.layer_stack import build_stack_stage, stack_env, stack_options, unit_works
 
         options = stack_options(scenario, layout, unsharding)
+        options = replace(options, recompute_layers=0) if keeping else options
         units = unit_works(scenario.model, stack_env(scenario, layout))
         stages = [build_stack_stage((unit,), options) for unit in units]
         sends = [unit.output_bytes / (layout.tp if scatter else 1) for unit in units]
-        return stages, sends, None, None
+        return stages, sends, None, None, [unit.is_layer for unit in units]
     from mpsim.workload.embedding import padded_vocab
     from mpsim.workload.stages import build_stage, layer_context, stage_options
 
     ctx = layer_context(scenario, layout)
     options = stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp), unsharding)
+    options = replace(options, recompute_layers=0) if keeping else options
     model = scenario.model
     dense_layers = model.moe.dense_layers if model.moe else model.num_layers
     stages = [build_stage(ctx, 1, 1 if i < dense_layers else 0, False, False, options)
@@ -151,7 +156,7 @@ def _unit_stages(scenario: Scenario, layout: Layout, unsharding: bool = False
     send = ctx.tokens * ctx.hidden * ctx.act_bytes / (layout.tp if scatter else 1)
     embedding = build_stage(ctx, 0, 0, True, False, options)
     head = build_stage(ctx, 0, 0, False, True, options)
-    return stages, [send] * len(stages), embedding, head
+    return stages, [send] * len(stages), embedding, head, [True] * len(stages)
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,9 @@ class _Units:
     last: StageWork | None
     model: CostModel
     gathering: dict[int, StageWork]  # id of a unit -> its twin whose passes gather its parameters first
+    is_layer: list[bool]
+    # under recompute_num_layers, each unit keeping its activations (``works`` recompute); else empty
+    kept: list[StageWork]
 
     def passes_s(self, work: StageWork) -> tuple[float, float, float, float]:
         """(forward, whole backward, input-gradient, weight-gradient) seconds of one unit per microbatch."""
@@ -176,15 +184,19 @@ class _Units:
 
 def _priced_units(scenario: Scenario, layout: Layout) -> _Units:
     model = CostModel(scenario, layout)
-    stages, sends, first, last = _unit_stages(scenario, layout)
+    stages, sends, first, last, is_layer = _unit_stages(scenario, layout)
+    partly = scenario.parallel.recompute_num_layers is not None
+    kept = _unit_stages(scenario, layout, keeping=True)[0] if partly else []
     # FSDP resharding after the forward under a pipeline gathers each unit once per microbatch
     # (mpsim/schedules/unshard.py): priced as the backward that gathers, after a forward that does not
     gathering: dict[int, StageWork] = {}
     if layout.fsdp_unsharding:
-        twins, _, first_twin, last_twin = _unit_stages(scenario, layout, unsharding=True)
-        gathering = {id(work): twin for work, twin in zip([*stages, first, last], [*twins, first_twin, last_twin])
+        twins, _, first_twin, last_twin, _ = _unit_stages(scenario, layout, unsharding=True)
+        kept_twins = _unit_stages(scenario, layout, unsharding=True, keeping=True)[0] if partly else []
+        gathering = {id(work): twin for work, twin in zip([*stages, first, last, *kept],
+                                                          [*twins, first_twin, last_twin, *kept_twins])
                      if work is not None}
-    return _Units(stages, sends, first, last, model, gathering)
+    return _Units(stages, sends, first, last, model, gathering, is_layer, kept)
 
 
 def partition_problem(scenario: Scenario, layout: Layout, units: _Units | None = None,
@@ -227,6 +239,10 @@ def partition_problem(scenario: Scenario, layout: Layout, units: _Units | None =
     slowdown, budgets = _device_differences(model, ranks, stages, budget_of)
     return PartitionProblem(
         unit_s=tuple(seconds(work) for work in stages), parts=parts,
+        recomputed_layers=scenario.parallel.recompute_num_layers if units.kept else None,
+        kept_unit_s=tuple(seconds(work) for work in units.kept),
+        kept_unit_activation_bytes=tuple(work.activation_bytes for work in units.kept),
+        unit_is_layer=tuple(units.is_layer),
         boundary_s=tuple(p2p_time(size, same_node, model.system) if layout.pp > 1 else 0.0 for size in units.sends),
         unit_state_bytes=tuple(_state_bytes(scenario, layout, work) for work in stages),
         unit_activation_bytes=tuple(work.activation_bytes for work in stages),
@@ -298,6 +314,8 @@ def _run_schedules(scenario: Scenario, layout: Layout, units: _Units, problem: P
         return lambda counts: base
     search = SEARCHED[canonical_name(name)]
     unit_passes = [units.passes_s(work) for work in units.works]
+    kept_passes = [units.passes_s(work) for work in units.kept] or unit_passes
+    ends = problem.recompute_ends()
     extras = [[0.0] * 4 for _ in range(problem.parts)]
     for stage, work in ((0, units.first), (problem.parts - 1, units.last)):
         if work is not None:
@@ -308,8 +326,10 @@ def _run_schedules(scenario: Scenario, layout: Layout, units: _Units, problem: P
         slowdown = problem.stage_slowdown or (1.0,) * problem.parts
 
         def per_stage(kind: int) -> tuple[float, ...]:
-            return tuple((sum(p[kind] for p in unit_passes[a:b]) + extras[stage][kind]) * slowdown[stage]
-                         for stage, (a, b) in enumerate(cuts))
+            # a stage's first recompute_num_layers units recompute, the rest keep their activations
+            return tuple((sum(p[kind] for p in unit_passes[a:min(ends[a], b)])
+                          + sum(p[kind] for p in kept_passes[min(ends[a], b):b]) + extras[stage][kind])
+                         * slowdown[stage] for stage, (a, b) in enumerate(cuts))
 
         sums = stage_sums(problem, counts, fixed=True)
         transfer_s = max((problem.boundary_s[b - 1] for a, b in cuts[:-1]), default=0.0)

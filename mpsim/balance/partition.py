@@ -54,10 +54,33 @@ class PartitionProblem:
     # what the fixed work of each stage keeps per microbatch in flight, and per weight gradient waiting
     extra_activation_bytes: tuple[float, ...] = ()
     extra_weight_grad_bytes: tuple[float, ...] = ()
+    # parallel.recompute_num_layers: the first ``recomputed_layers`` layer units of each stage recompute
+    # (as unit_s and unit_activation_bytes price them), the others keep their activations
+    # (``kept_unit_s``, ``kept_unit_activation_bytes``); ``unit_is_layer`` says which units count
+    # (empty: all). None: every unit as unit_s prices it
+    recomputed_layers: int | None = None
+    kept_unit_s: tuple[float, ...] = ()
+    kept_unit_activation_bytes: tuple[float, ...] = ()
+    unit_is_layer: tuple[bool, ...] = ()
 
     def capacity_of(self, stage: int) -> float:
         """The memory budget of ``stage``."""
         return self.stage_capacity_bytes[stage] if self.stage_capacity_bytes else self.capacity_bytes
+
+    def recompute_ends(self) -> list[int]:
+        """For each unit ``a``, where a stage starting at ``a`` stops recomputing: just after its
+        ``recomputed_layers``-th layer unit (the number of units if it has fewer)."""
+        n = len(self.unit_s)
+        if self.recomputed_layers is None:
+            return [n] * n
+        ends = []
+        for a in range(n):
+            end, left = a, self.recomputed_layers
+            while end < n and left > 0:
+                left -= 1 if not self.unit_is_layer or self.unit_is_layer[end] else 0
+                end += 1
+            ends.append(end)
+        return ends
 
     def _get(self, values: tuple, index: int, default: float = 0.0) -> float:
         return values[index] if values else default
@@ -75,10 +98,27 @@ class Prefix:
         return self.sums[b] - self.sums[a]
 
 
-def stage_time_s(problem: PartitionProblem, stage: int, a: int, b: int, times: Prefix | None = None) -> float:
+class UnitSeconds:
+    """Seconds of units ``[a, b)`` in O(1) (prefix sums): the units a stage recomputes at
+    ``unit_s``, the rest at ``kept_unit_s`` (``PartitionProblem.recomputed_layers``)."""
+
+    def __init__(self, problem: PartitionProblem):
+        n = len(problem.unit_s)
+        self.recomputed = Prefix(problem.unit_s, n)
+        self.kept = Prefix(problem.kept_unit_s, n) if problem.recomputed_layers is not None else self.recomputed
+        self.ends = problem.recompute_ends()
+
+    def range(self, a: int, b: int) -> float:
+        if a == b:
+            return 0.0
+        end = min(self.ends[a], b)
+        return self.recomputed.range(a, end) + self.kept.range(end, b)
+
+
+def stage_time_s(problem: PartitionProblem, stage: int, a: int, b: int, times: UnitSeconds | None = None) -> float:
     """Seconds of ``stage`` holding units ``[a, b)``: its units, its fixed work, the send after it."""
     n = len(problem.unit_s)
-    work = times.range(a, b) if times else sum(problem.unit_s[a:b])
+    work = (times or UnitSeconds(problem)).range(a, b)
     send = problem._get(problem.boundary_s, b - 1) if stage < problem.parts - 1 and 0 < b < n else 0.0
     if problem.stage_slowdown:
         return (work + problem._get(problem.extra_s, stage)) * problem.stage_slowdown[stage] + send
@@ -118,21 +158,31 @@ def counts_to_cuts(counts: tuple[int, ...] | list[int]) -> list[tuple[int, int]]
 
 def bottleneck_s(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> float:
     """The slowest stage's seconds for a split given as units per stage."""
-    return max(stage_time_s(problem, i, a, b) for i, (a, b) in enumerate(counts_to_cuts(counts)))
+    times = UnitSeconds(problem)
+    return max(stage_time_s(problem, i, a, b, times) for i, (a, b) in enumerate(counts_to_cuts(counts)))
 
 
 def stage_sums(problem: PartitionProblem, counts: tuple[int, ...] | list[int], fixed: bool = False
                ) -> list[tuple[float, float, float]]:
     """(state, activations per microbatch, weight-gradient inputs per waiting pass) of each
     stage's units under the split; ``fixed``: with the stage's fixed bytes of each kind."""
-    sums = []
+    sums, ends = [], problem.recompute_ends()
     for stage, (a, b) in enumerate(counts_to_cuts(counts)):
         extra = (problem._get(problem.extra_bytes, stage), problem._get(problem.extra_activation_bytes, stage),
                  problem._get(problem.extra_weight_grad_bytes, stage)) if fixed else (0.0, 0.0, 0.0)
         sums.append((units_bytes(problem.unit_state_bytes, a, b) + extra[0],
-                     units_bytes(problem.unit_activation_bytes, a, b) + extra[1],
+                     activation_bytes(problem, a, b, min(ends[a], b) if a < b else b) + extra[1],
                      units_bytes(problem.unit_weight_grad_bytes, a, b) + extra[2]))
     return sums
+
+
+def activation_bytes(problem: PartitionProblem, a: int, b: int, end: int, kept_tail: float | None = None) -> float:
+    """Activations per microbatch of units ``[a, b)`` that recompute up to ``end``: the kept units'
+    added from the last (``kept_tail``, where the caller has that sum), then the recomputed ones'."""
+    if problem.recomputed_layers is None:
+        return units_bytes(problem.unit_activation_bytes, a, b)
+    tail = units_bytes(problem.kept_unit_activation_bytes, end, b) if kept_tail is None else kept_tail
+    return tail + units_bytes(problem.unit_activation_bytes, a, end)
 
 
 def fits(problem: PartitionProblem, counts: tuple[int, ...] | list[int]) -> bool:
@@ -177,10 +227,17 @@ def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ..
     n, parts = len(problem.unit_s), problem.parts
     if parts < 1 or n < parts:
         raise ValueError(f"cannot split {n} units into {parts} non-empty stages")
-    times = Prefix(problem.unit_s, n)
+    times = UnitSeconds(problem)
+    ends = times.ends
     state = problem.unit_state_bytes or (0.0,) * n
     acts = problem.unit_activation_bytes or (0.0,) * n
     waits = problem.unit_weight_grad_bytes or (0.0,) * n
+    recomputing = problem.recomputed_layers is not None
+    kept_acts = problem.kept_unit_activation_bytes or (0.0,) * n
+    # a stage's memory grows as it starts earlier (a unit that stops recomputing keeps more); its
+    # time too unless recomputing one unit costs more than another unit's whole passes
+    monotone = not recomputing or min(problem.unit_s) >= max(
+        (r - k for r, k in zip(problem.unit_s, problem.kept_unit_s)), default=0.0)
     inf = math.inf
     # best[b]: best bottleneck covering units [0, b) with the stages so far; start[i][b]: where stage i begins
     best = [inf] * (n + 1)
@@ -196,13 +253,23 @@ def balance(problem: PartitionProblem, use_memory: bool = True) -> tuple[int, ..
             if last and b != n:
                 continue
             held = kept = waiting = 0.0  # the stage's bytes, grown unit by unit as units_bytes adds them
+            tail, tail_start = 0.0, b  # what the units that keep their activations keep, from the last
             for a in range(b - 1, stage - 1, -1):
                 held += state[a]
-                kept += acts[a]
                 waiting += waits[a]
+                if recomputing:
+                    end = min(ends[a], b)
+                    while tail_start > end:
+                        tail_start -= 1
+                        tail += kept_acts[tail_start]
+                    kept = activation_bytes(problem, a, b, end, tail)
+                else:
+                    kept += acts[a]
                 cost = stage_time_s(problem, stage, a, b, times)
                 if cost >= new[b] or stage_bytes(problem, stage, held, kept, waiting) > cap:
-                    break  # an earlier start only adds work and memory
+                    if monotone:
+                        break  # an earlier start only adds work and memory
+                    continue
                 if best[a] == inf:
                     continue
                 value = max(best[a], cost)
