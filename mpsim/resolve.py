@@ -29,5 +29,6 @@ def resolve(scenario: Scenario, chains: tuple[int, ...] | None = None) -> Layout
     part_of_pp_ranks(scenario, layout)  # each part holds whole pipeline stages
     if layout.layer_split == "auto":
         # the provisional even split is a layout the cost model can price layer by layer
-        layout = replace(layout, layers_per_chunk=balanced_layers(scenario, layout))
+        counts, within_budget = balanced_layers(scenario, layout)
+        layout = replace(layout, layers_per_chunk=counts, split_within_budget=within_budget)
     return layout

@@ -261,9 +261,26 @@ def test_a_searched_zero_bubble_schedule_is_budgeted_as_it_runs(overrides):
     layout = resolve(scenario)
     unit_time_split = balance(partition_problem(scenario, layout))
     assert unit_time_split is not None and unit_time_split != layout.layers_per_chunk
+    assert layout.split_within_budget
     result = simulate(scenario)
     memory = rank_memory(result.scenario, result.layout, result.schedule, result.workload)
     assert all(m.fits for m in memory), [round(m.peak_memory_bytes / 2**30, 2) for m in memory]
+
+
+def test_the_report_says_when_no_split_fits():
+    # zb-2p at 4,096 tokens holds 8 microbatches on the first stage: no split of Llama 3 70B over
+    # 4 stages fits, and the fastest is shown with what overflows
+    scenario = load_scenario(SCENARIOS / "llama3_70b_32xh100.yaml", [
+        "parallel.tp=4", "parallel.zero_stage=1", "parallel.schedule=zb-2p", "parallel.global_batch_size=64",
+        "parallel.layers_per_stage=auto", "model.seq_length=4096"]).scenario
+    summary = summarize(simulate(scenario))
+    assert summary.out_of_memory and summary.split_within_budget is False
+    assert "auto found no split of the layers within the memory budget" in format_summary(summary)
+    assert json.loads(summary_json(summary))["split_within_budget"] is False
+    fitting = summarize(simulate(load_scenario(SCENARIOS / "wav2vec2_large_16xa100.yaml").scenario))
+    assert fitting.split_within_budget is True and "no split" not in format_summary(fitting)
+    given = summarize(simulate(load_scenario(SCENARIOS / "llama3_70b_32xh100.yaml").scenario))
+    assert given.split_within_budget is None
 
 
 def test_the_automatic_split_budgets_the_layers_recompute_num_layers_leaves_kept():

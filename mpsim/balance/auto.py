@@ -346,8 +346,9 @@ def _run_schedules(scenario: Scenario, layout: Layout, units: _Units, problem: P
 MAX_SPLIT_ROUNDS = 8
 
 
-def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
-    """Units per model chunk minimizing the slowest stage within the memory budget (fastest if none fits).
+def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[tuple[int, ...], bool]:
+    """(units per model chunk minimizing the slowest stage within the memory budget, whether one
+    was found within it: where none is, the fastest split).
 
     A split is taken when every rank fits its device walking the passes of the schedule the
     run takes (:func:`mpsim.balance.partition.fits_ranks`). Where the run searches its
@@ -378,5 +379,5 @@ def balanced_layers(scenario: Scenario, layout: Layout) -> tuple[int, ...]:
     assert fastest is not None
     if fastest != chosen and (chosen is None or bottleneck_s(problem, fastest) < bottleneck_s(problem, chosen)) \
             and fits_as_run(fastest, run_schedule(fastest)):
-        return fastest
-    return chosen if chosen is not None else fastest
+        return fastest, True
+    return (chosen, True) if chosen is not None else (fastest, False)

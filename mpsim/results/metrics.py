@@ -106,6 +106,7 @@ class Summary:
     memory: list[RankMemory] = field(default_factory=list)
     layers_per_stage: tuple[int, ...] = ()  # layers (or layer-stack units) of each model chunk, in stage order
     layer_split: str = "even"  # how they were chosen: even, given (parallel.layers_per_stage) or auto
+    split_within_budget: bool | None = None  # auto: whether it found a split within the memory budget
     throughput_unit: str = "tokens"  # what throughput_per_s counts: tokens, images, samples or audio seconds
     throughput_per_s: float = 0.0  # the step's rate in that unit (results/throughput.py)
     host_wait_s: float = 0.0  # mean over pipeline ranks of their actions' waits for kernel launches
@@ -222,6 +223,7 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         memory=memory,
         layers_per_stage=tuple(layout.layers_per_chunk),
         layer_split=layout.layer_split,
+        split_within_budget=layout.split_within_budget,
         throughput_unit=unit.name,
         throughput_per_s=layout.global_batch_size * unit.per_sample / step,
         host_wait_s=mean([r.host_wait_s for r in ranks]),

@@ -164,6 +164,9 @@ def format_summary(summary: Summary) -> str:
         lines.append(f"  WARNING: out of memory on {len(oom)} of {len(s.memory)} pipeline ranks; rank {worst.rank} "
                      f"needs {format_need(worst.peak_memory_bytes, worst.capacity_bytes)} "
                      f"(largest: {worst.largest_category})")
+        if s.split_within_budget is False:
+            lines.append("  note: layers_per_stage: auto found no split of the layers within the memory budget; "
+                         "this is the fastest split, with what overflows")
     return "\n".join(lines)
 
 

@@ -52,6 +52,7 @@ class Layout:
     order: tuple[str, ...]  # innermost first
     sequence_parallel: bool
     layer_split: str = "even"  # how layers_per_chunk was chosen: even, given or auto
+    split_within_budget: bool | None = None  # auto: whether a split within the memory budget was found
     chains: tuple[int, ...] = ()  # stage chains of the schedule (mpsim/schedules/chains.py); (): one
     reshard_after_forward: bool = True  # ZeRO-3 / FSDP: gather the parameters again for the backward
     microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
