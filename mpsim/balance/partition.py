@@ -15,7 +15,11 @@ previous cut ``a`` of ``max(best[i][a], time of stage i on [a, b))``. For a fixe
 and the boundary term depends on ``b`` alone), so the scan over ``a`` stops at the first
 start that is already worse than the best found or over budget. This is the classic
 linear-partition problem (e.g. Narayanan et al. 2019, PipeDream's planner, solve a
-richer variant the same way); ``exhaustive`` enumerates every split for tests.
+richer variant the same way); ``exhaustive`` enumerates every split for tests. Under
+``recompute_num_layers`` a stage's first layers recompute and the rest do not, so a
+unit's cost depends on where its stage starts; where recomputing one unit can cost more
+than another unit's passes, an earlier start can be faster and the scan goes on to the
+first unit.
 
 The per-stage bound counts each stage's microbatches in flight and weight gradients
 waiting at their own peaks. :func:`rank_peak_bytes` is the tighter check of a split
