@@ -157,6 +157,21 @@ def test_gemm_efficiency_reaches_the_best_measured_matmul_and_no_more(name):
         assert achieved == pytest.approx(MAMF_BF16[name], rel=0.005)
 
 
+# the best-measured streaming kernel that reads and writes on each part whose file carries a measurement
+# (GB/s; the sources are the files' comments, docs/hardware-sources.md): efficiency.memory is its share
+# of the datasheet bandwidth
+STREAMING_GBPS = {"a100-sxm-40gb": 1400, "a100-sxm-80gb": 1725,
+                  "h100-sxm-80gb": 3 * 4 * 2**30 / 4.1e-3 / 1e9,  # a vector add of 2^30 fp32 in 4.1 ms (SB-GPU)
+                  "h100-pcie-80gb": 1832, "h200-sxm-141gb": 4377, "gh200": 3534.6, "b200": 7087, "mi300x": 4269,
+                  "v100-sxm2-32gb": 810, "tpu-v6e": 1359.6}
+
+
+@pytest.mark.parametrize("name", sorted(STREAMING_GBPS))
+def test_memory_efficiency_is_the_best_measured_streaming_kernel(name):
+    acc = load_accelerator(name)
+    assert acc.efficiency.memory * acc.memory.bandwidth / 1e9 == pytest.approx(STREAMING_GBPS[name], rel=0.01)
+
+
 # systems: (accelerator, devices per node, scale-up links per device x GB/s per link and direction,
 # node scale-out in Gb/s as NICs x rate, or None where no source gives it)
 SYSTEMS = {
