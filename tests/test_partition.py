@@ -208,7 +208,7 @@ def test_the_rank_walk_is_within_the_per_stage_bounds(name, pp, rounds, data):
     # a rank's walk takes its chunks' activations as the passes hold them at once: never more than
     # each stage at its own peak (the bound the split's search budgets), equal for one stage and 1F1B
     from mpsim.balance.auto import _peak_per_stage, _rank_passes
-    from mpsim.balance.partition import rank_peak_bytes, stage_bytes, stage_sums
+    from mpsim.balance.partition import rank_peak_bytes, stage_bytes
     from mpsim.engine import rank_spans
     from mpsim.schedules import build_schedule
 
