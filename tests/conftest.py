@@ -1,11 +1,14 @@
-"""Shared helpers: paths and a uniform-cost engine input builder."""
+"""Shared helpers: paths, the command line run in this process, and a uniform-cost engine input builder."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -25,6 +28,53 @@ SCENARIOS = ROOT / "scenarios"
 settings.register_profile("mpsim", derandomize=True, deadline=None, database=None)
 settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "mpsim"))
+
+@dataclass(frozen=True)
+class CliRun:
+    """What ``mpsim ARGV`` run in this process gave: its exit code (None: it ran past the limit) and output."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+class _Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Hang()
+
+
+def run_in_process(argv, cwd, limit_s: int = 60) -> CliRun:
+    """``mpsim ARGV`` run in this process from ``cwd``, as a shell would run it.
+
+    Starting Python and importing mpsim costs about a second per command, which a few
+    hundred command-line checks would pay again and again; an exception that escapes the
+    command fails the test as a traceback would. What only a real process shows (the
+    entry point, a warning printed at import) is checked by a few tests that start one.
+    """
+    from mpsim.cli.main import main
+
+    err, out = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    handler = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(limit_s)
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                code = main([str(arg) for arg in argv])
+            except SystemExit as exc:  # argparse's errors and --help
+                code = exc.code if isinstance(exc.code, int) else 2
+    except _Hang:
+        code = None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, handler)
+        os.chdir(previous)
+    return CliRun(code, out.getvalue(), err.getvalue())
+
 
 # a 1.3B GPT: small enough that every layout fits on 8 A100 and a whole plan runs in seconds
 TINY_MODEL = """\

@@ -1,4 +1,8 @@
-"""Every kind of bad input gives one clear line naming the file and field, and exit code 2."""
+"""Every kind of bad input gives one clear line naming the file and field, and exit code 2.
+
+The commands run in this process (``tests/conftest.py``: ``run_in_process``); the last
+tests start real ``python -m mpsim`` processes, for what only a process shows.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCENARIOS
+from tests.conftest import SCENARIOS, CliRun, run_in_process
 
 BASE = """name: test
 cluster:
@@ -28,7 +32,11 @@ parallel:
 SYSTEM = (SCENARIOS.parent / "hardware" / "systems" / "dgx_a100.yaml").read_text()
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path) -> CliRun:
+    return run_in_process(args, cwd)
+
+
+def run_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=cwd)
 
 
@@ -114,21 +122,37 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_scenario(tmp_path, case):
+def run_bad_scenario(tmp_path: Path, case, runner) -> None:
     _, text, extra, fragments = case
     args = list(extra)
     if text is not None:
         path = tmp_path / "scenario.yaml"
         path.write_text(text)
         args.insert(0, str(path))
-    result = run_cli("run", *args, cwd=tmp_path)
+    result = runner("run", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_scenario(tmp_path, case):
+    run_bad_scenario(tmp_path, case, run_cli)
+
+
+# What only a process shows: the console entry's exit code, and nothing printed besides the
+# one line (a warning raised at import, an interpreter's traceback). One case of each kind:
+# a field the loader refuses, a layout rule, a file that is not there.
+PROCESS_CASES = ["missing field", "tp not dividing heads", "missing scenario file"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in PROCESS_CASES],
+                         ids=[c[0] for c in CASES if c[0] in PROCESS_CASES])
+def test_bad_scenario_in_a_process_of_its_own(tmp_path, case):
+    run_bad_scenario(tmp_path, case, run_process)
 
 
 @pytest.mark.parametrize("edit,fragments", [

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from mpsim.cli import main
 from mpsim.specs.catalog import accelerator_names, load_accelerator, load_system, system_names
-from tests.conftest import SCENARIOS
+from tests.conftest import ROOT, SCENARIOS, CliRun, run_in_process
 
 HARDWARE = SCENARIOS.parent / "hardware"
 FILES = sorted(HARDWARE.glob("*/*.yaml"))
@@ -323,8 +321,8 @@ def test_hardware_show_says_what_a_gpu_keeps_of_its_rate_at_the_power_limit(caps
     assert "under load" not in capsys.readouterr().out
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=cwd)
+def run_cli(*args: str, cwd: Path = ROOT) -> CliRun:
+    return run_in_process(args, cwd)
 
 
 def test_unknown_hardware_is_one_line_with_a_suggestion():

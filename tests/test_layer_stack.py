@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -16,7 +14,7 @@ from mpsim.specs.stack import stack_units
 from mpsim.specs.stack_tp import plan_tensor_parallel
 from mpsim.workload import build_workload
 from mpsim.workload.flops import model_flops_per_sequence
-from tests.conftest import ROOT, SCENARIOS
+from tests.conftest import ROOT, SCENARIOS, CliRun, run_in_process
 from tests.transformer_stack import stack_layers_per_stage, transformer_as_stack
 
 
@@ -113,8 +111,8 @@ def test_tensor_parallel_splits_the_work_of_a_vit_block():
     assert flops[1] == pytest.approx(flops[0] / 8, rel=1e-12)
 
 
-def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=cwd)
+def run_cli(*args: str, cwd=ROOT) -> CliRun:
+    return run_in_process(args, cwd)
 
 
 STACK = """kind: stack

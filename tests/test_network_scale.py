@@ -8,8 +8,6 @@ as the slowest of them.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,15 +20,15 @@ from mpsim.results import summarize
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.specs.catalog import load_system
-from tests.conftest import ROOT, SCENARIOS
+from tests.conftest import ROOT, SCENARIOS, CliRun, run_in_process
 
 DP_HEAVY = SCENARIOS / "llama3_8b_64xh100_dp8.yaml"
 GPT3 = SCENARIOS / "gpt3_175b_64xa100.yaml"
 ONE_BUCKET = "training.grad_reduce_bucket_bytes=1 TB"  # the whole gradient in one all-reduce
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=ROOT)
+def run_cli(*args: str) -> CliRun:
+    return run_in_process(args, ROOT)
 
 
 def cli_seconds(output: str) -> list[float]:

@@ -10,11 +10,8 @@ code other than 0, 2 (bad input) and 3 (out of memory).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import os
-import signal
 import subprocess
 import sys
 
@@ -24,40 +21,17 @@ from hypothesis import strategies as st
 
 from mpsim.cli.main import main
 from tests.conftest import SCENARIOS, load_benchmark
+from tests.conftest import run_in_process as run_cli_in_process
 
 corpus = load_benchmark("robustness_corpus")
 
 CASE_LIMIT_S = 60
 
 
-class Hang(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise Hang()
-
-
 def run_in_process(argv: list[str] | tuple[str, ...], cwd) -> tuple[int | None, str]:
     """(exit code, standard error) of ``mpsim ARGV`` run here; None on a hang; an escaping exception fails."""
-    err, out = io.StringIO(), io.StringIO()
-    previous = os.getcwd()
-    handler = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(CASE_LIMIT_S)
-    try:
-        os.chdir(cwd)
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            try:
-                code = main(list(argv))
-            except SystemExit as exc:  # argparse's errors and --help
-                code = exc.code if isinstance(exc.code, int) else 2
-    except Hang:
-        return None, err.getvalue()
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, handler)
-        os.chdir(previous)
-    return code, err.getvalue()
+    run = run_cli_in_process(argv, cwd, CASE_LIMIT_S)
+    return run.returncode, run.stderr
 
 
 CASES = corpus.cases()

@@ -13,12 +13,17 @@ import yaml
 from mpsim.specs import load_scenario
 from mpsim.specs.layers import CustomLayer
 from mpsim.workload.layers import forward_flops_per_sample
-from tests.conftest import ROOT, SCENARIOS
+from tests.conftest import ROOT, SCENARIOS, CliRun, run_in_process
 
 EXAMPLE = ROOT / "examples"
 
 
-def run_cli(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd) -> CliRun:
+    """``mpsim ARGS`` in this process (torch is imported once, not once per command)."""
+    return run_in_process(args, cwd)
+
+
+def run_process(*args: str, cwd, env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mpsim", *args], capture_output=True, text=True, cwd=cwd, env=env)
 
 
@@ -106,7 +111,7 @@ def test_without_torch_the_command_says_how_to_install_it(tmp_path):
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('no torch here')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    result = run_cli("import-torch", "examples/cnn_transformer.py:build", "--input-shape", "3,64,64", cwd=ROOT,
+    result = run_process("import-torch", "examples/cnn_transformer.py:build", "--input-shape", "3,64,64", cwd=ROOT,
                      env=env)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: PyTorch is needed to import a model: pip install 'mpsim[calibrate]' " \

@@ -141,7 +141,9 @@ def _spread_concurrent(rows: list[Row]) -> list[Row]:
     for pid, tid, start, _, index in comm:
         end = rows[index][4]
         ends = lanes.setdefault((pid, tid), [])
-        lane = next((i for i, last in enumerate(ends) if last <= start), len(ends))
+        # the first lane free by then; nearly always the first lane, which is looked at first
+        lane = 0 if not ends or ends[0] <= start else next(
+            (i for i, last in enumerate(ends) if last <= start), len(ends))
         if lane == len(ends):
             ends.append(end)
             if lane:
