@@ -241,3 +241,24 @@ def test_pat_wins_small_messages_over_many_nodes_and_the_ring_large_ones_over_fe
     # more nodes only make PAT's case stronger
     pat_wins = [best(1 << 24, n) == "pat" for n in (16, 64, 256, 1024)]
     assert pat_wins == sorted(pat_wins)
+
+
+# --- NVLS-tree: the network part rides on the node's NVLS heads ------------------------------------------------
+
+def test_nvls_tree_crosses_the_network_through_at_most_32_heads_a_node():
+    from mpsim.cost.links import LinkCost
+    from mpsim.cost.nccl import NVLS_MAX_HEADS, GpuGroup, nvls_tree_all_reduce
+
+    def group(per_node: int) -> GpuGroup:
+        # a slow network, so that its part sets the pace
+        return GpuGroup(size=4 * per_node, nodes=4, per_node=per_node, intra=LinkCost(900e9, 3.4e-6),
+                        inter=LinkCost(5e9, 14e-6), base_latency_s=8.4e-6, in_switch=LinkCost(900e9, 3.4e-6),
+                        in_switch_min_ranks=2)
+    size = 1e10
+    network_s = lambda g: nvls_tree_all_reduce(size, group(g))  # noqa: E731
+    # an 8-GPU node: every GPU is a head and its NIC carries 2 S / 8 (NCCL's double binary tree)
+    assert network_s(8) == pytest.approx(2 * size / 8 / 5e9, rel=1e-3)
+    # a 72-GPU NVL72 domain has 32 heads, not 72: each of their NICs carries 2 S / 32
+    assert NVLS_MAX_HEADS == 32
+    assert network_s(72) == pytest.approx(2 * size / 32 / 5e9, rel=1e-3)
+    assert network_s(32) == pytest.approx(network_s(72), rel=1e-3)

@@ -55,6 +55,12 @@ from mpsim.cost.links import LinkCost, transfer_s
 # per network level of its tree.
 TREE_STEP_LATENCY_S = 28e-6
 NVLS_TREE_NET_STEP_LATENCY_S = 14e-6
+# NVLS-tree's network part runs over the node's NVLS heads, one GPU and its NIC per head, each
+# carrying its share of the data across nodes; a node has at most this many
+# (NCCL_MAX_NVLS_ARITY in src/include/device.h, 32 since NCCL 2.21.5; the NVLS graph search
+# caps its channels, which are the heads, at min(32, GPUs of the node): src/graph/search.cc).
+# An 8-GPU node has 8 heads; a 72-GPU NVL72 domain 32, so 40 of its 72 NICs carry none of it.
+NVLS_MAX_HEADS = 32
 # NCCL tuning.cc, PAT (Simple protocol, the only one it runs): base latency 8 us; latency
 # log2(nodes) * interLat / 3.5 + nRanks * 2.8 us, interLat being the network's per-step
 # latency (14 us, the ring's); bus bandwidth 0.75 of the channels'. Enabled by default
@@ -211,11 +217,13 @@ def nvls_all_reduce(message_bytes: float, group: GpuGroup) -> float:
 
 
 def nvls_tree_all_reduce(message_bytes: float, group: GpuGroup) -> float:
-    """In-switch reduction inside each node, a tree over the nodes for each rank's shard."""
+    """In-switch reduction inside each node, a tree over the nodes for each NVLS head's shard
+    (``NVLS_MAX_HEADS``: a head's NIC carries ``2 S / heads``, the double binary tree's bytes)."""
     assert group.in_switch is not None
     k, g = group.nodes, group.per_node
+    heads = min(g, NVLS_MAX_HEADS)
     latency = group.in_switch_latency_s + 2 * math.ceil(math.log2(k)) * NVLS_TREE_NET_STEP_LATENCY_S
-    loads = [(message_bytes * (g + 1) / g, group.in_switch), (2 * message_bytes / g, group.inter)]
+    loads = [(message_bytes * (g + 1) / g, group.in_switch), (2 * message_bytes / heads, group.inter)]
     return transfer_s(latency, loads, message_bytes)
 
 
