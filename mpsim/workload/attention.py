@@ -138,6 +138,11 @@ def _core(ctx: LayerContext) -> tuple[list[Item], list[Item], float]:
     if ctx.dropout:
         fwd.append(memory_op("attn.dropout", scores * (2 * e + mask)))
     fwd.append(gemm("attn.context", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype))
+    # the context comes out head by head ([b, heads, s, d]) and is copied back to the token-major
+    # layout the output projection reads: Megatron's permute(2, 0, 1, 3).contiguous()
+    # (CoreAttention in megatron/model/transformer.py, DotProductAttention in Megatron-Core),
+    # Hugging Face's eager attention's transpose(1, 2).contiguous(); read and write
+    fwd.append(memory_op("attn.context.to_tokens", queries * heads * d_v * 2 * e))
     bwd: list[Item] = [gemm("attn.context.grad_probs", s, s, d_v, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype),
                        gemm("attn.context.grad_v", s, d_v, s, batch=batch, in_bytes=e, out_bytes=e, dtype=ctx.attention_dtype)]
     if ctx.dropout:
