@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from mpsim.cost.actions import ActionCost, CostModel, stage_costs
+from mpsim.cost.chunk_gathers import window_gathers
 from mpsim.cost.pairs import overlapped_cost
 from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
                              param_gather_exposed_s, pipeline_transfer_s, pipeline_transfer_spec,
@@ -118,6 +119,7 @@ def engine_input(scenario: Scenario, layout: Layout, workload: Workload, schedul
         transfer_links=transfer_links if contention else None,
         optimizer_chain=scenario.training.optimizer_post_validation,
         optimizer_barrier=optimizer_waits_for_all(scenario),
+        gathered_after=window_gathers(schedule, workload, model, layout.fsdp_gathering),
     )
 
 
@@ -338,8 +340,8 @@ def simulate(scenario: Scenario, base_dir: Path | None = None, *,
     model = CostModel(scenario, layout)
     if schedule.name in SEARCHED:
         schedule = searched_schedule(schedule, workload, model)
-    if layout.fsdp_unsharding:  # the passes that gather their chunk's parameters first
-        schedule = mark_unsharding(schedule)
+    if layout.fsdp_gathering is not None:  # the passes that gather their chunk's parameters first
+        schedule = mark_unsharding(schedule, layout.fsdp_gathering)
     costs = schedule_costs(schedule, workload, model)
     inp = engine_input(scenario, layout, workload, schedule, model, costs)
     timeline = overlap_steps(scenario, inp, engine(inp))
@@ -380,7 +382,7 @@ def bubble_reference(result: SimulationResult, cut: bool = True) -> BubbleRefere
     mean = {kind: sum(values) / len(values) for kind, values in by_kind.items()}
     balanced = replace(inp, action_s={key: mean[key[1::2]] for key in inp.action_s},
                        transfer_s={key: 0.0 for key in inp.transfer_s}, send_blocking=False, grad_buckets={},
-                       pair_syncs=(), finalize_s=(), action_buckets={}, transfer_links=None)
+                       pair_syncs=(), finalize_s=(), action_buckets={}, transfer_links=None, gathered_after={})
     # nothing shared, one writer per resource: the longest path gives the engine's timeline, in
     # a third of its time (the walk, not the compiled loop: one run does not repay compiling);
     # its repeated middle is run once, and its waits repeated (engine/excise.py)

@@ -153,12 +153,22 @@ def test_a_calibration_profile_is_named_and_a_link_what_if_it_absorbs_is_noted(t
     assert json.loads(capsys.readouterr().out)["calibration"] is None
 
 
-def test_fsdp_under_a_pipeline_with_more_chunks_than_torch_keeps_gathered_says_so(capsys):
-    # torch's pipeline runtime keeps three of a rank's chunks gathered; mpsim prices one gather
-    # per chunk and step, and with more chunks the command says that the others are not priced
-    base = ["run", SCENARIO, "--json", "--set", "parallel.pp=2", "--set", "parallel.dp=2",
-            "--set", "parallel.zero_stage=3", "--set", "parallel.schedule=interleaved-1f1b"]
-    assert main([*base, "--set", "parallel.vpp=4"]) in (0, 3)
-    assert "note: FSDP under a pipeline with 4 chunks per rank" in capsys.readouterr().err
-    assert main([*base, "--set", "parallel.vpp=2"]) in (0, 3)
-    assert "note: FSDP" not in capsys.readouterr().err
+def test_fsdp_under_a_pipeline_with_more_chunks_than_torch_keeps_gathered_is_priced_not_noted(capsys):
+    # torch's pipeline runtime keeps three of a rank's chunks gathered (parallel.fsdp_gathered_chunks):
+    # with four the window frees and gathers them again, which the step and the memory now take in:
+    # without resharding after the forward the weights are sharded between the passes (over 8 ranks:
+    # the shard and three gathered chunks of four hold less than every chunk whole)
+    base = ["run", SCENARIO, "--json", "--set", "parallel.pp=2", "--set", "parallel.dp=8", "--set", "cluster.nodes=16",
+            "--set", "parallel.zero_stage=3", "--set", "parallel.schedule=interleaved-1f1b", "--set", "parallel.vpp=4",
+            "--set", "parallel.reshard_after_forward=false"]
+    assert main(base) in (0, 3)
+    out, err = capsys.readouterr()
+    assert "note: FSDP" not in err
+    windowed = json.loads(out)
+    assert main([*base, "--set", "parallel.fsdp_gathered_chunks=null"]) in (0, 3)
+    every_chunk = json.loads(capsys.readouterr().out)
+    assert windowed["peak_memory_bytes"] < every_chunk["peak_memory_bytes"]
+    # a window of no chunks is refused in one line naming the field
+    assert main([*base, "--set", "parallel.fsdp_gathered_chunks=0"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "parallel.fsdp_gathered_chunks" in line and "greater than 0" in line

@@ -24,7 +24,7 @@ from mpsim.results import summarize
 from mpsim.results.memory import rank_memory, walk_peak
 from mpsim.schedules import SCHEDULES, build_schedule
 from mpsim.schedules.actions import Action, Schedule, Unsharding, flat
-from mpsim.schedules.unshard import mark_unsharding
+from mpsim.schedules.unshard import Gathering, mark_unsharding
 from mpsim.simulate import simulate
 from mpsim.specs import load_scenario
 from mpsim.specs.layout import resolve_layout
@@ -153,7 +153,7 @@ def test_a_backward_keeps_its_chunks_parameters_in_the_memory_walk():
     workload = SimpleNamespace(stages=[_stage(10.0, 4.0)])
     two = Schedule("two", 2, (0,), ((Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)),))
     assert walk_peak(two, 0, workload).bytes == pytest.approx(8.0)
-    walked = walk_peak(two, 0, workload, unsharding=True)
+    walked = walk_peak(two, 0, workload, gathering=Gathering(reshard_after_forward=True))
     assert walked.bytes == pytest.approx(14.0) and walked.gathered_params_bytes == pytest.approx(10.0)
     assert walked.in_flight == 1
 
@@ -259,6 +259,6 @@ def test_a_chunks_last_pass_frees_its_parameters_in_the_memory_walk():
     # gradients are reduced and its parameters freed, so the second chunk's forward peaks without them
     workload = SimpleNamespace(stages=[_stage(10.0, 1.0), _stage(5.0, 100.0)])
     two = Schedule("two", 1, (0, 0), ((Action(0, "F", 0), Action(0, "B", 0), Action(1, "F", 0), Action(1, "B", 0)),))
-    walked = walk_peak(two, 0, workload, unsharding=True)
+    walked = walk_peak(two, 0, workload, gathering=Gathering(reshard_after_forward=True))
     # the start holds both chunks (15); the second forward holds its 100 of activations alone
     assert walked.bytes == pytest.approx(100.0) and walked.gathered_params_bytes == 0.0

@@ -55,6 +55,15 @@ VARIANTS = {  # paths the shipped scenarios do not take
         SCENARIOS / "llama3_70b_32xh100.yaml",
         ("parallel.tp=4", "parallel.recompute=full", "parallel.zero_stage=3", "parallel.reshard_after_forward=true",
          "parallel.schedule=dualpipev", "parallel.vpp=2")),
+    # torch's runtime keeps 3 of a rank's 5 chunks gathered: chunks freed and gathered again between passes
+    "FSDP chunk window, parameters kept from forward to backward": (
+        SCENARIOS / "llama3_70b_32xh100.yaml",
+        ("parallel.zero_stage=3", "parallel.reshard_after_forward=false", "parallel.schedule=interleaved-1f1b",
+         "parallel.vpp=5", "parallel.fsdp_gathered_chunks=3")),
+    "FSDP chunk window, resharding after the forward": (
+        SCENARIOS / "llama3_70b_32xh100.yaml",
+        ("parallel.zero_stage=3", "parallel.reshard_after_forward=true", "parallel.schedule=interleaved-1f1b",
+         "parallel.vpp=5", "parallel.fsdp_gathered_chunks=3")),
 }
 
 

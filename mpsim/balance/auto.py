@@ -93,13 +93,18 @@ def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
     next forward (``results.memory.walk_peak``), and a backward has just freed one of the
     microbatches its stage holds at most, so the chunk's activations and parameters stay
     within its peak microbatches' activations plus that excess. Counted per unit, the
-    excess is a bound of the chunk's.
+    excess is a bound of the chunk's. Where a chunk window gathers whole chunks between the
+    passes instead (``Layout.fsdp_windowed`` without ``reshard_after_forward``), the stage's
+    parameters gathered whole: every chunk's, a bound of the window's.
     """
     training = scenario.training
     kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage,
                   shard_weights=layout.weights_sharded,
                   optimizer=training.optimizer)
-    gathered = max(0.0, gathered_params_bytes(work) - work.activation_bytes) if layout.fsdp_unsharding else 0.0
+    if layout.fsdp_unsharding:
+        gathered = max(0.0, gathered_params_bytes(work) - work.activation_bytes)
+    else:
+        gathered = gathered_params_bytes(work) if layout.fsdp_windowed else 0.0
     return (model_state_bytes(work.params, shard=layout.shard_ranks, **kwargs).total_bytes
             + model_state_bytes(work.expert_params, shard=layout.expert_dp, **kwargs).total_bytes + gathered)
 

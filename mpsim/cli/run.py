@@ -25,7 +25,7 @@ def _run_step(args: argparse.Namespace) -> int:
     from mpsim.results import summarize
     from mpsim.cli.common import resized_by_system
     from mpsim.results.report import placement_warning
-    from mpsim.specs.layout import fsdp_chunks_note, zero_sharding_note
+    from mpsim.specs.layout import zero_sharding_note
     from mpsim.simulate import bubble_reference, simulate
     from mpsim.specs import load_scenario
     from mpsim.units import format_bytes
@@ -52,7 +52,6 @@ def _run_step(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     for note in (resized_by_system(args.scenario, args.overrides, loaded.scenario),
                  zero_sharding_note(result.scenario, result.layout),
-                 fsdp_chunks_note(result.layout),
                  _profile_links_note(args.overrides, result.scenario)):
         if note:
             print(note, file=sys.stderr)

@@ -71,6 +71,11 @@ class EngineInput:
     # every rank's optimizer step waits for the last rank's gradients: a blocking reduction over all
     # pipeline ranks before the update (Megatron's global gradient norm, the fp16 inf/nan check)
     optimizer_barrier: bool = False
+    # (rank, item index) -> ((earlier item index, seconds), ...): the item starts no earlier than
+    # the seconds after the item before each earlier one ended (FSDP's chunk window: the runtime
+    # issues a chunk's gathers when it comes to the earlier item, and the chunk's next pass waits
+    # for them: schedules/unshard.py)
+    gathered_after: Mapping[tuple[int, int], tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -211,6 +216,7 @@ class _Run:
         records, send_waits = self.timeline.actions[rank], self.timeline.send_waits
         shared, blocking, sending, dp = self.shared, self.inp.send_blocking, self.sending[rank], self.dp
         not_before = self.inp.not_before_s
+        gathered_after, gather_waits = self.inp.gathered_after, self.timeline.gather_waits
         sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
         end = 0.0
         for index, (item, duration, inputs, outputs, buckets, completes) in enumerate(self._plan(rank)):
@@ -239,6 +245,12 @@ class _Run:
                     send_waits.append((rank, end, ready))
                     if ready > start:
                         start = ready
+            if gathered_after:
+                gathered = max(((records[earlier - 1].end_s if earlier else 0.0) + seconds
+                                for earlier, seconds in gathered_after.get((rank, index), ())), default=0.0)
+                if gathered > start:
+                    gather_waits.append((rank, start, gathered))
+                    start = gathered
             if start > env.now:
                 yield env.timeout(start - env.now)
             # compute; the reductions this action produces become ready while it runs

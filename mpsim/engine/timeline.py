@@ -64,6 +64,9 @@ class Timeline:
     transfers: list[TransferRecord] = field(default_factory=list)
     syncs: list[SyncRecord] = field(default_factory=list)
     send_waits: list[tuple[int, float, float]] = field(default_factory=list)  # (rank, start, end) blocked on sends
+    # (rank, start, end) an item waited for its chunk's parameters, which the pipeline runtime
+    # gathers as an earlier item starts (EngineInput.gathered_after)
+    gather_waits: list[tuple[int, float, float]] = field(default_factory=list)
     rank_end_s: list[float] = field(default_factory=list)
     # steps that overlap their neighbours (training.optimizer_post_validation): the time from one
     # step to the next in a long run, where the records are of one step alone (engine/consecutive.py)
@@ -78,6 +81,11 @@ class Timeline:
     def send_waits_of(self, rank: int) -> list[tuple[float, float]]:
         """(start, end) of each wait of ``rank`` for its own sends, in time order."""
         return self._by_rank("send_waits", self.send_waits, lambda wait: wait[0], lambda wait: wait[1:],
+                             sort=True).get(rank, [])
+
+    def gather_waits_of(self, rank: int) -> list[tuple[float, float]]:
+        """(start, end) of each wait of ``rank`` for a chunk's gathered parameters, in time order."""
+        return self._by_rank("gather_waits", self.gather_waits, lambda wait: wait[0], lambda wait: wait[1:],
                              sort=True).get(rank, [])
 
     def _by_rank(self, name: str, items: list, rank_of, value=lambda item: item, sort: bool = False) -> dict:

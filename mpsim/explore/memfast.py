@@ -27,8 +27,9 @@ walks, and the cycle collector traverses every tuple subclass it holds on each f
 collection. Held ZeRO-3 parameters (``hold_params``) depend on the order of opens and
 closes per stage; those layouts go through ``rank_memory`` itself, over the walk's
 actions rebuilt (``ShortWalk.schedule``). So do the layouts whose backwards gather
-parameters and keep them (``Layout.fsdp_unsharding``), over a walk that is not
-shortened: a backward can raise the level there, and the short walk keeps only the
+parameters and keep them, or whose pipeline runtime frees and gathers whole chunks
+(``Layout.fsdp_gathering``), over a walk that is not shortened: a backward, or a chunk
+gathered before any pass, can raise the level there, and the short walk keeps only the
 states after forwards.
 """
 
@@ -141,7 +142,7 @@ class LayoutMemory:
         (with no walk: over no actions, the model state and buffers alone). Its forwards in
         flight and what deferred weight gradients hold at the peak are left at 0: the
         planner reads neither."""
-        if held_params(self.layout) or self.layout.fsdp_unsharding:
+        if held_params(self.layout) or self.layout.fsdp_gathering is not None:
             schedule = walk.schedule() if walk is not None else shell
             return max(rank_memory(self.scenario, self.layout, schedule, self.workload, layer_peaks=False),
                        key=lambda m: m.peak_memory_bytes)

@@ -184,7 +184,7 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     # the deferral rewrites the head stage's actions: a schedule with it is another schedule
     deferral = training.wgrad_deferral_limit if training.defer_embedding_wgrad else None
     # a walk that tracks gathered parameters keeps every state (memfast.LayoutMemory.fullest)
-    whole_walk = layout.fsdp_unsharding
+    whole_walk = layout.fsdp_gathering is not None
     key = (name, layout.pp, layout.vpp, layout.num_microbatches, layout.microbatch_group_size, deferral, whole_walk)
     short = None if from_file else SHORTS.get(key)
     if short is None:

@@ -256,8 +256,8 @@ class PlanEvaluator:
         scenario, prepared = self._scenario(fields)
         layout, workload, model = prepared.layout, prepared.workload, prepared.model
         schedule = schedule_for(scenario, layout, None)
-        if layout.fsdp_unsharding:  # the passes that gather their chunk's parameters first
-            schedule = mark_unsharding(schedule)
+        if layout.fsdp_gathering is not None:  # the passes that gather their chunk's parameters first
+            schedule = mark_unsharding(schedule, layout.fsdp_gathering)
         costs = prepared.schedule_costs(schedule)
         inp = engine_input(scenario, layout, workload, schedule, model, costs)
         try:

@@ -8,7 +8,10 @@ before an action is split, in time order, into:
 * ``imbalance``: the rest of the wait for another stage's compute (unequal stages);
 * ``transfer``: the input's producer had finished and its transfer was in flight
   (exposed pipeline communication);
-* ``send``: waiting for the rank's own blocking sends to arrive.
+* ``send``: waiting for the rank's own blocking sends to arrive;
+* ``gather``: waiting for a chunk's parameters that FSDP's chunk window gathered again
+  (``EngineInput.gathered_after``), after everything else the action needed was there.
+  Not bubble: the summary counts it as exposed parameter-gather communication.
 
 Without a reference run, waits for other stages are reported as ``schedule`` before the
 first and after the last action and ``stage-wait`` in between.
@@ -20,7 +23,7 @@ from typing import NamedTuple
 
 from mpsim.engine.timeline import ROUNDING, Timeline
 
-KINDS = ("schedule", "imbalance", "stage-wait", "transfer", "send")
+KINDS = ("schedule", "imbalance", "stage-wait", "transfer", "send", "gather")
 
 
 class Idle(NamedTuple):
@@ -52,6 +55,8 @@ def idle_intervals(timeline: Timeline, rank: int, pipeline_end_s: float,
     if not records:
         return [Idle(0.0, pipeline_end_s, "schedule")] if pipeline_end_s > 0 else []
     sends = timeline.send_waits_of(rank)
+    # each gather wait ends where its action starts (engine/core.py)
+    gathers = {end: start for start, end in timeline.gather_waits_of(rank)}
     noise_s = ROUNDING * pipeline_end_s  # a gap within rounding of the step's times is none
     gaps = _split(0.0, records[0].start_s, waits[0] if waits else None, "schedule")
     send_index = 0
@@ -66,12 +71,18 @@ def idle_intervals(timeline: Timeline, rank: int, pipeline_end_s: float,
             send_index += 1
         if record.start_s <= cursor + noise_s:
             continue
+        begin = record.start_s
+        gathered_from = gathers.get(begin) if gathers else None
+        if gathered_from is not None:
+            begin = max(cursor, gathered_from)
         sent = record.input_sent_s
         # the part of the wait after the producer had finished is the transfer in flight
-        transfer_from = record.start_s if sent is None else max(cursor, min(sent, record.start_s))
+        transfer_from = begin if sent is None else max(cursor, min(sent, begin))
         gaps += _split(cursor, transfer_from, waits[index] if waits else None, "stage-wait")
-        if record.start_s > transfer_from:
-            gaps.append(Idle(transfer_from, record.start_s, "transfer"))
+        if begin > transfer_from:
+            gaps.append(Idle(transfer_from, begin, "transfer"))
+        if record.start_s > begin:
+            gaps.append(Idle(begin, record.start_s, "gather"))
     gaps += _split(records[-1].end_s, pipeline_end_s, drain, "schedule")
     return gaps
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from mpsim.cost.devices import part_of_pp_ranks
 from mpsim.schedules.actions import Schedule, flat, parts, stages_by_rank
-from mpsim.schedules.unshard import gathers
+from mpsim.schedules.unshard import Gathering, rank_gathers
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.workload.memory import (gathered_params_bytes, held_params, model_state_bytes,
@@ -121,12 +121,15 @@ def memory_timeline(timeline, schedule: Schedule, workload: Workload, layout: La
     that frees more than it adds: from its end), in the memory walk's order, so that the
     highest point is ``walk_peak``'s.
     """
-    steps = param_steps(schedule, rank, workload, held_params(layout), layout.fsdp_unsharding)
+    steps = param_steps(schedule, rank, workload, held_params(layout), layout.fsdp_gathering)
     level = sum(gathered_params_bytes(workload.stages[stage]) for stage in steps.resident)
     points = [(0.0, level)]
     index = 0
     for record in timeline.actions[rank]:
         for action in parts(record.action):
+            if steps.before and steps.before_bytes(index):
+                level += steps.before_bytes(index)  # a chunk window's gathers and frees, as the action starts
+                points.append((max(record.start_s, points[-1][0]), level))
             delta = _activation_deltas(workload.stages[action.stage], action.kind)[0] + steps.changes[index]
             level += delta
             # never before the point ahead of it: a pair's backward that gathers adds from its start,
@@ -146,57 +149,59 @@ class ParamSteps:
     resident: tuple[int, ...]  # stages whose parameters are gathered when the step starts
     changes: tuple[float, ...]  # per action: bytes it gathers (+) or frees (-)
     freed_after: tuple[float, ...]  # per action: bytes freed once it has ended (a chunk's last pass)
+    # per action: (stage, bytes) the pipeline runtime frees (-) and then gathers (+) just before it
+    # (FSDP's chunk window, ``schedules.unshard.window_changes``); empty where none
+    before: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+    def before_bytes(self, index: int) -> float:
+        """Net bytes the runtime gathers just before action ``index``."""
+        return sum(size for _, size in self.before[index]) if self.before else 0.0
 
 
 def param_steps(schedule: Schedule, rank: int, workload: Workload, hold_params: bool = False,
-                unsharding: bool = False, actions: list | None = None) -> ParamSteps:
+                gathering: Gathering | None = None, actions: list | None = None) -> ParamSteps:
     """Where the rank's gathered parameters come and go, action by action of ``flat(schedule.actions[rank])``.
 
-    With ``hold_params`` (FSDP without ``reshard_after_forward``) a stage's parameters are
+    With ``hold_params`` (ZeRO-3 without ``reshard_after_forward``) a stage's parameters are
     gathered by the forward that opens its first microbatch and freed by the backward
-    that closes its last. With ``unsharding`` (FSDP resharding after the forward under a
-    pipeline, ``Layout.fsdp_unsharding``) every stage of the rank is gathered when the step
-    starts; a forward frees them, a backward that finds them freed gathers and keeps them
-    (``mpsim/schedules/unshard.py``), and the stage's last pass frees them once it ends
-    (its gradients are reduced then, with resharding after the backward back on). FSDP
-    gathers and frees layer by layer as a pass goes; taken with the pass's activations
-    as one change, that is the layer-by-layer peak to within a layer.
+    that closes its last. With ``gathering`` (FSDP under a pipeline, ``Layout.fsdp_gathering``)
+    they follow ``schedules.unshard.rank_gathers``: every stage of the rank gathered when the
+    step starts (with a chunk window, the first ones it computes), a forward resharding after
+    itself frees them, a backward that finds them freed gathers and keeps them, the stage's
+    last pass frees them once it ends, and a window frees and gathers whole chunks between
+    passes. FSDP gathers and frees layer by layer as a pass goes; taken with the pass's
+    activations as one change, that is the layer-by-layer peak to within a layer.
     """
     if actions is None:
         actions = flat(schedule.actions[rank])
     changes = [0.0] * len(actions)
     freed_after = [0.0] * len(actions)
-    if not (hold_params or unsharding):
+    if not (hold_params or gathering):
         return ParamSteps((), tuple(changes), tuple(freed_after))
+    size_of = lambda stage: gathered_params_bytes(workload.stages[stage])  # noqa: E731
     start: tuple[int, ...] = ()
-    last_pass: dict[int, int] = {}
-    if unsharding:
-        start = tuple(stages_by_rank(schedule.stage_to_rank, schedule.num_ranks)[rank])
-        last_pass = {action.stage: index for index, action in enumerate(actions) if action.kind != "F"}
-    resident = set(start)
+    before: tuple[tuple[tuple[int, float], ...], ...] = ()
+    if gathering is not None:
+        held = stages_by_rank(schedule.stage_to_rank, schedule.num_ranks)[rank]
+        plan = rank_gathers(schedule.actions[rank], held, gathering)
+        start = plan.start
+        for index, (stage, _, _) in enumerate(actions):
+            changes[index] = plan.change[index] * size_of(stage)
+            freed_after[index] = sum(size_of(freed) for freed in plan.freed_after[index])
+        if any(plan.before):
+            before = tuple(tuple((stage, sign * size_of(stage)) for stage, sign in steps) for steps in plan.before)
     open_forwards: dict[int, int] = {}
     for index, (stage, kind, _) in enumerate(actions):
-        size = gathered_params_bytes(workload.stages[stage])
-        if unsharding:
-            # a forward that found them gathered frees them (one that gathers frees them again: no
-            # change), a backward that gathers them keeps them
-            gathered = gathers(stage, kind, resident)
-            if kind == "F" and not gathered:
-                changes[index] -= size
-            elif kind in ("B", "I") and gathered:
-                changes[index] += size
         count = _activation_deltas(workload.stages[stage], kind)[1]
         if hold_params and count:
-            before = open_forwards.get(stage, 0)
-            open_forwards[stage] = before + count
-            if before == 0 and count > 0:
+            size = size_of(stage)
+            opened = open_forwards.get(stage, 0)
+            open_forwards[stage] = opened + count
+            if opened == 0 and count > 0:
                 changes[index] += size
-            elif before + count == 0:
+            elif opened + count == 0:
                 changes[index] -= size
-        if last_pass.get(stage) == index and stage in resident:
-            resident.discard(stage)
-            freed_after[index] = size
-    return ParamSteps(start, tuple(changes), tuple(freed_after))
+    return ParamSteps(start, tuple(changes), tuple(freed_after), before)
 
 
 @dataclass(frozen=True)
@@ -210,21 +215,28 @@ class WalkPeak:
 
 
 def walk_peak(schedule: Schedule, rank: int, workload: Workload, layers_only: bool = False,
-              hold_params: bool = False, unsharding: bool = False) -> WalkPeak:
+              hold_params: bool = False, gathering: Gathering | None = None) -> WalkPeak:
     """The peak of the rank's action list, as ``WalkPeak``.
 
     The bytes are the activations the schedule holds and the gathered parameters
-    ``param_steps`` says are held (``hold_params``: FSDP without ``reshard_after_forward``;
-    ``unsharding``: FSDP resharding after the forward under a pipeline).
+    ``param_steps`` says are held (``hold_params``: ZeRO-3 without ``reshard_after_forward``;
+    ``gathering``: FSDP under a pipeline, ``Layout.fsdp_gathering``). What a chunk window
+    gathers before an action counts before the action's own change.
     """
     actions = flat(schedule.actions[rank])
-    gathering = hold_params or unsharding
-    steps = param_steps(schedule, rank, workload, hold_params, unsharding, actions) if gathering else None
+    tracked = hold_params or gathering is not None
+    steps = param_steps(schedule, rank, workload, hold_params, gathering, actions) if tracked else None
     level = held = sum(gathered_params_bytes(workload.stages[stage]) for stage in steps.resident) if steps else 0.0
     for_weight_grads = 0.0
     in_flight = 0
     best = WalkPeak(level, 0, held, 0.0)
     for index, (stage, kind, _) in enumerate(actions):
+        if steps is not None and steps.before:
+            ahead = steps.before_bytes(index)
+            held += ahead
+            level += ahead
+            if level > best.bytes:
+                best = WalkPeak(level, in_flight, held, for_weight_grads)
         work = workload.stages[stage]
         delta, count = _activation_deltas(work, kind)
         if layers_only and kind != "W":
@@ -347,7 +359,7 @@ def rank_memory(scenario: Scenario, layout: Layout, schedule: Schedule, workload
     result = []
     for rank, state in enumerate(rank_states(scenario, layout, schedule.stage_to_rank, schedule.num_ranks,
                                              workload)):
-        walk = peak_of(schedule, rank, workload, hold_params=hold, unsharding=layout.fsdp_unsharding)
+        walk = peak_of(schedule, rank, workload, hold_params=hold, gathering=layout.fsdp_gathering)
         layer_peak = activation_walk(schedule, rank, workload, layers_only=True)[0] if layer_peaks else 0.0
         result.append(rank_at_peak(rank, state, walk, reserved_of_rank[rank], fragmentation, layer_peak))
     return result

@@ -26,7 +26,10 @@ What is in it:
   open forward and freed after the backward that closes the last; with FSDP resharding
   after the forward under a pipeline, each chunk of the rank is gathered when the
   recording starts, a forward frees it, a backward that finds it freed gathers it and
-  keeps it, and the chunk's last pass frees it when it ends. FSDP frees and gathers
+  keeps it, and the chunk's last pass frees it when it ends; where the pipeline runtime's
+  chunk window binds (``parallel.fsdp_gathered_chunks``), a chunk is gathered and freed as
+  one block when the runtime comes to the action it gathers or frees it before, and what
+  it still holds after the last action is freed then. FSDP frees and gathers
   layer by layer as a pass goes; the snapshot moves a chunk's parameters as one block,
   freed before the pass allocates and gathered after it frees, which reaches the
   layer-by-layer peak to within a layer and is the order the memory table's walk counts.
@@ -100,7 +103,7 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
     allocator.time_us = 0
     stages = result.workload.stages
     layout = result.layout
-    steps = param_steps(result.schedule, rank, result.workload, held_params(layout), layout.fsdp_unsharding)
+    steps = param_steps(result.schedule, rank, result.workload, held_params(layout), layout.fsdp_gathering)
     why = "ZeRO-3, held from forward to backward" if held_params(layout) else "FSDP, freed by a forward"
     gathered: dict[int, list[int]] = {}  # stage -> addresses of its gathered parameters
     for stage in steps.resident:
@@ -114,6 +117,15 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
             work = stages[stage]
             where = f"stage {stage}, microbatch {microbatch}"
             change = steps.changes[index]
+            if steps.before and steps.before[index]:
+                # the runtime's chunk window frees chunks, then gathers others, as it comes to the action
+                allocator.time_us = round(record.start_s * 1e6)
+                for other, size in steps.before[index]:
+                    if size < 0:
+                        release(gathered.pop(other))
+                    else:
+                        gathered[other] = allocate(size, f"gathered parameters of stage {other} (the pipeline "
+                                                         f"runtime's chunk window; before {action})")
             # allocations when a forward starts, frees when a backward ends (memory.memory_timeline);
             # parameters a pass frees go before what it allocates, parameters it gathers after what it frees
             allocator.time_us = round((record.start_s if kind == "F" else record.end_s) * 1e6)
@@ -132,9 +144,11 @@ def memory_snapshot(result: SimulationResult, memory: list[RankMemory], rank: in
                 release(live.pop(("weight grad", stage, microbatch), []))
             if change > 0:
                 gathered[stage] = allocate(change, f"gathered parameters of stage {stage} ({why}; by {where})")
-            if steps.freed_after[index]:
+            if steps.freed_after[index] and stage in gathered:
                 release(gathered.pop(stage))  # the chunk's last pass: its gradients reduced, its parameters freed
             index += 1
+    for addresses in gathered.values():  # what a chunk window leaves gathered is freed after the last action
+        release(addresses)
     return {"segments": allocator.snapshot_segments(), "device_traces": [allocator.trace]}
 
 

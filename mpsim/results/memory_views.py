@@ -138,7 +138,7 @@ def plot_memory(result: SimulationResult, memory: list[RankMemory], path: str, r
 
     ax.set_title(f"{setup_text(result)}: memory per device over one step\n{shown}\nmodel state, buffers and "
                  f"reserved memory are the floor; activations rise with each forward and fall with its backward"
-                 f"{', gathered ZeRO-3 parameters come and go' if held_params(result.layout) or result.layout.fsdp_unsharding else ''}"
+                 f"{', gathered ZeRO-3 parameters come and go' if held_params(result.layout) or result.layout.fsdp_gathering is not None else ''}"
                  f" (dot: each rank's peak)", fontsize=9, loc="left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)

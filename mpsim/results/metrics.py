@@ -141,6 +141,8 @@ def _rank_time(result: SimulationResult, rank: int, pipeline_end: float,
     embedding = sum(s.end_s - s.start_s for s in syncs if s.kind == "embedding-sync")
     optimizer = sum(s.end_s - s.start_s for s in syncs if s.kind == "optimizer")
     span = (records[-1].end_s - records[0].start_s) if records else 0.0
+    # a chunk gathered again by FSDP's window and waited for between the actions (results/idle.py)
+    zero_wait += idle["gather"]
     return RankTime(rank, compute, tp_exposed, cp_exposed, ep_exposed, zero_wait, idle["schedule"], idle["imbalance"], idle["stage-wait"],
                     idle["transfer"], idle["send"], max(0.0, dp_end - compute_end), embedding, optimizer,
                     timeline.rank_end_s[rank], span, host_wait, amax)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from mpsim.schedules.chains import StageChains
 from mpsim.schedules.registry import stage_chains
+from mpsim.schedules.unshard import TORCH_GATHERED_CHUNKS, Gathering
 from mpsim.specs.layout_checks import (check_context_parallel, check_deferred_head_wgrad, check_dtype,
                                        check_microbatch_groups, check_tensor_parallel, check_userbuffers_sms, fail)
 from mpsim.specs.pipeline_split import layers_per_chunk
@@ -55,6 +56,7 @@ class Layout:
     split_within_budget: bool | None = None  # auto: whether a split within the memory budget was found
     chains: tuple[int, ...] = ()  # stage chains of the schedule (mpsim/schedules/chains.py); (): one
     reshard_after_forward: bool = True  # ZeRO-3 / FSDP: gather the parameters again for the backward
+    fsdp_gathered_chunks: int | None = TORCH_GATHERED_CHUNKS  # FSDP under a pipeline: chunks kept gathered; None: all
     microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
 
     @property
@@ -94,9 +96,26 @@ class Layout:
         No forward reshards, and no backward but the last, so each chunk's parameters are
         gathered once, before its first forward, and stay gathered for the step, as
         torchtitan runs its pipelines by default and as Llama 3 ran: the weights' memory is
-        ZeRO-1's too (``weights_sharded``).
+        ZeRO-1's too (``weights_sharded``). Not where the runtime's chunk window binds
+        (``fsdp_windowed``): it frees chunks and gathers them again.
         """
-        return self.fsdp_pipelined and not self.reshard_after_forward
+        return self.fsdp_pipelined and not self.reshard_after_forward and not self.fsdp_windowed
+
+    @property
+    def fsdp_windowed(self) -> bool:
+        """FSDP under a pipeline whose runtime keeps fewer of a rank's chunks gathered than it
+        holds (``fsdp_gathered_chunks`` below ``vpp``): chunks leave the window, are freed and
+        are gathered again (``mpsim/schedules/unshard.py``), whatever ``reshard_after_forward``."""
+        return (self.fsdp_pipelined and self.fsdp_gathered_chunks is not None
+                and self.vpp > self.fsdp_gathered_chunks)
+
+    @property
+    def fsdp_gathering(self) -> Gathering | None:
+        """How parameters are gathered and freed within the step (FSDP under a pipeline that
+        reshards after the forward or keeps a chunk window), or None where they are not."""
+        if not (self.fsdp_unsharding or self.fsdp_windowed):
+            return None
+        return Gathering(self.reshard_after_forward, self.fsdp_gathered_chunks if self.fsdp_windowed else None)
 
     @property
     def fsdp_unsharding(self) -> bool:
@@ -187,6 +206,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
         layer_split=split,
         chains=chains,
         reshard_after_forward=plan.reshard_after_forward,
+        fsdp_gathered_chunks=plan.fsdp_gathered_chunks,
         microbatch_group_size=plan.microbatch_group_size,
     )
 
@@ -249,23 +269,6 @@ def zero_sharding_note(scenario: Scenario, layout: Layout) -> str | None:
         return (f"note: ZeRO-{asked} shards over the data- and context-parallel ranks, and here there is one "
                 f"(dp x cp = {layout.dp * layout.cp}): nothing is sharded, so the step is priced as without ZeRO")
     return None
-
-
-# torch.distributed.pipelining's runtime keeps at most this many of a rank's chunks unsharded
-# (_add_unshard_reshard's max_active_stages, torch/distributed/pipelining/schedules.py)
-TORCH_UNSHARDED_CHUNKS = 3
-
-
-def fsdp_chunks_note(layout: Layout) -> str | None:
-    """One line for stderr when FSDP runs under a pipeline with more chunks per rank than
-    torch's pipeline runtime keeps gathered (it frees the others and gathers them again, which
-    mpsim does not model), or None."""
-    if not layout.fsdp_pipelined or layout.vpp <= TORCH_UNSHARDED_CHUNKS:
-        return None
-    return (f"note: FSDP under a pipeline with {layout.vpp} chunks per rank: torch.distributed.pipelining keeps at "
-            f"most {TORCH_UNSHARDED_CHUNKS} of a rank's chunks gathered, freeing the others and gathering them again "
-            f"before their next pass; mpsim models neither the memory freed nor the extra gathers "
-            f"(docs/parallelism.md)")
 
 
 def _num_microbatches(scenario: Scenario, dp: int) -> int:

@@ -39,6 +39,12 @@ class ParallelPlan(Spec):
     reshard_after_forward: bool = Field(
         True, description="ZeRO-3 / FSDP: free the gathered parameters after the forward and gather them again "
                           "for the backward (FSDP2 default); false keeps them from forward to backward")
+    # torch.distributed.pipelining's runtime keeps at most 3 of a rank's chunks gathered under FSDP
+    # (_add_unshard_reshard's max_active_stages, torch/distributed/pipelining/schedules.py); a
+    # framework that keeps every chunk gathered (Llama 3's) is null
+    fsdp_gathered_chunks: int | None = Field(
+        3, gt=0, description="FSDP under a pipeline: most of a rank's chunks whose parameters stay gathered at "
+                             "once, the others freed and gathered again (torch's pipeline runtime: 3); null: all")
     vpp: int = Field(1, gt=0, description="virtual pipeline stages (model chunks) per pipeline rank")
     microbatch_size: int = Field(1, gt=0)
     global_batch_size: int = Field(gt=0, description="sequences per optimizer step, over all replicas")

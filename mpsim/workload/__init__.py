@@ -14,11 +14,11 @@ from mpsim.workload.stages import build_transformer_workload
 
 
 def build_workload(scenario: Scenario, layout: Layout) -> Workload:
-    """Per-stage work for every model chunk of the layout (with FSDP resharding after the forward
-    under a pipeline, also the passes that gather first: ``Workload.unsharding``)."""
+    """Per-stage work for every model chunk of the layout (where FSDP under a pipeline gathers
+    within the step, also the passes that gather first: ``Workload.unsharding``)."""
     build = build_stack_workload if scenario.model.kind == "stack" else build_transformer_workload
     workload = build(scenario, layout)
-    if layout.fsdp_unsharding:
+    if layout.fsdp_gathering is not None:
         workload = replace(workload, unsharding=build(scenario, layout, unsharding=True).stages)
     return workload
 

@@ -63,12 +63,14 @@ def transient_buffers_bytes(largest_layer_params: float, activation_message: flo
 
     Sequence parallelism gathers a layer's input whole (``activation_message`` bytes); under
     ZeRO-3 two layers are gathered at a time (the one computing and the one prefetched),
-    except where the parameters are held from forward to backward, which the memory walk
-    counts instead.
+    except where the parameters are held from forward to backward or a pipeline runtime
+    gathers whole chunks for passes that then gather nothing (FSDP's chunk window without
+    ``reshard_after_forward``), which the memory walk counts instead.
     """
     gathered_input = activation_message if layout.tp > 1 and layout.sequence_parallel else 0.0
+    whole_chunks = layout.fsdp_windowed and not layout.reshard_after_forward
     zero3_layers = 2 * largest_layer_params * GATHERED_PARAM_BYTES \
-        if layout.weights_sharded and not held_params(layout) else 0.0
+        if layout.weights_sharded and not held_params(layout) and not whole_chunks else 0.0
     return gathered_input + zero3_layers
 
 
