@@ -141,3 +141,19 @@ def test_llama3_405b_keeps_every_chunk_gathered_as_its_own_pipeline_did():
     layout = simulate(loaded.scenario).layout
     assert loaded.scenario.parallel.fsdp_gathered_chunks is None and not layout.fsdp_windowed
     assert layout.fsdp_whole_step and not layout.weights_sharded
+
+
+def test_a_chunk_gather_wait_is_drawn_and_named_in_the_pictures(tmp_path):
+    from mpsim.results.html.payload import COLORS, KINDS as DRAWN, LABELS, run_payload
+    from mpsim.results.idle import KINDS
+    from mpsim.results.plot import plot_timeline
+    from mpsim.simulate import bubble_reference
+
+    result, summary = run("parallel.fsdp_gathered_chunks=3", "cluster.system.scale_out.nic_bandwidth=50 Gb/s")
+    reference = bubble_reference(result)
+    summary = summarize(result, reference)
+    assert "gather" in KINDS and all(kind in COLORS and kind in LABELS for kind in KINDS)
+    payload = run_payload(result, summary, reference, "window")
+    assert any(DRAWN.index("gather") in rank["idle"]["kind"] for rank in payload["ranks"])
+    plot_timeline(result, summary, str(tmp_path / "timeline.png"))
+    assert (tmp_path / "timeline.png").stat().st_size > 0

@@ -39,7 +39,7 @@ from mpsim.simulate import BubbleReference, SimulationResult  # noqa: E402
 COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#8C8C3F", "FB": "#3E9C9C", "dense": "#5F8A8B",
           "recompute": "#DD8452", "tp": "#C44E52", "dp-comm": "#8172B3", "embedding-sync": "#8172B3",
           "optimizer": "#937860", "schedule": "#EEEEEE", "imbalance": "#F7E7B4", "stage-wait": "#F7E7B4",
-          "transfer": "#F4C7C3", "send": "#DCD0EE"}
+          "transfer": "#F4C7C3", "send": "#DCD0EE", "gather": "#C9C0E4"}
 # the passes of a measured-over-predicted picture (mpsim validate, with or without --trace), where
 # an input-gradient pass is drawn apart from a full backward
 PASS_LABELS = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad", "FB": "forward+backward"}
@@ -50,14 +50,15 @@ def pass_color(kind: str) -> str:
     return COLORS.get(kind, COLORS["B"]) if kind != "I" else "#7FBF8E"
 
 
-HATCHES = {"schedule": "///", "imbalance": "...", "stage-wait": "...", "transfer": "xxx", "send": "\\\\\\"}
+HATCHES = {"schedule": "///", "imbalance": "...", "stage-wait": "...", "transfer": "xxx", "send": "\\\\\\",
+           "gather": "---"}
 LABELS = {"F": "forward", "B": "backward", "W": "weight grad", "FB": "forward+backward",
           "dense": "mixed actions too dense to split", "recompute": "recompute", "tp": "TP comm",
           "dp-comm": "DP grad reduce", "optimizer": "optimizer", "schedule": "idle: fill/drain",
           "imbalance": "idle: stage imbalance", "stage-wait": "idle: other stage", "transfer": "idle: transfer",
-          "send": "idle: own send"}
+          "send": "idle: own send", "gather": "idle: chunk gather"}
 LEGEND_ORDER = ("F", "B", "W", "FB", "dense", "recompute", "tp", "dp-comm", "optimizer", "schedule", "imbalance",
-                "stage-wait", "transfer", "send")
+                "stage-wait", "transfer", "send", "gather")
 
 LANE = 0.8  # lane height in rank units: the rest is the gap between lanes
 LANE_IN = 0.42  # inches per lane before the height cap

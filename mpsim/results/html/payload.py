@@ -33,11 +33,12 @@ ACTION_KINDS = ("F", "B", "W", "FB")
 SYNC_KINDS = ("dp-comm", "embedding-sync", "optimizer")
 KINDS = ACTION_KINDS + IDLE_KINDS + SYNC_KINDS
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#8C8C3F", "FB": "#3E9C9C", "schedule": "#E4E4E4",
-          "imbalance": "#F2DC9B", "stage-wait": "#F2DC9B", "transfer": "#F4B6B0", "send": "#D5C6EC",
+          "imbalance": "#F2DC9B", "stage-wait": "#F2DC9B", "transfer": "#F4B6B0", "send": "#D5C6EC", "gather": "#C9C0E4",
           "dp-comm": "#8172B3", "embedding-sync": "#B07AA1", "optimizer": "#937860"}
 LABELS = {"F": "forward", "B": "backward", "W": "weight gradient", "FB": "forward+backward (overlapped pair)",
           "schedule": "idle: fill and drain", "imbalance": "idle: stage imbalance", "stage-wait": "idle: other stage",
           "transfer": "idle: transfer in flight", "send": "idle: own blocking send",
+          "gather": "idle: waiting for a chunk's parameters",
           "dp-comm": "gradient reduction", "embedding-sync": "embedding gradient sync", "optimizer": "optimizer step"}
 OPS_SHOWN = 8  # ops listed per action on hover; the rest are summed as "other"
 
