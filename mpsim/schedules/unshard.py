@@ -68,6 +68,18 @@ def gathers(stage: int, kind: str, resident: set[int]) -> bool:
     return gathered
 
 
+def _hooks(stage: int, kind: str, resident: set[int]) -> tuple[bool, int]:
+    """(whether the pass gathers, -1 / +1 / 0: it frees its stage after it, keeps what it gathered,
+    neither) under FSDP's hooks with ``reshard_after_forward``; ``resident`` follows (``gathers``).
+    A forward that gathers frees again after it: no change."""
+    gathered = gathers(stage, kind, resident)
+    if kind == "F" and not gathered:
+        return gathered, -1
+    if kind in ("B", "I") and gathered:
+        return gathered, 1
+    return gathered, 0
+
+
 def _stages_of(item: Item) -> tuple[int, ...]:
     return tuple(action.stage for action in parts(item))
 
@@ -146,12 +158,7 @@ def rank_gathers(items: list[Item] | tuple[Item, ...], held: list[int], gatherin
         last_pass = {action.stage: index for index, action in enumerate(actions) if action.kind != "F"}
         for index, (stage, kind, _) in enumerate(actions):
             if gathering.reshard_after_forward:
-                gathered = gathers(stage, kind, resident)
-                marked[index] = gathered
-                if kind == "F" and not gathered:
-                    change[index] = -1
-                elif kind in ("B", "I") and gathered:
-                    change[index] = 1
+                marked[index], change[index] = _hooks(stage, kind, resident)
             if last_pass.get(stage) == index and stage in resident:
                 resident.discard(stage)
                 freed_after[index] = (stage,)
@@ -172,14 +179,8 @@ def rank_gathers(items: list[Item] | tuple[Item, ...], held: list[int], gatherin
                 steps.append((stage, 1))
         before[index] = tuple(steps)
         for stage, kind, _ in parts(item):
-            if gathering.reshard_after_forward:
-                # FSDP's hooks within the window: a forward frees, a backward gathers again
-                hooked = gathers(stage, kind, resident)
-                marked[index] = hooked
-                if kind == "F" and not hooked:
-                    change[index] = -1
-                elif kind in ("B", "I") and hooked:
-                    change[index] = 1
+            if gathering.reshard_after_forward:  # FSDP's hooks within the window
+                marked[index], change[index] = _hooks(stage, kind, resident)
             index += 1
     if count:
         freed_after[count - 1] = tuple(sorted(resident))
