@@ -87,15 +87,15 @@ def test_a_window_as_wide_as_the_chunks_changes_nothing():
 
 
 def test_an_item_waits_for_the_gathers_issued_as_the_runtime_came_to_an_earlier_one():
-    # one rank: three forwards of 1 s; the gathers issued before the second item (when the first
-    # ended, at 1 s) take 2.5 s, and the third item waits for them: 3.5 s, not 2 s
-    schedule = Schedule("three", 3, (0,), ((Action(0, "F", 0), Action(0, "F", 1), Action(0, "F", 2)),))
+    # one rank: four forwards of 1 s; the gathers issued before the third item run beside the second,
+    # from its start at 1 s, and take 2.5 s: the fourth item waits for them until 3.5 s, not 3 s
+    schedule = Schedule("four", 4, (0,), (tuple(Action(0, "F", m) for m in range(4)),))
     plain = EngineInput(schedule, {(0, "F"): 1.0}, {})
-    waiting = EngineInput(schedule, {(0, "F"): 1.0}, {}, gathered_after={(0, 2): ((1, 2.5),)})
-    assert [r.start_s for r in run_engine(plain).actions[0]] == [0.0, 1.0, 2.0]
+    waiting = EngineInput(schedule, {(0, "F"): 1.0}, {}, gathered_after={(0, 3): ((2, 2.5),)})
+    assert [r.start_s for r in run_engine(plain).actions[0]] == [0.0, 1.0, 2.0, 3.0]
     timeline = run_engine(waiting)
-    assert [r.start_s for r in timeline.actions[0]] == [0.0, 1.0, 3.5]
-    assert timeline.gather_waits == [(0, 2.0, 3.5)]
+    assert [r.start_s for r in timeline.actions[0]] == [0.0, 1.0, 2.0, 3.5]
+    assert timeline.gather_waits == [(0, 3.0, 3.5)]
 
 
 LLAMA70B = SCENARIOS / "llama3_70b_32xh100.yaml"

@@ -2,12 +2,14 @@
 
 ``torch.distributed.pipelining`` keeps at most a few of a rank's model chunks gathered
 (``schedules/unshard.py``). Each time a chunk comes back into the window the runtime
-issues its all-gathers (``UNSHARD``) as it comes to an item, at least one item before the
-chunk's next pass, and that pass waits until they are done (``_assert_unsharded``). The
-engine takes those waits as ``EngineInput.gathered_after``: the chunk's next item starts
-no earlier than the gathers' seconds after the item before the one they were issued at.
-Gathers issued at the same item run one after the other on FSDP's all-gather stream.
-The compute they run beside is not slowed by them here.
+issues its all-gathers (``UNSHARD``) before an item, at least one item before the chunk's
+next pass, and that pass waits until they are done (``_assert_unsharded``). The host
+issues them as soon as it has launched the item before, so on FSDP's all-gather stream
+they run beside that item's compute: the engine takes the wait as
+``EngineInput.gathered_after``, the chunk's next item starting no earlier than the
+gathers' seconds after the item before the one they were issued at started. Gathers issued
+at the same item run one after the other. The compute they run beside is not slowed by
+them here, and a host further ahead of the GPU would issue them earlier still.
 """
 
 from __future__ import annotations

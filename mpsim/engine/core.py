@@ -72,9 +72,9 @@ class EngineInput:
     # pipeline ranks before the update (Megatron's global gradient norm, the fp16 inf/nan check)
     optimizer_barrier: bool = False
     # (rank, item index) -> ((earlier item index, seconds), ...): the item starts no earlier than
-    # the seconds after the item before each earlier one ended (FSDP's chunk window: the runtime
-    # issues a chunk's gathers when it comes to the earlier item, and the chunk's next pass waits
-    # for them: schedules/unshard.py)
+    # the seconds after the item before each earlier one started (FSDP's chunk window: the runtime
+    # issues a chunk's gathers as soon as it has launched that item, so they run beside it, and
+    # the chunk's next pass waits for them: schedules/unshard.py)
     gathered_after: Mapping[tuple[int, int], tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
 
@@ -246,7 +246,7 @@ class _Run:
                     if ready > start:
                         start = ready
             if gathered_after:
-                gathered = max(((records[earlier - 1].end_s if earlier else 0.0) + seconds
+                gathered = max(((records[earlier - 1].start_s if earlier else 0.0) + seconds
                                 for earlier, seconds in gathered_after.get((rank, index), ())), default=0.0)
                 if gathered > start:
                     gather_waits.append((rank, start, gathered))

@@ -26,10 +26,10 @@ yet gathered. With at most ``window`` chunks per rank a chunk is only freed afte
 pass; with more (interleaved schedules with ``vpp`` over 3), chunks leave the window and
 come back, each return one more gather of the whole chunk, and a rank holds at most
 ``window`` chunks' parameters at once (``Gathering.window``, ``parallel.fsdp_gathered_chunks``).
-The first pass of a chunk gathered again is priced as gathering its parameters first
-(``Unsharding``, layer by layer beside its compute, as FSDP prefetches); torch issues that
-gather as the chunk enters the window, up to two passes earlier, and waits for all of it
-before the pass, so the wait may be shorter or longer than priced.
+A chunk gathered again after the step's start is gathered as the runtime comes to the item
+it enters the window before, at least one item ahead of the chunk's next pass, and that
+pass waits for it (``rank_gathers``' ``regathers``; priced in ``cost/chunk_gathers.py``,
+waited for by the engine: ``EngineInput.gathered_after``).
 
 Without ``reshard_after_forward`` and without a window that binds, no pass gathers
 (``Layout.fsdp_whole_step``), and the schedule is left as it is.
@@ -90,8 +90,8 @@ def window_changes(items: list[Item] | tuple[Item, ...], window: int) -> list[tu
     Before each item the runtime looks ahead for the next ``window`` distinct stages the list
     computes from that item on (an overlapped pair's two stages counted together, so a pair
     can make it ``window + 1``), frees the gathered stages not among them and gathers those
-    not yet gathered, in the order they come. Before the first item that gathers the first
-    ``window`` stages: the ones the step starts with.
+    not yet gathered, in the order they come. What it gathers before the first item is what
+    the step starts with.
     """
     count = len(items)
     # per item, where each stage is next computed from it on: one backward sweep
