@@ -18,22 +18,21 @@ from mpsim.cost.actions import CostModel
 from mpsim.cost.collectives import collective_time
 from mpsim.schedules.actions import Schedule, stages_by_rank
 from mpsim.schedules.unshard import Gathering, rank_gathers
-from mpsim.workload.stage_work import FSDP_PARAM_BYTES, StageWork, Workload
+from mpsim.workload.stage_work import FSDP_PARAM_BYTES, StageWork, Workload, fsdp_copies
 
 
 def chunk_gather_s(work: StageWork, model: CostModel) -> float:
     """Seconds to gather a model chunk's FSDP-sharded parameters whole: one all-gather per layer
     (FSDP's units), one after the other on its all-gather stream, then their copy out of the
-    gather buffers (FSDP2's ``foreach_all_gather_copy_out``: a read and a write of each
-    parameter)."""
+    gather buffers, the op FSDP's passes price too (``stage_work.fsdp_copies``)."""
     layers = max(1, work.layers)
     seconds = layers * collective_time("all-gather", work.params / layers * FSDP_PARAM_BYTES,
                                        model.placements["zero"], model.system)
     if work.expert_params:
         seconds += layers * collective_time("all-gather", work.expert_params / layers * FSDP_PARAM_BYTES,
                                             model.placements["edp"], model.system)
-    copied = (work.params + work.expert_params) * FSDP_PARAM_BYTES * 2
-    return seconds + copied / model.compute.memory_bandwidth
+    copy_out, _ = fsdp_copies(work.params + work.expert_params, model.scenario.training.grad_bytes)
+    return seconds + model.compute.time(copy_out)
 
 
 def window_gathers(schedule: Schedule, workload: Workload, model: CostModel, gathering: Gathering | None

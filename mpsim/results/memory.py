@@ -127,8 +127,9 @@ def memory_timeline(timeline, schedule: Schedule, workload: Workload, layout: La
     index = 0
     for record in timeline.actions[rank]:
         for action in parts(record.action):
-            if steps.before and steps.before_bytes(index):
-                level += steps.before_bytes(index)  # a chunk window's gathers and frees, as the action starts
+            ahead = steps.before_bytes(index)
+            if ahead:
+                level += ahead  # a chunk window's gathers and frees, as the action starts
                 points.append((max(record.start_s, points[-1][0]), level))
             delta = _activation_deltas(workload.stages[action.stage], action.kind)[0] + steps.changes[index]
             level += delta
