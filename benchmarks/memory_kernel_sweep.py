@@ -87,7 +87,8 @@ from mpsim.cost.compute import ComputeModel  # noqa: E402
 from mpsim.specs.catalog import load_accelerator  # noqa: E402
 from mpsim.workload.embedding import cross_entropy_ops  # noqa: E402
 from mpsim.workload.mlp import FFN_ACTIVATIONS, PLAIN_FFN_ACTIVATIONS, activation_ops  # noqa: E402
-from mpsim.workload.norms import EAGER_RMSNORM_BANDWIDTH_SHARE, eager_rmsnorm_ops, norm_grad_ops  # noqa: E402
+from mpsim.workload.norms import (EAGER_RMSNORM_BANDWIDTH_SHARE, eager_rmsnorm_ops, fused_norm_op,  # noqa: E402
+                                  norm_grad_ops)
 from mpsim.workload.ops import Op, memory_op  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "liger_kernels.csv"
@@ -124,7 +125,7 @@ def priced_ops(row: dict) -> list[Op]:
     kernel, provider = row["kernel"], row["provider"]
     if kernel in ("layer_norm", "megatron_rms_norm"):
         if not backward:
-            return [memory_op("norm", elements * element * 2)]
+            return [fused_norm_op("norm", elements, element)]
         grad_input, grad_params = norm_grad_ops("norm", elements, element, "pytorch")
         return grad_input + grad_params
     if kernel == "fused_add_rms_norm":

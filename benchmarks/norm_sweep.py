@@ -45,8 +45,7 @@ from gemm_sweep import print_error_summaries  # noqa: E402
 
 from mpsim.cost.compute import ComputeModel  # noqa: E402
 from mpsim.specs.catalog import load_accelerator  # noqa: E402
-from mpsim.workload.norms import norm_grad_ops  # noqa: E402
-from mpsim.workload.ops import memory_op  # noqa: E402
+from mpsim.workload.norms import fused_norm_op, norm_grad_ops  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "cudnn_norms.csv"
 ACCELERATORS = {"H200": "h200-sxm-141gb", "GB200": "gb200"}
@@ -79,7 +78,7 @@ def predicted_s(model: ComputeModel, row: dict, backward: bool) -> float:
     elements = int(row["tokens"]) * int(row["hidden"])
     element = DTYPE_BYTES[row["dtype"]]
     if not backward:
-        ops = [memory_op("norm", elements * element * 2)]
+        ops = [fused_norm_op("norm", elements, element)]
     else:
         grad_input, grad_params = norm_grad_ops("norm", elements, element, LAYERS_IMPL[row["backend"]])
         ops = grad_input + grad_params

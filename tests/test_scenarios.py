@@ -61,20 +61,23 @@ PUBLISHED_TOLERANCE = 0.10
 # instead of their own: Deep Speech 2 -61.8 % (its recurrence steps of 64 rows), wav2vec 2.0 -2.7 %,
 # ViT-H/14 -1.8 %, ViT-22B -1.7 %, Llama 3 8B DP 8 -0.6 %, Mixtral -0.5 %, Grok-1-like -0.4 %,
 # DeepSeek-V3 -0.1 % (weight gradients of small layers and experts over many tokens).
+# Then fused norms ran at the best published norm kernel's share of the streaming rate
+# (mpsim/workload/norms.py, FUSED_NORM_BANDWIDTH_SHARE): wav2vec 2.0 +1.0 % (the norms of its
+# layer stack), ViT-H/14 and ViT-22B +0.4 %, Deep Speech 2 +0.2 %, the rest within 0.1 %.
 REGRESSION_PIN_S = {
     "deepseek_v3_2048xh100.yaml": 36.55,
-    "deepspeech2_8xa100.yaml": 0.3866,
-    "grok1_like_512xh100.yaml": 9.703,
+    "deepspeech2_8xa100.yaml": 0.3873,
+    "grok1_like_512xh100.yaml": 9.707,
     "llama3_405b_128k_16384xh100.yaml": 11.34,
-    "llama3_405b_16384xh100.yaml": 5.649,
-    "llama3_70b_32xh100.yaml": 5.033,
-    "llama3_8b_64xh100_dp8.yaml": 1.423,
-    "megatron_1t_3072xa100.yaml": 17.05,
-    "mixtral_8x7b_64xh100.yaml": 3.589,
-    "validation_2xcpu.yaml": 0.7383,
-    "vit_22b_512xh100.yaml": 0.9259,
-    "vit_h14_32xa100.yaml": 0.7778,
-    "wav2vec2_large_16xa100.yaml": 0.3879,
+    "llama3_405b_16384xh100.yaml": 5.647,
+    "llama3_70b_32xh100.yaml": 5.037,
+    "llama3_8b_64xh100_dp8.yaml": 1.424,
+    "megatron_1t_3072xa100.yaml": 17.06,
+    "mixtral_8x7b_64xh100.yaml": 3.592,
+    "validation_2xcpu.yaml": 0.7389,
+    "vit_22b_512xh100.yaml": 0.9290,
+    "vit_h14_32xa100.yaml": 0.7806,
+    "wav2vec2_large_16xa100.yaml": 0.3919,
 }
 REGRESSION_TOLERANCE = 0.01
 

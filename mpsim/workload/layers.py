@@ -26,7 +26,7 @@ from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
                                    linear, param_tensors, present, residual_grad, scattered_gemm, tp_collectives,
                                    weight_pass_regather)
-from mpsim.workload.norms import norm_grad_ops
+from mpsim.workload.norms import fused_norm_op, norm_grad_ops
 from mpsim.workload.embedding import cross_entropy_implementation, embedding_block, loss_items
 from mpsim.workload.ops import Item, Op, collective, memory_op
 from mpsim.workload.recurrent import recurrent_work
@@ -244,7 +244,7 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
         params = layer.params(placed.in_shape) // (env.tp if mode == "shard" else 1)
         halves = 1 if layer.kind == "rmsnorm" or not layer.bias else 2  # scale, and shift
         grad_in, grad_w = norm_grad_ops(name, elements, e, env.layers_impl)
-        return BlockWork((memory_op(name, elements * e * 2),), (*grad_in, *grad_w), tuple(grad_in), tuple(grad_w),
+        return BlockWork((fused_norm_op(name, elements, e),), (*grad_in, *grad_w), tuple(grad_in), tuple(grad_w),
                          params=float(params), saved_bytes=float(elements * e),
                          param_tensors=(float(params // halves),) * halves)
     if isinstance(layer, PoolLayer):

@@ -3,7 +3,9 @@
 A fused norm (Apex's, Transformer Engine's, a Triton kernel, PyTorch's native LayerNorm)
 reads its input once and writes its output once each way; its parameter gradient is a
 reduction over the tokens, in a kernel of its own except in Transformer Engine, whose
-norm backward computes it in the same pass. RMSNorm written in PyTorch operators and run
+norm backward computes it in the same pass. Neither way does it stream as an elementwise
+kernel does (the row reductions): it runs at ``FUSED_NORM_BANDWIDTH_SHARE`` of the streaming
+rate, the best a published norm kernel reached. RMSNorm written in PyTorch operators and run
 eagerly (``LayerContext.eager_rmsnorm``, ``training.fused_norm``) is a kernel per operator,
 in fp32 (``EAGER_RMSNORM_*``; ``tests/test_eager_norm.py`` holds them to PyTorch's dispatch).
 """
@@ -48,6 +50,22 @@ EAGER_RMSNORM_FP32_WEIGHT_GRAD_WEIGHT = (12, 1, 2)
 # sweep's one check on another part, the same operators after a residual add in fp32 on an H100,
 # reached 0.89 and 1.05 there, so these shares price it about a tenth slow.
 EAGER_RMSNORM_BANDWIDTH_SHARE = (0.78, 0.92)
+# The share of the streaming rate a fused norm kernel reaches over its bytes, (forward, backward):
+# the best any fused norm kernel of the published sweeps reached at their largest shapes, the
+# rule the GEMMs' best-measured rate follows. cuDNN Frontend's norm benchmark on an H200
+# (CUDNN-NORMS in docs/hardware-sources.md; benchmarks/data/cudnn_norms.csv), bf16 RMSNorm over
+# 67.1 M elements (16,384 x 4,096, 8,192 x 8,192, 4,096 x 16,384), the bandwidth it prints over
+# the bytes each pass must move, against the H200's streaming rate (4,378 GB/s, its BabelStream
+# figure): forward best 4,176 GB/s (0.954, torch.compile's Triton kernel at 8,192 x 8,192; cuDNN
+# 0.847-0.878), backward best 3,801 GB/s (0.868, cuDNN's one-pass kernel at 16,384 x 4,096;
+# torch.compile's two kernels 0.39-0.52). No fused norm measured there or in Liger-Kernel's sweep
+# (PyTorch's native LayerNorm and RMSNorm: 0.44-0.68) streams as fast as an elementwise kernel:
+# the statistics are a reduction over each row, and the backward's scale gradient a reduction
+# over the tokens. Taken as the kernels' on every accelerator (the GB200 rows of the same sweep
+# reach 0.906 and 0.873 against its inferred streaming rate), and for every implementation,
+# Apex's and Transformer Engine's included, which no published sweep times: a floor on their
+# cost, not a fit to them (tests/test_norm_sweep.py holds these to the file).
+FUSED_NORM_BANDWIDTH_SHARE = (0.954, 0.868)
 
 
 def _eager_bytes(part: tuple[int, int, int], elements: float, act_bytes: int) -> tuple[float, int]:
@@ -76,7 +94,12 @@ def norm(ctx: LayerContext, name: str) -> Op:
     elems = ctx.norm_tokens * ctx.hidden
     if ctx.eager_rmsnorm:
         return eager_rmsnorm_ops(name, elems, ctx.act_bytes)[0]
-    return memory_op(name, elems * ctx.act_bytes * 2)
+    return fused_norm_op(name, elems, ctx.act_bytes)
+
+
+def fused_norm_op(name: str, elements: float, act_bytes: int) -> Op:
+    """A fused norm's forward over ``elements`` activations: read the input, write the output."""
+    return memory_op(name, elements * act_bytes * 2, bandwidth_share=FUSED_NORM_BANDWIDTH_SHARE[0])
 
 
 def norm_saved_bytes(ctx: LayerContext) -> float:
@@ -104,10 +127,11 @@ def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
 
 def norm_grad_ops(name: str, elements: float, act_bytes: int, layers_impl: str) -> tuple[list[Op], list[Op]]:
     """:func:`norm_grad` over ``elements`` activations of ``act_bytes`` each."""
-    grad_input = [memory_op(f"{name}.grad", elements * act_bytes * 3)]
+    share = FUSED_NORM_BANDWIDTH_SHARE[1]
+    grad_input = [memory_op(f"{name}.grad", elements * act_bytes * 3, bandwidth_share=share)]
     if layers_impl == "transformer_engine":
         return grad_input, []
-    grad_params = [memory_op(f"{name}.grad_params", elements * act_bytes * 2)]
+    grad_params = [memory_op(f"{name}.grad_params", elements * act_bytes * 2, bandwidth_share=share)]
     if layers_impl == "pytorch":
         return grad_input, grad_params
     return grad_input + grad_params, []
