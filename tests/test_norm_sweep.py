@@ -33,8 +33,7 @@ def test_fused_norm_share_is_the_best_published_reading_at_the_largest_shapes():
     from mpsim.workload.norms import FUSED_NORM_BANDWIDTH_SHARE
 
     module = load_benchmark("norm_sweep")
-    h200 = module.load_accelerator("h200-sxm-141gb")
-    streaming_gbps = h200.memory.bandwidth * h200.efficiency.memory / 1e9
+    streaming_gbps = module.ComputeModel(module.load_accelerator("h200-sxm-141gb"), "bf16").memory_bandwidth / 1e9
     rows = [r for r in module.rows() if r["gpu"] == "H200"]
     largest = max(int(r["tokens"]) * int(r["hidden"]) for r in rows)
     top = [r for r in rows if int(r["tokens"]) * int(r["hidden"]) == largest]
