@@ -7,7 +7,7 @@ each. The families kept are those whose kernels a training step of mpsim prices,
 priced here by the same function the step calls:
 
 * ``layer_norm`` / ``huggingface``: ``torch.nn.LayerNorm`` in fp32 over 4,096 rows,
-  PyTorch's native kernel, priced as a fused norm outside Transformer Engine (one pass
+  PyTorch's native kernel, priced as mpsim prices it (``norm_kernel: pytorch``: one pass
   each way, the scale's gradient a reduction of its own; ``norm_grad_ops`` with
   ``layers_impl: pytorch``);
 * ``rms_norm`` / ``huggingface``: Hugging Face's ``LlamaRMSNorm`` run eagerly on bf16
@@ -23,8 +23,8 @@ priced here by the same function the step calls:
   shares, read on the A100, on another part;
 * ``megatron_rms_norm`` / ``torch``: ``torch.nn.RMSNorm`` on bf16, 4,096 tokens; its
   times show a fused kernel (a composite of operators would move ten times the bytes),
-  priced as the fused norm above (the ``megatron`` provider, ``WrappedTorchNorm``, returns
-  the same module and is left out);
+  priced as PyTorch's native RMSNorm, as the LayerNorm above (the ``megatron`` provider,
+  ``WrappedTorchNorm``, returns the same module and is left out);
 * ``relu_squared`` / ``torch``: ``torch.square(relu(x))`` on bf16, 4,096 rows, priced as
   mpsim's squared ReLU in PyTorch operators (``PLAIN_FFN_ACTIVATIONS``);
 * ``megatron_swiglu`` / ``torch``: ``silu(y1) * y2`` over ``torch.chunk`` of FC1's
@@ -58,12 +58,14 @@ repository at the same commit.
 Every price is a memory-bound op at the accelerator's streaming rate (``efficiency.memory``,
 a BabelStream Triad or vector-add figure) plus its per-kernel overhead for each kernel;
 none of these rows was in view when those were set. The one thing taken from the sweep
-is the share of the streaming rate two families reach, each way: Megatron-Core's cross
+is the share of the streaming rate some families reach, each way: Megatron-Core's cross
 entropy, eager and fused (``CROSS_ENTROPY_BANDWIDTH_SHARE`` and
-``FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE`` in ``mpsim/workload/embedding.py``), and the eager
-RMSNorm (``EAGER_RMSNORM_BANDWIDTH_SHARE`` in ``mpsim/workload/norms.py``): read at the
-largest vocabulary and the widest row, so those rows are in sample there and the smaller
-shapes check only how the time scales; every other row is out of sample.
+``FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE`` in ``mpsim/workload/embedding.py``), the eager
+RMSNorm (``EAGER_RMSNORM_BANDWIDTH_SHARE`` in ``mpsim/workload/norms.py``) and PyTorch's
+native LayerNorm and RMSNorm (``NATIVE_NORM_BANDWIDTH_SHARE``, the same file; the best
+part's reading where two ran): read at the largest vocabulary and the widest row, so those
+rows are in sample there and the smaller shapes check only how the time scales; every other
+row is out of sample.
 
 Prints measured and predicted microseconds and the error per row, the share of the
 streaming rate each family reached at its largest shape (over the bytes mpsim counts for
@@ -123,10 +125,11 @@ def priced_ops(row: dict) -> list[Op]:
     tokens, width, element = shape(row)
     elements = tokens * width
     kernel, provider = row["kernel"], row["provider"]
-    if kernel in ("layer_norm", "megatron_rms_norm"):
+    if kernel in ("layer_norm", "megatron_rms_norm"):  # PyTorch's native kernels
+        kind = "layernorm" if kernel == "layer_norm" else "rmsnorm"
         if not backward:
-            return [fused_norm_op("norm", elements, element)]
-        grad_input, grad_params = norm_grad_ops("norm", elements, element, "pytorch")
+            return [fused_norm_op("norm", elements, element, "pytorch", kind)]
+        grad_input, grad_params = norm_grad_ops("norm", elements, element, "pytorch", "pytorch", kind)
         return grad_input + grad_params
     if kernel == "fused_add_rms_norm":
         moved, kernels = ADD_RMSNORM_FP32[backward]

@@ -41,7 +41,7 @@ MODELS = {"Llama 3 8B": ("llama3-8b", ()), "Llama 3 70B": ("llama3-70b", ()),
 RECOMPUTE = {"none": ("none", 1), "full": ("full", 1), "selective op": None, "selective layer": ("full", 2)}
 # train_configs' norm_type: rmsnorm is torchtitan's RMSNorm module (PyTorch operators, eager);
 # fused_rmsnorm its Triton kernel, one each way (torchtitan/models/norms.py)
-FUSED_NORM = {"rmsnorm": "false", "fused_rmsnorm": "true"}
+NORM_KERNEL = {"rmsnorm": "operators", "fused_rmsnorm": "fused"}
 
 ASSUMPTIONS = (
     "the network: the page names 64 A100 (80GB) only; nearest: the shipped dgx-a100 system "
@@ -72,7 +72,7 @@ def torchtitan_table(_data: Path) -> list[Case]:
             # one microbatch of the local batch per step (no gradient accumulation in the configs)
             f"parallel.microbatch_size={batch}", f"parallel.global_batch_size={batch * gpus}",
             f"parallel.recompute={recompute}",
-            f"training.fused_norm={FUSED_NORM[row['norm_type']]}",
+            f"training.norm_kernel={NORM_KERNEL[row['norm_type']]}",
         ]
         if every > 1:  # every ``every``-th block of the model's (one chunk per rank: only the count matters)
             layers = load_scenario(TORCHTITAN_BASE, overrides).scenario.model.num_layers

@@ -92,7 +92,7 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("training.grad_reduce_bucket_bytes", ("'80 GB/s'", "-1", "'lots'")),
     ("training.memory_reserved", ("abc",)),
     ("training.transformer_impl", ("megatron", "true")),
-    ("training.fused_norm", ("maybe", "false")),  # false: the base model's norm is not RMSNorm
+    ("training.norm_kernel", ("maybe", "true", "operators")),  # operators: the base model's norm is not RMSNorm
     ("cluster.nodes", ("0", "1073741824", "0.5", "1.0")),
     ("cluster.system", ("nope-system",)),
     ("cluster.system.accelerator", ("nope-gpu",)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mpsim.workload.embedding import CROSS_ENTROPY_BANDWIDTH_SHARE, FUSED_CROSS_ENTROPY_BANDWIDTH_SHARE
-from mpsim.workload.norms import EAGER_RMSNORM_BANDWIDTH_SHARE
+from mpsim.workload.norms import EAGER_RMSNORM_BANDWIDTH_SHARE, NATIVE_NORM_BANDWIDTH_SHARE
 from tests.conftest import dispatch_counter, load_benchmark
 
 
@@ -41,6 +41,18 @@ def test_the_eager_rmsnorm_shares_are_the_sweeps_own():
     forward, backward = EAGER_RMSNORM_BANDWIDTH_SHARE
     assert shares["A100 rms_norm huggingface forward"] == pytest.approx(forward, abs=0.005)
     assert shares["A100 rms_norm huggingface backward"] == pytest.approx(backward, abs=0.005)
+
+
+def test_the_native_norm_shares_are_the_sweeps_best_reading():
+    """PyTorch's nn.LayerNorm and nn.RMSNorm at the sweep's widest row: the best part's share (LayerNorm's
+    forward ran on an A100 and an H100), the rule FUSED_NORM_BANDWIDTH_SHARE follows."""
+    shares = load_benchmark("memory_kernel_sweep").largest_shape_shares()
+    layernorm, rmsnorm = NATIVE_NORM_BANDWIDTH_SHARE["layernorm"], NATIVE_NORM_BANDWIDTH_SHARE["rmsnorm"]
+    best_forward = max(shares["A100 layer_norm huggingface forward"], shares["H100 layer_norm huggingface forward"])
+    assert best_forward == pytest.approx(layernorm[0], abs=5e-4)
+    assert shares["H100 layer_norm huggingface backward"] == pytest.approx(layernorm[1], abs=5e-4)
+    assert shares["H100 megatron_rms_norm torch forward"] == pytest.approx(rmsnorm[0], abs=5e-4)
+    assert shares["H100 megatron_rms_norm torch backward"] == pytest.approx(rmsnorm[1], abs=5e-4)
 
 
 def test_the_cross_entropy_shares_are_the_sweeps_own():

@@ -57,3 +57,11 @@ def test_a_fused_norm_streams_slower_than_an_elementwise_kernel_of_its_bytes():
             priced = sum(model.time(op) for op in grad_input + grad_params)
             streamed = sum(model.time(memory_op(op.name, op.bytes)) for op in grad_input + grad_params)
             assert priced > streamed, (name, impl)
+        # PyTorch's native kernels measured slower than the best fused kernel, each way, each norm
+        for kind in ("layernorm", "rmsnorm"):
+            assert model.time(fused_norm_op("norm", elements, 2, "pytorch", kind)) > \
+                model.time(fused_norm_op("norm", elements, 2, "fused", kind))
+            native, fused = (sum(model.time(op) for op in sum(norm_grad_ops("norm", elements, 2, "pytorch", kernel,
+                                                                                kind), []))
+                             for kernel in ("pytorch", "fused"))
+            assert native > fused, (name, kind)

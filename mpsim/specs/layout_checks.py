@@ -17,7 +17,8 @@ from mpsim.errors import InputError
 from mpsim.schedules.generators import microbatch_group_problem
 from mpsim.schedules.registry import GROUPED, canonical_name
 from mpsim.specs.scenario import Scenario
-from mpsim.specs.stack import LayerStackSpec
+from mpsim.specs.layers import NormLayer
+from mpsim.specs.stack import LayerStackSpec, stack_units
 from mpsim.specs.stack_tp import plan_tensor_parallel
 
 
@@ -123,6 +124,21 @@ def check_userbuffers_sms(scenario: Scenario) -> None:
             raise fail(field, f"{site} takes {sms} SMs, but the accelerator has {units} (compute_units)")
 
 
+def check_norms_as_operators(model) -> None:
+    """``norm_kernel: operators`` prices RMSNorm as PyTorch's operators: every layer and block norm
+    of the model must be an RMSNorm (a LayerNorm PyTorch runs as one kernel each way)."""
+    if isinstance(model, LayerStackSpec):
+        kinds = [(p.label, p.layer.kind) for unit in stack_units(model) for p in unit.layers
+                 if isinstance(p.layer, NormLayer) and p.layer.kind in ("layernorm", "rmsnorm")]
+        other = next(((name, kind) for name, kind in kinds if kind != "rmsnorm"), None)
+        found = f"layer {other[0]!r} is a {other[1]}" if other else None
+    else:
+        found = f"model.norm is {model.norm}" if model.norm != "rmsnorm" else None
+    if found:
+        raise fail("training.norm_kernel", f"operators prices RMSNorm's PyTorch operators; {found}, which PyTorch "
+                                           f"runs as one kernel each way (norm_kernel: pytorch)")
+
+
 def check_dtype(scenario: Scenario) -> None:
     accelerator = scenario.cluster.system.accelerator
     if scenario.training.fp8_params and scenario.training.dtype != "fp8":
@@ -141,9 +157,8 @@ def check_dtype(scenario: Scenario) -> None:
         raise fail("training.fp32_loss", f"false runs PyTorch's cross_entropy in the compute dtype; "
                                          f"transformer_impl {training.layers_impl} computes Megatron's cross "
                                          f"entropy, always on an fp32 copy of the logits")
-    if training.fused_norm is False and scenario.model.norm != "rmsnorm":
-        raise fail("training.fused_norm", f"false prices RMSNorm's PyTorch operators; model.norm is "
-                                          f"{scenario.model.norm}, which PyTorch runs as one kernel each way")
+    if training.norm_kernel == "operators":
+        check_norms_as_operators(scenario.model)
     kernel = training.attention_kernel
     if kernel is not None:
         if training.attention != "flash":

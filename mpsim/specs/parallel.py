@@ -95,14 +95,26 @@ UB_SITES = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad")
 
 
+NormKernel = Literal["operators", "pytorch", "fused"]
+
+
+def resolve_norm_kernel(setting: str | None, norm: str, layers_impl: str) -> str:
+    """The kernel a norm of kind ``norm`` ("layernorm", "rmsnorm") runs as: ``setting``
+    (``TrainingOptions.norm_kernel``) where given, else the layers' own: Megatron's and
+    Transformer Engine's fused kernels; under plain PyTorch the model's module as written,
+    RMSNorm in operators (Hugging Face's and torchtitan's), LayerNorm PyTorch's kernel."""
+    if setting is not None:
+        return setting
+    if layers_impl != "pytorch":
+        return "fused"
+    return "operators" if norm == "rmsnorm" else "pytorch"
+
 class TrainingOptions(Spec):
     """Framework behaviours; the defaults are Megatron-LM's."""
 
-    def eager_rmsnorm(self, norm: str) -> bool:
-        """True when a model with ``norm`` runs RMSNorm as PyTorch's operators (``fused_norm``)."""
-        if norm != "rmsnorm":
-            return False
-        return not self.fused_norm if self.fused_norm is not None else self.layers_impl == "pytorch"
+    def norm_kernel_for(self, norm: str) -> str:
+        """The kernel a norm of kind ``norm`` runs as (``norm_kernel``, or its default for the layers)."""
+        return resolve_norm_kernel(self.norm_kernel, norm, self.layers_impl)
 
     @property
     def layers_impl(self) -> str:
@@ -215,15 +227,18 @@ class TrainingOptions(Spec):
     bias_activation_fusion: bool = Field(
         True, description="the FFN's bias and activation in one fused kernel each way (Megatron's default); "
                           "false runs SwiGLU and squared ReLU operator by operator")
-    # RMSNorm written in PyTorch operators (torchtitan's RMSNorm, torchtitan/models/norms.py, norm_type
-    # "rmsnorm"; Hugging Face's LlamaRMSNorm) runs them one kernel each in eager mode: the input cast
-    # to fp32, squared, averaged, rsqrt, scaled, cast back and multiplied by the weight; under
-    # autograd their backward formulas are as many kernels again. A fused kernel (Apex, Transformer
-    # Engine, a Triton RMSNorm, torch.compile) reads the input once and writes the output once.
-    fused_norm: bool | None = Field(
-        None, description="the norm as one fused kernel each way; false: RMSNorm as PyTorch's operators run it "
-                          "eagerly (fp32 upcast, square, mean, rsqrt, scale, cast back, weight; docs/parallelism.md); "
-                          "default: fused, except RMSNorm under transformer_impl pytorch")
+    # Three kinds of norm kernel run at measured shares of the streaming rate (mpsim/workload/norms.py):
+    # a norm written in PyTorch operators and run eagerly (torchtitan's RMSNorm, norm_type "rmsnorm";
+    # Hugging Face's LlamaRMSNorm): a kernel per operator, the input cast to fp32, squared, averaged,
+    # rsqrt, scaled, cast back, multiplied by the weight, and as many again backward; PyTorch's own
+    # fused kernels (nn.LayerNorm, nn.RMSNorm and F.rms_norm on CUDA); a hand-written or compiled one
+    # (Apex, Transformer Engine, cuDNN, a Triton RMSNorm, torch.compile)
+    norm_kernel: NormKernel | None = Field(
+        None, description="the norm's kernels: operators (RMSNorm as PyTorch's operators, run eagerly; "
+                          "docs/parallelism.md), pytorch (PyTorch's native fused kernel, nn.LayerNorm / "
+                          "nn.RMSNorm), fused (Apex, Transformer Engine, cuDNN, Triton, torch.compile); default: "
+                          "fused, except under transformer_impl pytorch: operators for RMSNorm, pytorch for "
+                          "LayerNorm")
     # Megatron-Core's --defer-embedding-wgrad-compute and --wgrad-deferral-limit (off, and 0 = every
     # microbatch, unless given; NeMo's Llama recipes: on, 22): the LM head's weight-gradient GEMMs
     # of the first microbatches wait in a buffer until the rank's last backward

@@ -50,8 +50,11 @@ class LayerContext:
     # whose layers run the model (TrainingOptions.transformer_impl): Megatron's own ("local"),
     # Transformer Engine's, or plain PyTorch modules under autograd ("pytorch")
     layers_impl: str = "local"
-    # RMSNorm as PyTorch's operators run it eagerly (TrainingOptions.fused_norm): norms.py
-    eager_rmsnorm: bool = False
+    # the norms' kernels (TrainingOptions.norm_kernel as resolved for the model's norm): "operators"
+    # (RMSNorm as PyTorch's operators run it eagerly), "pytorch" (PyTorch's native kernel) or
+    # "fused" (Apex, Transformer Engine, Triton): norms.py
+    norm_kernel: str = "fused"
+    norm_kind: str = "layernorm"  # model.norm
     cross_entropy_fusion: bool = False  # Megatron-Core's fused vocab-parallel cross entropy
     fp32_loss: bool = True  # the loss on an fp32 copy of the logits (TrainingOptions.fp32_loss)
     ub_sms: tuple[tuple[str, int], ...] = ()  # userbuffers SMs per GEMM site a recipe tunes (tp_comm_overlap_sms)

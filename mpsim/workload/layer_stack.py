@@ -50,7 +50,7 @@ def stack_env(scenario: Scenario, layout: Layout) -> StackEnv:
                     tp_overlap_backward=training.tp_comm_overlap_backward,
                     tp_overlap_forward=training.tp_comm_overlap,
                     layers_impl=training.layers_impl, cross_entropy_fusion=training.cross_entropy_fusion,
-                    fp32_loss=training.fp32_loss)
+                    fp32_loss=training.fp32_loss, norm_kernel=training.norm_kernel)
 
 
 def _join(pieces: list[BlockWork]) -> BlockWork:

@@ -21,12 +21,13 @@ from dataclasses import dataclass, replace
 
 from mpsim.specs.layers import (AttentionLayer, ConvLayer, CrossEntropyLayer, CustomLayer, ElementwiseLayer,
                                 EmbeddingLayer, LinearLayer, NormLayer, PoolLayer, RecurrentLayer, ViewLayer, numel)
+from mpsim.specs.parallel import resolve_norm_kernel
 from mpsim.specs.stack import PlacedLayer
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
                                    linear, param_tensors, present, residual_grad, scattered_gemm, tp_collectives,
                                    weight_pass_regather)
-from mpsim.workload.norms import fused_norm_op, norm_grad_ops
+from mpsim.workload.norms import EAGER_RMSNORM_SAVED_EXTRA, eager_rmsnorm_ops, fused_norm_op, norm_grad_ops
 from mpsim.workload.embedding import cross_entropy_implementation, embedding_block, loss_items
 from mpsim.workload.ops import Item, Op, collective, memory_op
 from mpsim.workload.recurrent import recurrent_work
@@ -48,6 +49,7 @@ class StackEnv:
     layers_impl: str = "local"  # LayerContext.layers_impl
     cross_entropy_fusion: bool = False  # LayerContext.cross_entropy_fusion
     fp32_loss: bool = True  # LayerContext.fp32_loss
+    norm_kernel: str | None = None  # TrainingOptions.norm_kernel as given (None: the layers' own)
 
     @property
     def grad_accumulation_fused(self) -> bool:
@@ -243,9 +245,17 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
         elements = local_elements(env, placed.in_shape, mode)
         params = layer.params(placed.in_shape) // (env.tp if mode == "shard" else 1)
         halves = 1 if layer.kind == "rmsnorm" or not layer.bias else 2  # scale, and shift
-        grad_in, grad_w = norm_grad_ops(name, elements, e, env.layers_impl)
-        return BlockWork((fused_norm_op(name, elements, e),), (*grad_in, *grad_w), tuple(grad_in), tuple(grad_w),
-                         params=float(params), saved_bytes=float(elements * e),
+        # batch and group norms: cuDNN's and PyTorch's kernels, which no sweep here times apart
+        kernel = resolve_norm_kernel(env.norm_kernel, layer.kind, env.layers_impl) \
+            if layer.kind in ("layernorm", "rmsnorm") else "fused"
+        if kernel == "operators":  # an RMSNorm module in PyTorch's operators (layout checks: RMSNorm only)
+            forward, grad_input, grad_weight = eager_rmsnorm_ops(name, elements, e)
+            return BlockWork((forward,), (grad_input, grad_weight), (grad_input,), (grad_weight,),
+                             params=float(params), saved_bytes=float(elements * (e + EAGER_RMSNORM_SAVED_EXTRA)),
+                             param_tensors=(float(params),))
+        grad_in, grad_w = norm_grad_ops(name, elements, e, env.layers_impl, kernel, layer.kind)
+        return BlockWork((fused_norm_op(name, elements, e, kernel, layer.kind),), (*grad_in, *grad_w), tuple(grad_in),
+                         tuple(grad_w), params=float(params), saved_bytes=float(elements * e),
                          param_tensors=(float(params // halves),) * halves)
     if isinstance(layer, PoolLayer):
         if layer.mode == "first":

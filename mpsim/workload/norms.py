@@ -1,13 +1,16 @@
-"""Norms: LayerNorm and RMSNorm over a rank's tokens, fused or as PyTorch's operators.
+"""Norms: LayerNorm and RMSNorm over a rank's tokens, in one of three kinds of kernel.
 
-A fused norm (Apex's, Transformer Engine's, a Triton kernel, PyTorch's native LayerNorm)
-reads its input once and writes its output once each way; its parameter gradient is a
-reduction over the tokens, in a kernel of its own except in Transformer Engine, whose
-norm backward computes it in the same pass. Neither way does it stream as an elementwise
-kernel does (the row reductions): it runs at ``FUSED_NORM_BANDWIDTH_SHARE`` of the streaming
-rate, the best a published norm kernel reached. RMSNorm written in PyTorch operators and run
-eagerly (``LayerContext.eager_rmsnorm``, ``training.fused_norm``) is a kernel per operator,
-in fp32 (``EAGER_RMSNORM_*``; ``tests/test_eager_norm.py`` holds them to PyTorch's dispatch).
+A fused norm reads its input once and writes its output once each way; its parameter
+gradient is a reduction over the tokens, in a kernel of its own except in Transformer
+Engine, whose norm backward computes it in the same pass. No fused norm streams as an
+elementwise kernel does (the row reductions), and how near it comes depends on whose
+kernel it is (``TrainingOptions.norm_kernel``, resolved per model in ``LayerContext.norm_kernel``):
+a hand-written or compiled one (Apex, Transformer Engine, cuDNN, Triton, torch.compile;
+"fused") runs at ``FUSED_NORM_BANDWIDTH_SHARE``, the best a published norm kernel reached;
+PyTorch's own (nn.LayerNorm, nn.RMSNorm; "pytorch") at ``NATIVE_NORM_BANDWIDTH_SHARE``,
+what a published sweep of those very kernels measured. RMSNorm written in PyTorch operators
+and run eagerly ("operators") is a kernel per operator, in fp32 (``EAGER_RMSNORM_*``;
+``tests/test_eager_norm.py`` holds them to PyTorch's dispatch).
 """
 
 from __future__ import annotations
@@ -62,10 +65,30 @@ EAGER_RMSNORM_BANDWIDTH_SHARE = (0.78, 0.92)
 # (PyTorch's native LayerNorm and RMSNorm: 0.44-0.68) streams as fast as an elementwise kernel:
 # the statistics are a reduction over each row, and the backward's scale gradient a reduction
 # over the tokens. Taken as the kernels' on every accelerator (the GB200 rows of the same sweep
-# reach 0.906 and 0.873 against its inferred streaming rate), and for every implementation,
-# Apex's and Transformer Engine's included, which no published sweep times: a floor on their
-# cost, not a fit to them (tests/test_norm_sweep.py holds these to the file).
+# reach 0.906 and 0.873 against its inferred streaming rate), and for every hand-written or
+# compiled kernel, Apex's and Transformer Engine's included, which no published sweep times: a
+# floor on their cost, not a fit to them (tests/test_norm_sweep.py holds these to the file).
 FUSED_NORM_BANDWIDTH_SHARE = (0.954, 0.868)
+# The same for PyTorch's native kernels, (forward, backward) by the norm they compute: Liger-Kernel's
+# sweep (LIGER-BENCH in docs/hardware-sources.md; benchmarks/data/liger_kernels.csv) of
+# torch.nn.LayerNorm in fp32 over 4,096 rows (A100 and H100) and of torch.nn.RMSNorm on bf16 over
+# 4,096 tokens (H100), read by the rule above: at the sweep's largest shape (16,384 wide), the best
+# part's reading, over the bytes mpsim counts (the input gradient and the parameters' gradient, each
+# way at the same share), less the per-kernel overheads. LayerNorm forward 0.617 (A100; the H100
+# 0.565), backward 0.675 (H100); RMSNorm 0.585 and 0.439 (python benchmarks/memory_kernel_sweep.py
+# prints them; tests/test_memory_kernel_sweep.py holds these to it), below the fused kernels' best
+# both ways. Taken as the kernels' on every accelerator, as the shares above.
+NATIVE_NORM_BANDWIDTH_SHARE = {"layernorm": (0.617, 0.675), "rmsnorm": (0.585, 0.439)}
+
+
+def norm_bandwidth_share(kernel: str, kind: str) -> tuple[float, float]:
+    """(forward, backward) share of the streaming rate of a ``kind`` norm ("layernorm", "rmsnorm") in
+    ``kernel`` ("pytorch": PyTorch's native kernel; "fused": a hand-written or compiled one)."""
+    if kernel == "pytorch":
+        return NATIVE_NORM_BANDWIDTH_SHARE[kind]
+    if kernel == "fused":
+        return FUSED_NORM_BANDWIDTH_SHARE
+    raise ValueError(f"{kernel!r} is not a one-kernel norm (the operators' shares are EAGER_RMSNORM_*)")
 
 
 def _eager_bytes(part: tuple[int, int, int], elements: float, act_bytes: int) -> tuple[float, int]:
@@ -92,19 +115,19 @@ def eager_rmsnorm_ops(name: str, elements: float, act_bytes: int, fp32_weight: b
 def norm(ctx: LayerContext, name: str) -> Op:
     """LayerNorm / RMSNorm over the rank's tokens (its backward: :func:`norm_grad`)."""
     elems = ctx.norm_tokens * ctx.hidden
-    if ctx.eager_rmsnorm:
+    if ctx.norm_kernel == "operators":
         return eager_rmsnorm_ops(name, elems, ctx.act_bytes)[0]
-    return fused_norm_op(name, elems, ctx.act_bytes)
+    return fused_norm_op(name, elems, ctx.act_bytes, ctx.norm_kernel, ctx.norm_kind)
 
 
-def fused_norm_op(name: str, elements: float, act_bytes: int) -> Op:
-    """A fused norm's forward over ``elements`` activations: read the input, write the output."""
-    return memory_op(name, elements * act_bytes * 2, bandwidth_share=FUSED_NORM_BANDWIDTH_SHARE[0])
+def fused_norm_op(name: str, elements: float, act_bytes: int, kernel: str = "fused", kind: str = "layernorm") -> Op:
+    """A one-kernel norm's forward over ``elements`` activations: read the input, write the output."""
+    return memory_op(name, elements * act_bytes * 2, bandwidth_share=norm_bandwidth_share(kernel, kind)[0])
 
 
 def norm_saved_bytes(ctx: LayerContext) -> float:
     """Bytes a norm keeps for its backward beyond its input (the eager RMSNorm's fp32 copy)."""
-    return ctx.norm_tokens * ctx.hidden * EAGER_RMSNORM_SAVED_EXTRA if ctx.eager_rmsnorm else 0.0
+    return ctx.norm_tokens * ctx.hidden * EAGER_RMSNORM_SAVED_EXTRA if ctx.norm_kernel == "operators" else 0.0
 
 
 def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
@@ -118,16 +141,17 @@ def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
     (``torch.distributed.pipelining``'s weight pass) runs with the weights.
     """
     elements = ctx.norm_tokens * ctx.hidden
-    if ctx.eager_rmsnorm:
+    if ctx.norm_kernel == "operators":
         # autograd runs the weight's gradient beside the input's, in the same backward
         _, grad_input, grad_weight = eager_rmsnorm_ops(name, elements, ctx.act_bytes)
         return [grad_input], [grad_weight]
-    return norm_grad_ops(name, elements, ctx.act_bytes, ctx.layers_impl)
+    return norm_grad_ops(name, elements, ctx.act_bytes, ctx.layers_impl, ctx.norm_kernel, ctx.norm_kind)
 
 
-def norm_grad_ops(name: str, elements: float, act_bytes: int, layers_impl: str) -> tuple[list[Op], list[Op]]:
-    """:func:`norm_grad` over ``elements`` activations of ``act_bytes`` each."""
-    share = FUSED_NORM_BANDWIDTH_SHARE[1]
+def norm_grad_ops(name: str, elements: float, act_bytes: int, layers_impl: str, kernel: str = "fused",
+                  kind: str = "layernorm") -> tuple[list[Op], list[Op]]:
+    """:func:`norm_grad` of a one-kernel norm over ``elements`` activations of ``act_bytes`` each."""
+    share = norm_bandwidth_share(kernel, kind)[1]
     grad_input = [memory_op(f"{name}.grad", elements * act_bytes * 3, bandwidth_share=share)]
     if layers_impl == "transformer_engine":
         return grad_input, []
