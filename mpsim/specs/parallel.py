@@ -109,6 +109,7 @@ def resolve_norm_kernel(setting: str | None, norm: str, layers_impl: str) -> str
         return "fused"
     return "operators" if norm == "rmsnorm" else "pytorch"
 
+
 class TrainingOptions(Spec):
     """Framework behaviours; the defaults are Megatron-LM's."""
 
