@@ -93,6 +93,7 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("training.memory_reserved", ("abc",)),
     ("training.transformer_impl", ("megatron", "true")),
     ("training.norm_kernel", ("maybe", "true", "operators")),  # operators: the base model's norm is not RMSNorm
+    ("training.ffn_projections", ("maybe", "separate")),  # separate: the base run's layers are Megatron's
     ("cluster.nodes", ("0", "1073741824", "0.5", "1.0")),
     ("cluster.system", ("nope-system",)),
     ("cluster.system.accelerator", ("nope-gpu",)),

@@ -92,3 +92,46 @@ def test_megatron_without_its_activation_fusion_runs_the_operators():
     unfused_fwd, unfused_bwd, _, _ = layer("transformer_engine", "training.bias_activation_fusion=false")
     assert unfused_fwd["mlp.act"].bytes == plain_fwd["mlp.act"].bytes
     assert unfused_bwd["mlp.act.grad"].bytes == plain_bwd["mlp.act.grad"].bytes
+
+
+def test_plain_pytorchs_gated_ffn_is_two_projections_of_one_input():
+    """Hugging Face's LlamaMLP and torchtitan's FeedForward write the gate and the value as two linears
+    (ffn_projections separate, plain PyTorch's default): two GEMMs of the FFN's width with the packed GEMM's
+    FLOPs, no cut to undo in the activation's backward (9 elements a column in three kernels, against the
+    chunked form's 13 in four), the two input gradients summed by autograd, one weight tensor more for
+    AccumulateGrad; what the layer keeps does not change."""
+    packed_fwd, packed_bwd, packed_kept, scenario = layer("pytorch")  # the H200 layer's own packed linear
+    fwd, bwd, kept, _ = layer("pytorch", "training.ffn_projections=separate")
+    tokens, hidden, ffn = scenario.model.seq_length, scenario.model.hidden_size, scenario.model.ffn_hidden_size
+    assert packed_fwd["mlp.fc1"].shape == (1, tokens, 2 * ffn, hidden) and "mlp.fc1_up" not in packed_fwd
+    assert fwd["mlp.fc1"].shape == fwd["mlp.fc1_up"].shape == (1, tokens, ffn, hidden)
+    assert fwd["mlp.fc1"].flops + fwd["mlp.fc1_up"].flops == packed_fwd["mlp.fc1"].flops
+    assert bwd["mlp.fc1_up.dgrad"].flops + bwd["mlp.fc1.dgrad"].flops == packed_bwd["mlp.fc1.dgrad"].flops
+    assert bwd["mlp.fc1_up.wgrad"].flops + bwd["mlp.fc1.wgrad"].flops == packed_bwd["mlp.fc1.wgrad"].flops
+    elements = tokens * ffn
+    assert fwd["mlp.act"].bytes == packed_fwd["mlp.act"].bytes == 5 * elements * 2
+    assert bwd["mlp.act.grad"].bytes == 9 * elements * 2 and bwd["mlp.act.grad"].launches == 3
+    assert bwd["mlp.fc1.grad_sum"].bytes == 3 * tokens * hidden * 2 and "mlp.fc1.grad_sum" not in packed_bwd
+    assert kept == packed_kept
+    # the same parameters in one tensor more: an AccumulateGrad kernel more per microbatch
+    separate = load_scenario(LAYER, ["training.ffn_projections=separate"]).scenario
+    stages = [build_workload(s, resolve(s)).stages[0] for s in (scenario, separate)]
+    assert stages[0].params == stages[1].params
+    grads = [sum(1 for block in stage.backward for op in compute_ops(block.items) if op.name.endswith(".accumulate_grad"))
+             for stage in stages]
+    assert grads[0] > 0 and grads[1] - grads[0] == scenario.model.num_layers
+
+
+def test_plain_pytorch_defaults_to_two_projections_and_megatron_refuses_them():
+    import subprocess
+    import sys
+
+    titan = load_scenario(SCENARIOS / "published" / "torchtitan_a100.yaml").scenario
+    assert titan.training.separate_ffn_projections
+    megatron = load_scenario(SCENARIOS / "llama3_70b_32xh100.yaml").scenario
+    assert not megatron.training.separate_ffn_projections
+    result = subprocess.run([sys.executable, "-m", "mpsim", "run", str(SCENARIOS / "llama3_70b_32xh100.yaml"),
+                             "--set", "training.ffn_projections=separate"], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "training.ffn_projections" in lines[0]

@@ -159,6 +159,16 @@ def check_dtype(scenario: Scenario) -> None:
                                          f"entropy, always on an fp32 copy of the logits")
     if training.norm_kernel == "operators":
         check_norms_as_operators(scenario.model)
+    if training.ffn_projections == "separate":
+        if training.layers_impl != "pytorch":
+            raise fail("training.ffn_projections", f"separate writes the gate and the value as two linear layers, "
+                                                   f"as plain PyTorch models do; transformer_impl "
+                                                   f"{training.layers_impl} packs them in one FC1 GEMM")
+        if isinstance(scenario.model, LayerStackSpec) or not scenario.model.gated_ffn:
+            what = "a layer stack" if isinstance(scenario.model, LayerStackSpec) else \
+                f"model.ffn_type {scenario.model.ffn_type}"
+            raise fail("training.ffn_projections", f"separate splits a gated FFN (ffn_type swiglu) in two "
+                                                   f"projections; {what} has none")
     kernel = training.attention_kernel
     if kernel is not None:
         if training.attention != "flash":

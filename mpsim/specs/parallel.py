@@ -113,6 +113,13 @@ def resolve_norm_kernel(setting: str | None, norm: str, layers_impl: str) -> str
 class TrainingOptions(Spec):
     """Framework behaviours; the defaults are Megatron-LM's."""
 
+    @property
+    def separate_ffn_projections(self) -> bool:
+        """Whether a gated FFN's gate and value are two linear layers (``ffn_projections``)."""
+        if self.ffn_projections is not None:
+            return self.ffn_projections == "separate"
+        return self.layers_impl == "pytorch"
+
     def norm_kernel_for(self, norm: str) -> str:
         """The kernel a norm of kind ``norm`` runs as (``norm_kernel``, or its default for the layers)."""
         return resolve_norm_kernel(self.norm_kernel, norm, self.layers_impl)
@@ -228,6 +235,14 @@ class TrainingOptions(Spec):
     bias_activation_fusion: bool = Field(
         True, description="the FFN's bias and activation in one fused kernel each way (Megatron's default); "
                           "false runs SwiGLU and squared ReLU operator by operator")
+    # A gated FFN's gate and value: Megatron and Transformer Engine pack both in one FC1 GEMM whose
+    # output is cut in two (linear_fc1, 2 x ffn wide); plain PyTorch models mostly write two linear
+    # layers of the same input (Hugging Face's LlamaMLP gate_proj / up_proj, torchtitan's w1 / w3),
+    # some one packed layer cut by torch.chunk
+    ffn_projections: Literal["packed", "separate"] | None = Field(
+        None, description="a gated FFN's gate and value: packed (one FC1 GEMM cut in two) or separate (two "
+                          "linear layers of the same input); default: separate under transformer_impl pytorch, "
+                          "packed otherwise (Megatron's and Transformer Engine's layers always pack them)")
     # Three kinds of norm kernel run at measured shares of the streaming rate (mpsim/workload/norms.py):
     # a norm written in PyTorch operators and run eagerly (torchtitan's RMSNorm, norm_type "rmsnorm";
     # Hugging Face's LlamaRMSNorm): a kernel per operator, the input cast to fp32, squared, averaged,

@@ -59,6 +59,7 @@ class LayerContext:
     fp32_loss: bool = True  # the loss on an fp32 copy of the logits (TrainingOptions.fp32_loss)
     ub_sms: tuple[tuple[str, int], ...] = ()  # userbuffers SMs per GEMM site a recipe tunes (tp_comm_overlap_sms)
     activation_fusion: bool = True  # Megatron's fused bias + FFN activation kernels
+    separate_ffn_projections: bool = False  # a gated FFN's gate and value as two linears (ffn_projections)
 
     @property
     def bias_add_kernel(self) -> bool:
@@ -314,17 +315,21 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
     return fwd, dgrad, wgrad
 
 
-def column_backward(ctx: LayerContext, name: str, dgrad: Op, wgrad: Op,
+def column_backward(ctx: LayerContext, name: str, dgrad: Op | tuple[Op, ...], wgrad: Op | tuple[Op, ...],
                     gather: Op | None) -> tuple[list[Item], list[Item], list[Item]]:
     """Backward of a column-parallel GEMM: (combined, input-only, weight-only) items.
 
     Its input gradient needs an all-reduce over TP (a reduce-scatter under sequence
     parallelism, which also re-gathers the sharded input for the weight gradient). In the
     combined form Megatron overlaps that collective with the weight-gradient GEMM (with
-    userbuffers, Transformer Engine's bulk overlaps, on SMs of their own).
+    userbuffers, Transformer Engine's bulk overlaps, on SMs of their own). ``dgrad`` and
+    ``wgrad`` may be runs of ops: the GEMMs of several column-parallel layers of one input
+    (and the sum of their input gradients), reduced once.
     """
+    dgrads = dgrad if isinstance(dgrad, tuple) else (dgrad,)
+    wgrads = wgrad if isinstance(wgrad, tuple) else (wgrad,)
     if ctx.tp == 1:
-        return [dgrad, wgrad], [dgrad], [wgrad]
+        return [*dgrads, *wgrads], [*dgrads], [*wgrads]
     kind = "reduce-scatter" if ctx.sequence_parallel else "all-reduce"
     reduce = collective(f"{name}.grad_{kind.replace('-', '_')}", kind, "tp", ctx.activation_message)
     regather = (collective(f"{name}.regather_input", "all-gather", "tp", ctx.activation_message)
@@ -335,12 +340,12 @@ def column_backward(ctx: LayerContext, name: str, dgrad: Op, wgrad: Op,
         # weight-gradient GEMM (its wgrad); without, NCCL's channels
         dgrad_sms = ub_sms(ctx, name, "dgrad", UB_BULK_SMS) if ctx.tp_overlap_forward else None
         wgrad_sms = ub_sms(ctx, name, "wgrad", UB_BULK_SMS) if ctx.tp_overlap_forward else None
-        combined: list[Item] = [Overlap(regather, (dgrad,), comm_sms=dgrad_sms) if regather else dgrad,
-                                Overlap(reduce, (wgrad,), comm_sms=wgrad_sms)]
+        combined: list[Item] = [*([Overlap(regather, dgrads, comm_sms=dgrad_sms)] if regather else dgrads),
+                                Overlap(reduce, wgrads, comm_sms=wgrad_sms)]
     else:
-        combined = ([regather] if regather else []) + [dgrad, reduce, wgrad]
-    input_only: list[Item] = [dgrad, reduce]
-    weight_only: list[Item] = ([regather] if regather else []) + [wgrad]
+        combined = ([regather] if regather else []) + [*dgrads, reduce, *wgrads]
+    input_only: list[Item] = [*dgrads, reduce]
+    weight_only: list[Item] = ([regather] if regather else []) + [*wgrads]
     return combined, input_only, weight_only
 
 

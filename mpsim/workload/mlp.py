@@ -32,6 +32,9 @@ class FfnActivation:
     saved: int  # elements kept for the backward pass, FC2's input (the activation's output) included
     forward_launches: int = 1  # kernels each pass launches (one when fused)
     backward_launches: int = 1
+    # gated only: the gate and the value come from two linear layers of the same input, each a
+    # GEMM and a weight of its own, rather than from one FC1 GEMM whose output is cut in two
+    separate_projections: bool = False
 
 
 FFN_ACTIVATIONS = {
@@ -66,6 +69,14 @@ PLAIN_FFN_ACTIVATIONS = {
     # (threshold_backward on its output: 3). 10 in four kernels; kept: relu's output and y
     "squared_relu": FfnActivation(1, 4, 10, 2, forward_launches=2, backward_launches=4),
 }
+# Plain PyTorch models write the gated FFN as two linear layers of the same input, the gate and the
+# value, then silu(gate) * value (Hugging Face's LlamaMLP: gate_proj and up_proj; torchtitan's
+# FeedForward: w1 and w3): forward silu (2) and the product (3), 5 in two kernels; backward the
+# product's two gradients (3 each) and silu's backward (3), 9 in three kernels, with no cut to undo.
+# Kept as above. The two projections' input gradients are summed by autograd (mlp_items).
+PYTORCH_FFN_ACTIVATIONS = {
+    "swiglu": FfnActivation(2, 5, 9, 4, forward_launches=2, backward_launches=3, separate_projections=True),
+}
 
 
 def ffn_activation(ctx: LayerContext) -> FfnActivation:
@@ -75,9 +86,12 @@ def ffn_activation(ctx: LayerContext) -> FfnActivation:
     gated flag decides between SwiGLU and GeLU, whose costs squared ReLU shares. Plain
     PyTorch (``layers_impl`` pytorch), and Megatron without its activation fusion
     (``activation_fusion`` off), run the gated and squared forms operator by operator
-    (:data:`PLAIN_FFN_ACTIVATIONS`).
+    (:data:`PLAIN_FFN_ACTIVATIONS`), the gated one from two projections where the model
+    writes them so (``separate_ffn_projections``: :data:`PYTORCH_FFN_ACTIVATIONS`).
     """
     name = ctx.ffn_activation or ("swiglu" if ctx.gated_ffn else "gelu")
+    if ctx.separate_ffn_projections and name in PYTORCH_FFN_ACTIVATIONS:
+        return PYTORCH_FFN_ACTIVATIONS[name]
     if (ctx.layers_impl == "pytorch" or not ctx.activation_fusion) and name in PLAIN_FFN_ACTIVATIONS:
         return PLAIN_FFN_ACTIVATIONS[name]
     return FFN_ACTIVATIONS[name]
@@ -105,17 +119,28 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     activation = ffn_activation(ctx)
     fc1_width = ffn_local * activation.up_projections
     gather, reduce = tp_collectives(ctx, name)
-    fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, fc1_width, h)
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local)
     act, act_grad = activation_ops(f"{name}.act", t * ffn_local, e, activation)
-    fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
+    if activation.separate_projections:
+        # the gate's and the value's GEMMs on the same (gathered) input; backward, autograd sums the
+        # two input gradients (read both, write one) before the TP reduction
+        fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, ffn_local, h)
+        fc1_up, up_dgrad, up_wgrad = linear(ctx, f"{name}.fc1_up", t, ffn_local, h)
+        grad_sum = memory_op(f"{name}.fc1.grad_sum", t * h * e * 3)
+        fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", (fc1_dgrad, up_dgrad, grad_sum),
+                                              (fc1_wgrad, up_wgrad), gather)
+        up_forward: list[Item] = [fc1_up]
+    else:
+        fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, fc1_width, h)
+        fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
+        up_forward = []
     head = ((bias_grad(ctx, f"{name}.fc2", ctx.norm_tokens, h) if bias else [])
             + gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad))
     act_grads = [act_grad, *(bias_grad(ctx, f"{name}.fc1", t, fc1_width) if bias else [])]
     # without the fusion Megatron's local layers add FC1's bias in a kernel of its own before the
     # activation (MLP.forward: intermediate + bias); Transformer Engine's GEMM epilogue adds it
     fc1_bias = bias_add(ctx, f"{name}.fc1", t, fc1_width) if bias and not ctx.activation_fusion else []
-    forward = [*gathered_gemm(ctx, gather, fc1), *fc1_bias, act, *scattered_gemm(ctx, fc2, reduce)]
+    forward = [*gathered_gemm(ctx, gather, fc1), *up_forward, *fc1_bias, act, *scattered_gemm(ctx, fc2, reduce)]
     backward = [*head, fc2_wgrad, *act_grads, *fc1_b]
     backward_input = [*head, *act_grads, *fc1_i]
     # a split backward's weight pass: FC2's output gradient gathered again, then FC1's input
@@ -136,9 +161,14 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
                                                                                         bias=bias)
     h, local, e = ctx.hidden, ctx.norm_tokens, ctx.act_bytes
     mask = 1 if ctx.dropout else 0
-    fc1_width = ctx.ffn_local * ffn_activation(ctx).up_projections
+    activation = ffn_activation(ctx)
+    fc1_width = ctx.ffn_local * activation.up_projections
     params += (fc1_width + h if bias else 0) + norm_params * h
-    tensors = (h * fc1_width, ctx.ffn_local * h, *((fc1_width, h) if bias else ()), *(h,) * norm_params)
+    # FC1's weight (and bias): one tensor, or the gate's and the value's
+    fc1_parts = activation.up_projections if activation.separate_projections else 1
+    fc1_tensors = (h * fc1_width // fc1_parts,) * fc1_parts
+    fc1_biases = (fc1_width // fc1_parts,) * fc1_parts if bias else ()
+    tensors = (*fc1_tensors, ctx.ffn_local * h, *fc1_biases, *((h,) if bias else ()), *(h,) * norm_params)
     saved += 2 * local * h * e + local * h * mask + norm_saved_bytes(ctx)  # norm input, FC1 input, dropout mask
     norm_in, norm_w = norm_grad(ctx, "mlp.norm")
     return BlockWork(

@@ -60,6 +60,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         fp32_loss=training.fp32_loss,
         ub_sms=tuple(sorted(training.tp_comm_overlap_sms.items())),
         activation_fusion=training.bias_activation_fusion,
+        separate_ffn_projections=training.separate_ffn_projections,
         v_head_dim=None if mla is None else mla.v_head_dim,
         cp=layout.cp,
         cp_comm=layout.cp_comm,
