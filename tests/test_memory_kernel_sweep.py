@@ -55,6 +55,18 @@ def test_the_native_norm_shares_are_the_sweeps_best_reading():
     assert shares["H100 megatron_rms_norm torch backward"] == pytest.approx(rmsnorm[1], abs=5e-4)
 
 
+def test_the_plain_activation_shares_are_the_sweeps_own():
+    """SwiGLU over torch.chunk's halves and squared ReLU in PyTorch's operators run at the shares the
+    sweep's widest rows reached (the chunked backward over the 12 elements a column the benchmark moved)."""
+    from mpsim.workload.mlp import PLAIN_FFN_ACTIVATIONS
+
+    shares = load_benchmark("memory_kernel_sweep").largest_shape_shares()
+    for family, name in (("megatron_swiglu", "swiglu"), ("relu_squared", "squared_relu")):
+        forward, backward = PLAIN_FFN_ACTIVATIONS[name].bandwidth_share
+        assert shares[f"H100 {family} torch forward"] == pytest.approx(forward, abs=5e-4)
+        assert shares[f"H100 {family} torch backward"] == pytest.approx(backward, abs=5e-4)
+
+
 def test_the_cross_entropy_shares_are_the_sweeps_own():
     """The shares mpsim prices Megatron's cross entropy at are what its kernels reached on an H100 at the
     sweep's largest vocabulary, over the bytes mpsim counts for them."""

@@ -112,6 +112,12 @@ def test_plain_pytorchs_gated_ffn_is_two_projections_of_one_input():
     assert fwd["mlp.act"].bytes == packed_fwd["mlp.act"].bytes == 5 * elements * 2
     assert bwd["mlp.act.grad"].bytes == 9 * elements * 2 and bwd["mlp.act.grad"].launches == 3
     assert bwd["mlp.fc1.grad_sum"].bytes == 3 * tokens * hidden * 2 and "mlp.fc1.grad_sum" not in packed_bwd
+    # the chunked halves are strided: their kernels run at the share a published sweep of that form
+    # measured; the two projections' outputs are whole tensors, whose kernels no sweep times apart
+    from mpsim.workload.mlp import PLAIN_FFN_ACTIVATIONS
+    chunked = PLAIN_FFN_ACTIVATIONS["swiglu"].bandwidth_share
+    assert (packed_fwd["mlp.act"].bandwidth_share, packed_bwd["mlp.act.grad"].bandwidth_share) == chunked
+    assert max(chunked) < 1 and fwd["mlp.act"].bandwidth_share == bwd["mlp.act.grad"].bandwidth_share == 1.0
     assert kept == packed_kept
     # the same parameters in one tensor more: an AccumulateGrad kernel more per microbatch
     separate = load_scenario(LAYER, ["training.ffn_projections=separate"]).scenario

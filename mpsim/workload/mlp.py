@@ -35,6 +35,9 @@ class FfnActivation:
     # gated only: the gate and the value come from two linear layers of the same input, each a
     # GEMM and a weight of its own, rather than from one FC1 GEMM whose output is cut in two
     separate_projections: bool = False
+    # (forward, backward) share of the streaming rate its kernels reach where a published sweep of
+    # those very kernels measured it (benchmarks/memory_kernel_sweep.py); 1: the streaming rate
+    bandwidth_share: tuple[float, float] = (1.0, 1.0)
 
 
 FFN_ACTIVATIONS = {
@@ -61,13 +64,22 @@ PLAIN_FFN_ACTIVATIONS = {
     # gate, write the gate's gradient: 3) and the chunk's backward, a cat of the two gradients into
     # FC1's output gradient (2 + 2): 13 in four kernels; kept: FC1's output (both halves), silu's
     # output for the product's backward, and y
-    "swiglu": FfnActivation(2, 5, 13, 4, forward_launches=2, backward_launches=4),
+    # Liger-Kernel's sweep of this very form (megatron_swiglu / torch: silu(y1) * y2 over torch.chunk
+    # of a bf16 FC1 output, 8,192 tokens, H100; LIGER-BENCH in docs/hardware-sources.md) at its
+    # widest FFN (32,768): 0.578 of the streaming rate forward (the halves are strided views, which
+    # PyTorch's elementwise kernels do not vectorize), 0.730 backward over these 13 elements, where
+    # the benchmark's backward, from a sum of the output, reads its one-value gradient from no
+    # memory and moved 12: 0.674 over the bytes it moved, the share a backward of 13 runs at
+    "swiglu": FfnActivation(2, 5, 13, 4, forward_launches=2, backward_launches=4, bandwidth_share=(0.578, 0.674)),
     # y = relu(x) ** 2 (Hugging Face's relu2, NeMo's squared_relu): relu (2) and the power (2)
     # forward; the power's backward is autograd's pow_backward, grad * (2 * r.pow(1)) with r relu's
     # output (torch/csrc/autograd/FunctionsManual.cpp): r.pow(1) copies r (2), the scaling by 2
     # reads and writes it (2), the product with dy reads both and writes (3); then relu's backward
     # (threshold_backward on its output: 3). 10 in four kernels; kept: relu's output and y
-    "squared_relu": FfnActivation(1, 4, 10, 2, forward_launches=2, backward_launches=4),
+    # The same sweep's torch.square(relu(x)) on bf16 over 4,096 rows (H100), at its widest row
+    # (32,768): 0.949 forward, 0.969 backward (timed alone), contiguous operators near the streaming rate
+    "squared_relu": FfnActivation(1, 4, 10, 2, forward_launches=2, backward_launches=4,
+                                  bandwidth_share=(0.949, 0.969)),
 }
 # Plain PyTorch models write the gated FFN as two linear layers of the same input, the gate and the
 # value, then silu(gate) * value (Hugging Face's LlamaMLP: gate_proj and up_proj; torchtitan's
@@ -99,9 +111,11 @@ def ffn_activation(ctx: LayerContext) -> FfnActivation:
 
 def activation_ops(name: str, elements: float, act_bytes: int, activation: FfnActivation) -> tuple[Op, Op]:
     """The activation's forward and backward over ``elements`` FFN columns x tokens."""
-    return (memory_op(name, elements * act_bytes * activation.forward_traffic, launches=activation.forward_launches),
+    forward_share, backward_share = activation.bandwidth_share
+    return (memory_op(name, elements * act_bytes * activation.forward_traffic, launches=activation.forward_launches,
+                      bandwidth_share=forward_share),
             memory_op(f"{name}.grad", elements * act_bytes * activation.backward_traffic,
-                      launches=activation.backward_launches))
+                      launches=activation.backward_launches, bandwidth_share=backward_share))
 
 
 def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None = None, bias: bool = False
