@@ -141,3 +141,17 @@ def test_plain_pytorch_defaults_to_two_projections_and_megatron_refuses_them():
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "training.ffn_projections" in lines[0]
+
+
+def test_a_shared_experts_two_projections_are_two_weight_tensors():
+    """DeepSeek-V3's shared expert goes through the dense FFN's code: under plain PyTorch with two
+    projections its FC1 is two weights, an AccumulateGrad kernel more per MoE layer of the stage."""
+    counts = []
+    for form in ("packed", "separate"):
+        scenario = load_scenario(SCENARIOS / "deepseek_v3_2048xh100.yaml",
+                                 ["training.transformer_impl=pytorch", "training.dtype=bf16",
+                                  f"training.ffn_projections={form}"]).scenario
+        stage = build_workload(scenario, resolve(scenario)).stages[1]
+        counts.append(sum(1 for block in stage.backward for op in compute_ops(block.items)
+                          if op.name.endswith(".accumulate_grad")))
+    assert counts[0] > 0 and counts[1] - counts[0] == stage.layers

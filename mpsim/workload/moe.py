@@ -101,10 +101,13 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     dense_params = h * moe.num_experts + shared_params + norm_params * h + (h if bias else 0)
     # the router, each local expert's two weights, the shared expert's two, the norm, the output bias
     shared_width = moe.shared_ffn // ctx.tp if moe.shared_ffn else 0
-    shared_fc1 = shared_width * ffn_activation(ctx).up_projections
-    tensors = (h * moe.num_experts, *(h * fc1_width, ffn_local * h) * local_experts,
-               *((h * shared_fc1, shared_width * h) if shared_width else ()), *(h,) * norm_params,
-               *((h,) if bias else ()))
+    shared_activation = ffn_activation(ctx)
+    shared_fc1 = shared_width * shared_activation.up_projections
+    # the shared expert's FC1: one weight, or the gate's and the value's (mlp_items)
+    shared_parts = shared_activation.up_projections if shared_activation.separate_projections else 1
+    shared_tensors = (*(h * shared_fc1 // shared_parts,) * shared_parts, shared_width * h) if shared_width else ()
+    tensors = (h * moe.num_experts, *(h * fc1_width, ffn_local * h) * local_experts, *shared_tensors,
+               *(h,) * norm_params, *((h,) if bias else ()))
     gathered_tokens = per_expert * local_experts
     saved = (2 * local * h * e + tokens * moe.num_experts * 4 + gathered_tokens * h * e
              + gathered_tokens * fc1_width * e + gathered_tokens * ffn_local * e + shared_saved + local * h * mask
