@@ -27,7 +27,7 @@ from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_grad, column_backward, gathered_gemm, grad_gather,
                                    linear, param_tensors, present, residual_grad, scattered_gemm, tp_collectives,
                                    weight_pass_regather)
-from mpsim.workload.norms import EAGER_RMSNORM_SAVED_EXTRA, eager_rmsnorm_ops, fused_norm_op, norm_grad_ops
+from mpsim.workload.norms import norm_passes, norm_saved_extra
 from mpsim.workload.embedding import cross_entropy_implementation, embedding_block, loss_items
 from mpsim.workload.ops import Item, Op, collective, memory_op
 from mpsim.workload.recurrent import recurrent_work
@@ -248,14 +248,10 @@ def _memory_bound(env: StackEnv, placed: PlacedLayer, mode: str) -> BlockWork:
         # batch and group norms: cuDNN's and PyTorch's kernels, which no sweep here times apart
         kernel = resolve_norm_kernel(env.norm_kernel, layer.kind, env.layers_impl) \
             if layer.kind in ("layernorm", "rmsnorm") else "fused"
-        if kernel == "operators":  # an RMSNorm module in PyTorch's operators (layout checks: RMSNorm only)
-            forward, grad_input, grad_weight = eager_rmsnorm_ops(name, elements, e)
-            return BlockWork((forward,), (grad_input, grad_weight), (grad_input,), (grad_weight,),
-                             params=float(params), saved_bytes=float(elements * (e + EAGER_RMSNORM_SAVED_EXTRA)),
-                             param_tensors=(float(params),))
-        grad_in, grad_w = norm_grad_ops(name, elements, e, env.layers_impl, kernel, layer.kind)
-        return BlockWork((fused_norm_op(name, elements, e, kernel, layer.kind),), (*grad_in, *grad_w), tuple(grad_in),
-                         tuple(grad_w), params=float(params), saved_bytes=float(elements * e),
+        # "operators": an RMSNorm module in PyTorch's operators (the layout checks allow RMSNorm only)
+        forward, grad_in, grad_w = norm_passes(name, elements, e, env.layers_impl, kernel, layer.kind)
+        return BlockWork((forward,), (*grad_in, *grad_w), tuple(grad_in), tuple(grad_w), params=float(params),
+                         saved_bytes=float(elements * (e + norm_saved_extra(kernel))),
                          param_tensors=(float(params // halves),) * halves)
     if isinstance(layer, PoolLayer):
         if layer.mode == "first":

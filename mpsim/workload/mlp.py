@@ -39,6 +39,12 @@ class FfnActivation:
     # those very kernels measured it (benchmarks/memory_kernel_sweep.py); 1: the streaming rate
     bandwidth_share: tuple[float, float] = (1.0, 1.0)
 
+    def fc1_tensors(self, elements: int) -> tuple[int, ...]:
+        """FC1's ``elements`` weights (or bias entries) as parameter tensors: one, or the gate's and
+        the value's."""
+        parts = self.up_projections if self.separate_projections else 1
+        return (elements // parts,) * parts
+
 
 FFN_ACTIVATIONS = {
     # y = gelu(x): read x, write y; backward reads x and dy, writes dx; keeps x (for gelu'(x)) and y
@@ -178,11 +184,9 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     activation = ffn_activation(ctx)
     fc1_width = ctx.ffn_local * activation.up_projections
     params += (fc1_width + h if bias else 0) + norm_params * h
-    # FC1's weight (and bias): one tensor, or the gate's and the value's
-    fc1_parts = activation.up_projections if activation.separate_projections else 1
-    fc1_tensors = (h * fc1_width // fc1_parts,) * fc1_parts
-    fc1_biases = (fc1_width // fc1_parts,) * fc1_parts if bias else ()
-    tensors = (*fc1_tensors, ctx.ffn_local * h, *fc1_biases, *((h,) if bias else ()), *(h,) * norm_params)
+    fc1_biases = activation.fc1_tensors(fc1_width) if bias else ()
+    tensors = (*activation.fc1_tensors(h * fc1_width), ctx.ffn_local * h, *fc1_biases, *((h,) if bias else ()),
+               *(h,) * norm_params)
     saved += 2 * local * h * e + local * h * mask + norm_saved_bytes(ctx)  # norm input, FC1 input, dropout mask
     norm_in, norm_w = norm_grad(ctx, "mlp.norm")
     return BlockWork(

@@ -103,9 +103,7 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     shared_width = moe.shared_ffn // ctx.tp if moe.shared_ffn else 0
     shared_activation = ffn_activation(ctx)
     shared_fc1 = shared_width * shared_activation.up_projections
-    # the shared expert's FC1: one weight, or the gate's and the value's (mlp_items)
-    shared_parts = shared_activation.up_projections if shared_activation.separate_projections else 1
-    shared_tensors = (*(h * shared_fc1 // shared_parts,) * shared_parts, shared_width * h) if shared_width else ()
+    shared_tensors = (*shared_activation.fc1_tensors(h * shared_fc1), shared_width * h) if shared_width else ()
     tensors = (h * moe.num_experts, *(h * fc1_width, ffn_local * h) * local_experts, *shared_tensors,
                *(h,) * norm_params, *((h,) if bias else ()))
     gathered_tokens = per_expert * local_experts

@@ -112,12 +112,32 @@ def eager_rmsnorm_ops(name: str, elements: float, act_bytes: int, fp32_weight: b
     return ops[0], ops[1], ops[2]
 
 
+def norm_passes(name: str, elements: float, act_bytes: int, layers_impl: str, kernel: str, kind: str
+                ) -> tuple[Op, list[Op], list[Op]]:
+    """A ``kind`` norm over ``elements`` activations in ``kernel`` ("operators", "pytorch", "fused"):
+    (forward, input-gradient ops, parameter-gradient ops), as :func:`norm_grad` splits them."""
+    if kernel == "operators":
+        # autograd runs the weight's gradient beside the input's, in the same backward
+        forward, grad_input, grad_weight = eager_rmsnorm_ops(name, elements, act_bytes)
+        return forward, [grad_input], [grad_weight]
+    grad_input, grad_params = norm_grad_ops(name, elements, act_bytes, layers_impl, kernel, kind)
+    return fused_norm_op(name, elements, act_bytes, kernel, kind), grad_input, grad_params
+
+
+def norm_saved_extra(kernel: str) -> int:
+    """Bytes per element a norm in ``kernel`` keeps for its backward beyond its input (the eager
+    RMSNorm's fp32 copy)."""
+    return EAGER_RMSNORM_SAVED_EXTRA if kernel == "operators" else 0
+
+
+def _ctx_passes(ctx: LayerContext, name: str) -> tuple[Op, list[Op], list[Op]]:
+    return norm_passes(name, ctx.norm_tokens * ctx.hidden, ctx.act_bytes, ctx.layers_impl, ctx.norm_kernel,
+                       ctx.norm_kind)
+
+
 def norm(ctx: LayerContext, name: str) -> Op:
     """LayerNorm / RMSNorm over the rank's tokens (its backward: :func:`norm_grad`)."""
-    elems = ctx.norm_tokens * ctx.hidden
-    if ctx.norm_kernel == "operators":
-        return eager_rmsnorm_ops(name, elems, ctx.act_bytes)[0]
-    return fused_norm_op(name, elems, ctx.act_bytes, ctx.norm_kernel, ctx.norm_kind)
+    return _ctx_passes(ctx, name)[0]
 
 
 def fused_norm_op(name: str, elements: float, act_bytes: int, kernel: str = "fused", kind: str = "layernorm") -> Op:
@@ -126,8 +146,8 @@ def fused_norm_op(name: str, elements: float, act_bytes: int, kernel: str = "fus
 
 
 def norm_saved_bytes(ctx: LayerContext) -> float:
-    """Bytes a norm keeps for its backward beyond its input (the eager RMSNorm's fp32 copy)."""
-    return ctx.norm_tokens * ctx.hidden * EAGER_RMSNORM_SAVED_EXTRA if ctx.norm_kernel == "operators" else 0.0
+    """Bytes a norm keeps for its backward beyond its input (:func:`norm_saved_extra`)."""
+    return float(ctx.norm_tokens * ctx.hidden * norm_saved_extra(ctx.norm_kernel))
 
 
 def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
@@ -140,12 +160,8 @@ def norm_grad(ctx: LayerContext, name: str) -> tuple[list[Op], list[Op]]:
     it as a kernel of its own, which a split backward of plain PyTorch
     (``torch.distributed.pipelining``'s weight pass) runs with the weights.
     """
-    elements = ctx.norm_tokens * ctx.hidden
-    if ctx.norm_kernel == "operators":
-        # autograd runs the weight's gradient beside the input's, in the same backward
-        _, grad_input, grad_weight = eager_rmsnorm_ops(name, elements, ctx.act_bytes)
-        return [grad_input], [grad_weight]
-    return norm_grad_ops(name, elements, ctx.act_bytes, ctx.layers_impl, ctx.norm_kernel, ctx.norm_kind)
+    _, grad_input, grad_params = _ctx_passes(ctx, name)
+    return grad_input, grad_params
 
 
 def norm_grad_ops(name: str, elements: float, act_bytes: int, layers_impl: str, kernel: str = "fused",
