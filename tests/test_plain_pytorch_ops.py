@@ -143,15 +143,30 @@ def test_plain_pytorch_defaults_to_two_projections_and_megatron_refuses_them():
     assert len(lines) == 1 and "training.ffn_projections" in lines[0]
 
 
-def test_a_shared_experts_two_projections_are_two_weight_tensors():
-    """DeepSeek-V3's shared expert goes through the dense FFN's code: under plain PyTorch with two
-    projections its FC1 is two weights, an AccumulateGrad kernel more per MoE layer of the stage."""
-    counts = []
+def test_a_moe_layers_two_projections_are_two_grouped_gemms_and_two_weight_tensors():
+    """DeepSeek-V3's shared expert goes through the dense FFN's code, and its routed experts take
+    the same form: under plain PyTorch with two projections each FC1 is two weights (the routed
+    ones each one tensor over the experts, as torchtitan's GroupedExperts holds w1 and w3), an
+    AccumulateGrad kernel more per dense layer and two more per MoE layer; the routed experts run
+    a grouped GEMM for the gate and one for the value, with FC1's FLOPs, and sum their input
+    gradients."""
+    counts, expert_fc1 = [], []
     for form in ("packed", "separate"):
         scenario = load_scenario(SCENARIOS / "deepseek_v3_2048xh100.yaml",
                                  ["training.transformer_impl=pytorch", "training.dtype=bf16",
                                   f"training.ffn_projections={form}"]).scenario
         stage = build_workload(scenario, resolve(scenario)).stages[1]
-        counts.append(sum(1 for block in stage.backward for op in compute_ops(block.items)
-                          if op.name.endswith(".accumulate_grad")))
-    assert counts[0] > 0 and counts[1] - counts[0] == stage.layers
+        ops = [op for block in stage.backward for op in compute_ops(block.items)]
+        counts.append(sum(1 for op in ops if op.name.endswith(".accumulate_grad")))
+        forward = [op for block in stage.forward for op in compute_ops(block.items)]
+        expert_fc1.append([op for op in forward if op.name.startswith("moe.experts.fc1")])
+        moe_layers = sum(1 for block in stage.forward if any(op.name == "moe.experts.fc2"
+                                                            for op in compute_ops(block.items)))
+    assert counts[0] > 0 and 0 < moe_layers < stage.layers
+    assert counts[1] - counts[0] == stage.layers + moe_layers
+    (packed,), (gate, value) = expert_fc1[0][:1], expert_fc1[1][:2]
+    assert (gate.name, value.name) == ("moe.experts.fc1", "moe.experts.fc1_up")
+    batch, tokens, width, hidden = packed.shape
+    assert gate.shape == value.shape == (batch, tokens, width // 2, hidden)
+    assert gate.flops + value.flops == packed.flops
+    assert any(op.name == "moe.experts.fc1.grad_sum" for op in ops)

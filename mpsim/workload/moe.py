@@ -7,6 +7,12 @@ group, run through each local expert's FC1/activation/FC2 as one grouped GEMM, a
 sent back (a second all-to-all) to be un-permuted and weighted. Shared experts (every
 token) run as a dense tensor-parallel MLP beside them.
 
+The experts' activation and FC1 take the form the dense FFN's would (``ffn_activation``):
+Megatron's fused kernel, its operators, or, in plain PyTorch with two projections
+(torchtitan's ``GroupedExperts``: ``w1``, ``w3`` and ``w2``, each one tensor over the
+experts, run by ``torch._grouped_mm``), a grouped GEMM for the gate and one for the value,
+whose input gradients autograd sums.
+
 Load imbalance is an input: the busiest expert-parallel rank receives
 ``load_imbalance`` times the mean number of tokens (at most ``capacity_factor`` times,
 when a capacity is set and extra tokens are dropped); the busiest rank sets the pace.
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear,
                                    param_tensors)
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
-from mpsim.workload.mlp import ffn_activation, mlp_items
+from mpsim.workload.mlp import activation_ops, ffn_activation, mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 
 
@@ -50,8 +56,9 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     local_experts = moe.num_experts // ctx.ep
     routed = tokens * moe.top_k * moe.imbalance * ctx.etp  # tokens this rank's experts process
     per_expert = max(1, math.ceil(routed / local_experts))
-    fc1_width = moe.expert_ffn * (2 if ctx.gated_ffn else 1) // ctx.etp
+    activation = ffn_activation(ctx)  # the experts' FFN as the dense FFN's would run
     ffn_local = moe.expert_ffn // ctx.etp
+    fc1_width = ffn_local * activation.up_projections
 
     router, router_dgrad, router_wgrad = linear(ctx, "moe.router", tokens, moe.num_experts, h, fp8=False)
     routing = memory_op("moe.topk", tokens * moe.num_experts * 4 * 3)
@@ -69,19 +76,29 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
         gathered = routed * h * e
         gather = [collective("moe.etp_all_gather", "all-gather", "etp", gathered)]
         scatter = [collective("moe.etp_reduce_scatter", "reduce-scatter", "etp", gathered)]
-    fc1, fc1_dgrad, fc1_wgrad = linear(ctx, "moe.experts.fc1", per_expert, fc1_width, h, batch=local_experts)
+    gathered_tokens = per_expert * local_experts
+    if activation.separate_projections:
+        # the gate's and the value's grouped GEMMs on the same tokens; autograd sums their input
+        # gradients (read both, write one) before the tokens go back
+        gate = linear(ctx, "moe.experts.fc1", per_expert, ffn_local, h, batch=local_experts)
+        value = linear(ctx, "moe.experts.fc1_up", per_expert, ffn_local, h, batch=local_experts)
+        grad_sum = memory_op("moe.experts.fc1.grad_sum", gathered_tokens * h * e * 3)
+        fc1: list[Item] = [gate[0], value[0]]
+        fc1_dgrad: list[Item] = [gate[1], value[1], grad_sum]
+        fc1_wgrad: list[Item] = [gate[2], value[2]]
+    else:
+        packed = linear(ctx, "moe.experts.fc1", per_expert, fc1_width, h, batch=local_experts)
+        fc1, fc1_dgrad, fc1_wgrad = [packed[0]], [packed[1]], [packed[2]]
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, "moe.experts.fc2", per_expert, h, ffn_local, batch=local_experts)
-    expert_elems = per_expert * local_experts * ffn_local
-    act = memory_op("moe.experts.act", expert_elems * e * (3 if ctx.gated_ffn else 2))
-    act_grad = memory_op("moe.experts.act.grad", expert_elems * e * (5 if ctx.gated_ffn else 3))
+    act, act_grad = activation_ops("moe.experts.act", gathered_tokens * ffn_local, e, activation)
 
-    routed_fwd: list[Item] = [router, routing, permute, dispatch, *gather, fc1, act, fc2, *scatter, combine,
+    routed_fwd: list[Item] = [router, routing, permute, dispatch, *gather, *fc1, act, fc2, *scatter, combine,
                               unpermute]
-    routed_in: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, act_grad, fc1_dgrad, *scatter,
+    routed_in: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, act_grad, *fc1_dgrad, *scatter,
                              dispatch_grad, permute, routing_grad, router_dgrad]
-    routed_w: list[Item] = [fc2_wgrad, fc1_wgrad, router_wgrad]
-    routed_b: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, fc2_wgrad, act_grad, fc1_dgrad, fc1_wgrad,
-                            *scatter, dispatch_grad, permute, routing_grad, router_dgrad, router_wgrad]
+    routed_w: list[Item] = [fc2_wgrad, *fc1_wgrad, router_wgrad]
+    routed_b: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, fc2_wgrad, act_grad, *fc1_dgrad,
+                            *fc1_wgrad, *scatter, dispatch_grad, permute, routing_grad, router_dgrad, router_wgrad]
 
     shared_f: list[Item] = []
     shared_b: list[Item] = []
@@ -99,16 +116,21 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     local, mask = ctx.norm_tokens, 1 if ctx.dropout else 0
     expert_params = local_experts * (h * fc1_width + ffn_local * h)
     dense_params = h * moe.num_experts + shared_params + norm_params * h + (h if bias else 0)
-    # the router, each local expert's two weights, the shared expert's two, the norm, the output bias
+    # the router, the experts' weights, the shared expert's two (or three), the norm, the output bias.
+    # Megatron keeps each local expert's weights apart (TEGroupedMLP's weight0..n, SequentialMLP);
+    # plain PyTorch's grouped experts hold each weight of all of them in one tensor (torchtitan)
+    expert_fc1 = activation.fc1_tensors(h * fc1_width)
+    if ctx.layers_impl == "pytorch":
+        expert_tensors = (*(local_experts * part for part in expert_fc1), local_experts * ffn_local * h)
+    else:
+        expert_tensors = (*expert_fc1, ffn_local * h) * local_experts
     shared_width = moe.shared_ffn // ctx.tp if moe.shared_ffn else 0
-    shared_activation = ffn_activation(ctx)
-    shared_fc1 = shared_width * shared_activation.up_projections
-    shared_tensors = (*shared_activation.fc1_tensors(h * shared_fc1), shared_width * h) if shared_width else ()
-    tensors = (h * moe.num_experts, *(h * fc1_width, ffn_local * h) * local_experts, *shared_tensors,
-               *(h,) * norm_params, *((h,) if bias else ()))
-    gathered_tokens = per_expert * local_experts
+    shared_fc1 = shared_width * activation.up_projections
+    shared_tensors = (*activation.fc1_tensors(h * shared_fc1), shared_width * h) if shared_width else ()
+    tensors = (h * moe.num_experts, *expert_tensors, *shared_tensors, *(h,) * norm_params, *((h,) if bias else ()))
+    # the experts' input, and what their activation keeps (FC2's input among it)
     saved = (2 * local * h * e + tokens * moe.num_experts * 4 + gathered_tokens * h * e
-             + gathered_tokens * fc1_width * e + gathered_tokens * ffn_local * e + shared_saved + local * h * mask
+             + gathered_tokens * ffn_local * e * activation.saved + shared_saved + local * h * mask
              + norm_saved_bytes(ctx))
     wbuf = (gathered_tokens * (h + fc1_width + ffn_local + h) * e + tokens * (h + moe.num_experts) * e
             + shared_wbuf)
