@@ -136,8 +136,17 @@ def test_resharding_gathers_more_than_holding_and_holds_less_weight_memory():
     memory_held = rank_memory(s_held, layout_held, held.schedule, workload_held)
     memory_re = rank_memory(s_re, layout_re, resharding.schedule, workload_re)
     for a, b in zip(memory_re, memory_held):
-        assert a.weights_bytes == pytest.approx(b.weights_bytes / layout_re.shard_ranks)  # sharded between passes
+        # FSDP: between the passes only the fp32 shard, which is the optimizer's master weight the
+        # held run counts with its optimizer state; the held run keeps the gathered bf16 weights too
+        assert a.weights_bytes + a.optimizer_bytes == pytest.approx(b.optimizer_bytes)
+        assert a.weights_bytes == pytest.approx(2 * b.weights_bytes / layout_re.shard_ranks)
         assert a.grads_bytes == pytest.approx(b.grads_bytes)  # accumulated unsharded for the step
+    # DeepSpeed's ZeRO-3 keeps a bf16 partition beside its fp32 master: the bf16 weights sharded
+    s_ds, layout_ds, workload_ds, _ = prepared(*RESHARDING, "parallel.zero_impl=deepspeed")
+    memory_ds = rank_memory(s_ds, layout_ds, simulate(s_ds).schedule, workload_ds)
+    for a, b in zip(memory_ds, memory_held):
+        assert a.weights_bytes == pytest.approx(b.weights_bytes / layout_ds.shard_ranks)
+        assert a.optimizer_bytes == pytest.approx(b.optimizer_bytes)
 
 
 def _stage(params_bytes: float, activation_bytes: float) -> SimpleNamespace:
@@ -204,20 +213,22 @@ def test_auto_balancing_prices_one_gather_per_unit_and_microbatch_when_reshardin
     assert resharding.extra_s[0] > held.extra_s[0] and resharding.extra_s[-1] > held.extra_s[-1]
 
 
-@pytest.mark.parametrize("sequence", [8192, 1024])
-def test_auto_balancing_budgets_the_parameters_a_backward_keeps_when_resharding(sequence):
-    # a unit's state under resharding: the weights' shard, where holding the parameters for the step
-    # keeps them whole, plus what the parameters gathered whole add beyond one microbatch's activations
-    # (at 8K tokens a layer's activations outweigh its parameters, at 1K its parameters theirs)
-    length = f"model.seq_length={sequence}"
+@pytest.mark.parametrize("sequence,zero_impl", [(8192, "fsdp"), (1024, "fsdp"), (8192, "deepspeed")])
+def test_auto_balancing_budgets_the_parameters_a_backward_keeps_when_resharding(sequence, zero_impl):
+    # a unit's state under resharding: the weights' shard (FSDP's is the fp32 master the optimizer
+    # state holds anyway; DeepSpeed keeps a bf16 one beside it), where holding the parameters for the
+    # step keeps them whole, plus what the parameters gathered whole add beyond one microbatch's
+    # activations (at 8K tokens a layer's activations outweigh its parameters, at 1K its parameters theirs)
+    settings = (f"model.seq_length={sequence}", f"parallel.zero_impl={zero_impl}")
     held, resharding = (partition_problem(s, resolve_layout(s)) for s in
-                        (prepared(*HELD, length)[0], prepared(*RESHARDING, length)[0]))
-    _, layout, workload, _ = prepared(*RESHARDING, length)
+                        (prepared(*HELD, *settings)[0], prepared(*RESHARDING, *settings)[0]))
+    _, layout, workload, _ = prepared(*RESHARDING, *settings)
     layer = workload.stages[1]
     whole = layer.params / layer.layers * GATHERED_PARAM_BYTES
     added = [r - h for r, h in zip(resharding.unit_state_bytes, held.unit_state_bytes)]
     excess = [max(0.0, whole - activation) for activation in resharding.unit_activation_bytes]
-    assert added == pytest.approx([whole / layout.shard_ranks - whole + e for e in excess])
+    shard = whole / layout.shard_ranks if zero_impl == "deepspeed" else 0.0
+    assert added == pytest.approx([shard - whole + e for e in excess])
     assert all(e > 0 for e in excess) == (sequence == 1024) and any(e > 0 for e in excess) == (sequence == 1024)
 
 
@@ -225,7 +236,10 @@ def test_auto_balancing_budgets_the_parameters_a_backward_keeps_when_resharding(
     RESHARDING,  # the split chosen without the gathered parameters put rank 1 at 80.65 GiB of 80
     (*BASE, "parallel.zero_stage=1"),
     (*RESHARDING, "model.seq_length=4096", "parallel.schedule=zb-h1"),  # weight-gradient buffers
-    (*RESHARDING, "model.seq_length=4096", "parallel.schedule=interleaved-1f1b", "parallel.vpp=2"),
+    # with DeepSpeed's bf16 partition, so that the budget binds here (FSDP's lighter state lets
+    # the split found without a budget fit)
+    (*RESHARDING, "model.seq_length=4096", "parallel.schedule=interleaved-1f1b", "parallel.vpp=2",
+     "parallel.zero_impl=deepspeed"),
 ], ids=["resharding", "zero-1", "resharding zb-h1", "resharding interleaved"])
 def test_a_split_the_memory_budget_admits_fits_in_the_memory_table(overrides):
     # the budget bounds the memory walk: state, each part of the activations and what a split backward

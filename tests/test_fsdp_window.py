@@ -113,7 +113,9 @@ def test_the_window_shards_the_weights_and_holds_three_chunks():
     (_, kept), (result, windowed) = run("parallel.fsdp_gathered_chunks=null"), run("parallel.fsdp_gathered_chunks=3")
     assert result.layout.fsdp_windowed and result.layout.weights_sharded
     whole, sharded = kept.memory[0], windowed.memory[0]
-    assert sharded.weights_bytes == pytest.approx(whole.weights_bytes / result.layout.shard_ranks)
+    # between its gathers a rank keeps its fp32 shard, the optimizer's master weight (FSDP)
+    assert sharded.weights_bytes == pytest.approx(2 * whole.weights_bytes / result.layout.shard_ranks)
+    assert sharded.weights_bytes + sharded.optimizer_bytes == pytest.approx(whole.optimizer_bytes)
     chunk = whole.weights_bytes / result.layout.vpp
     # what the walk holds gathered at the peak: more than one chunk, never more than three and the
     # embedding the first chunk carries

@@ -160,8 +160,26 @@ def test_hybrid_shard_keeps_a_larger_shard():
     _, plain = run(LLAMA8, *base)
     _, fsdp = run(LLAMA8, *base, "parallel.zero_stage=3")
     _, hybrid = run(LLAMA8, *base, "parallel.zero_stage=3", "parallel.zero_shard_size=8")
-    assert fsdp.memory[0].weights_bytes == pytest.approx(plain.memory[0].weights_bytes / 16)
-    assert hybrid.memory[0].weights_bytes == pytest.approx(plain.memory[0].weights_bytes / 8)
+    # FSDP keeps each rank's shard in fp32 (twice the bf16 weights' bytes), the optimizer's master
+    assert fsdp.memory[0].weights_bytes == pytest.approx(2 * plain.memory[0].weights_bytes / 16)
+    assert hybrid.memory[0].weights_bytes == pytest.approx(2 * plain.memory[0].weights_bytes / 8)
+    _, deepspeed = run(LLAMA8, *base, "parallel.zero_stage=3", "parallel.zero_impl=deepspeed")
+    assert deepspeed.memory[0].weights_bytes == pytest.approx(plain.memory[0].weights_bytes / 16)
+
+
+def test_fsdps_fp32_shard_is_the_master_weight_deepspeed_keeps_a_bf16_partition_too():
+    """Per parameter sharded over 16 ranks, with Adam: FSDP 4 (fp32 shard) + 4 (fp32 gradient) + 8
+    (m and v) bytes over 16; DeepSpeed's ZeRO-3 2 more (its bf16 partition beside the master)."""
+    base = ["model=llama3-8b", "parallel.tp=1", "parallel.pp=1", "parallel.sequence_parallel=false",
+            "cluster.nodes=2", "parallel.global_batch_size=16", "parallel.zero_stage=3"]
+    states = {}
+    for impl in ("fsdp", "deepspeed"):
+        result, summary = run(LLAMA8, *base, f"parallel.zero_impl={impl}")
+        rank = summary.memory[0]
+        params = result.workload.stages[0].params
+        states[impl] = (rank.weights_bytes + rank.grads_bytes + rank.optimizer_bytes) / params
+    assert states["fsdp"] == pytest.approx(16 / 16)
+    assert states["deepspeed"] == pytest.approx(18 / 16)
 
 
 def test_context_parallelism_divides_activations():

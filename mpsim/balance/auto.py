@@ -43,7 +43,8 @@ from mpsim.schedules.zb_list import StageTimes
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
-from mpsim.workload.memory import gathered_params_bytes, model_state_bytes, reserved_parts, transient_buffers_bytes
+from mpsim.workload.memory import (gathered_params_bytes, model_state_bytes, model_state_options, reserved_parts,
+                                   transient_buffers_bytes)
 from mpsim.workload.stage_work import StageWork
 
 
@@ -97,10 +98,7 @@ def _state_bytes(scenario: Scenario, layout: Layout, work: StageWork) -> float:
     passes instead (``Layout.fsdp_windowed`` without ``reshard_after_forward``), the stage's
     parameters gathered whole: every chunk's, a bound of the window's.
     """
-    training = scenario.training
-    kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage,
-                  shard_weights=layout.weights_sharded,
-                  optimizer=training.optimizer)
+    kwargs = model_state_options(scenario, layout)
     if layout.fsdp_unsharding:
         gathered = max(0.0, gathered_params_bytes(work) - work.activation_bytes)
     else:

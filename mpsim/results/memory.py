@@ -26,7 +26,7 @@ from mpsim.schedules.actions import Schedule, flat, parts, stages_by_rank
 from mpsim.schedules.unshard import Gathering, rank_gathers
 from mpsim.specs.layout import Layout
 from mpsim.specs.scenario import Scenario
-from mpsim.workload.memory import (gathered_params_bytes, held_params, model_state_bytes,
+from mpsim.workload.memory import (gathered_params_bytes, held_params, model_state_bytes, model_state_options,
                                    reserved_parts, transient_buffers_bytes)
 from mpsim.workload.stage_work import Workload
 
@@ -294,12 +294,10 @@ class RankState:
 def rank_states(scenario: Scenario, layout: Layout, stage_to_rank: tuple[int, ...], num_ranks: int,
                 workload: Workload) -> list[RankState]:
     """``RankState`` of each pipeline rank for a stage placement."""
-    training = scenario.training
     capacity = scenario.cluster.system.accelerator.memory.capacity
     # a heterogeneous cluster: each pipeline rank has its own part's memory
     part_of = part_of_pp_ranks(scenario, layout) if scenario.cluster.parts else ()
-    kwargs = dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage, optimizer=training.optimizer,
-                  shard_weights=layout.weights_sharded)
+    kwargs = model_state_options(scenario, layout)
     held = stages_by_rank(stage_to_rank, num_ranks)
     # ranks holding the same stage works (one object per kind of stage) on the same memory hold
     # the same state: the middle ranks of a pipeline are computed once

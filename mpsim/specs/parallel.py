@@ -33,6 +33,13 @@ class ParallelPlan(Spec):
         0, description="shard optimizer state (1), + gradients (2), + parameters (3, FSDP full shard) over DP")
     zero_shard_size: int | None = Field(
         None, gt=0, description="shard within groups of this many DP ranks and replicate across them (hybrid shard)")
+    # What a rank keeps of its sharded weights. PyTorch's FSDP keeps the shard in fp32 and steps it
+    # in place, casting it to bf16 for each all-gather (MixedPrecisionPolicy: "FSDP does not require
+    # any extra memory to keep a high-precision copy of the parameters for the optimizer step");
+    # DeepSpeed's ZeRO-3 keeps a bf16 partition of the weights beside its fp32 master partition
+    zero_impl: Literal["fsdp", "deepspeed"] = Field(
+        "fsdp", description="ZeRO-3's sharded weights: fsdp (PyTorch's FSDP: the fp32 shard is the optimizer's "
+                            "master weight) or deepspeed (a bf16 partition beside the fp32 master partition)")
     # FSDP2's fully_shard(reshard_after_forward=True) is PyTorch's default
     # (torch/distributed/fsdp/_fully_shard/_fully_shard.py); Llama 3 ran with False (Llama 3
     # report, Sec. 3.3.2: parameters not resharded after the forward, saving the backward's gather)

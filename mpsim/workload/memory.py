@@ -25,6 +25,8 @@ from mpsim.workload.transformer import LayerContext, layer_work
 
 # optimizer state per parameter: fp32 master weight + Adam m and v, or bf16 m and v only
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 12, "adam-bf16": 4}
+# of which the fp32 master weight
+MASTER_BYTES_PER_PARAM = {"adam": 4, "adam-bf16": 0}
 # ZeRO-3 / FSDP gathers the bf16 weights
 GATHERED_PARAM_BYTES = 2
 
@@ -75,17 +77,34 @@ def transient_buffers_bytes(largest_layer_params: float, activation_message: flo
 
 
 def model_state_bytes(params: float, *, weight_bytes: int = 2, grad_bytes: int = 4, zero_stage: int = 0,
-                      shard: int = 1, optimizer: str = "adam", shard_weights: bool | None = None) -> ModelStateBytes:
+                      shard: int = 1, optimizer: str = "adam", shard_weights: bool | None = None,
+                      master_is_shard: bool = False) -> ModelStateBytes:
     """Mixed-precision training state of ``params`` parameters, sharded per ZeRO stage over ``shard`` ranks.
 
     ``shard_weights``: whether the weights are sharded where it differs from the ZeRO stage's
     rule (FSDP under a pipeline: ``Layout.weights_sharded``); None: from ZeRO-3 on.
+    ``master_is_shard``: sharded weights are the optimizer's fp32 master weights themselves, cast
+    to ``weight_bytes`` only for the all-gather, as PyTorch's FSDP keeps them (its
+    ``MixedPrecisionPolicy``: the optimizer steps the sharded parameter in its original dtype,
+    so no separate low-precision shard is kept); else a low-precision shard beside the master
+    (DeepSpeed's ZeRO-3 partitions).
     """
-    optimizer_bytes = params * OPTIMIZER_BYTES_PER_PARAM[optimizer] / (shard if zero_stage >= 1 else 1)
-    grads = params * grad_bytes / (shard if zero_stage >= 2 else 1)
     sharded = zero_stage >= 3 if shard_weights is None else shard_weights
+    optimizer_per_param = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    if master_is_shard and sharded and MASTER_BYTES_PER_PARAM[optimizer]:
+        weight_bytes = MASTER_BYTES_PER_PARAM[optimizer]
+        optimizer_per_param -= weight_bytes
+    optimizer_bytes = params * optimizer_per_param / (shard if zero_stage >= 1 else 1)
+    grads = params * grad_bytes / (shard if zero_stage >= 2 else 1)
     weights = params * weight_bytes / (shard if sharded else 1)
     return ModelStateBytes(params, weights, grads, optimizer_bytes)
+
+
+def model_state_options(scenario: Scenario, layout: Layout) -> dict:
+    """:func:`model_state_bytes`'s settings for a scenario's layout, bar the parameters and the shard."""
+    training = scenario.training
+    return dict(grad_bytes=training.grad_bytes, zero_stage=layout.state_zero_stage, optimizer=training.optimizer,
+                shard_weights=layout.weights_sharded, master_is_shard=scenario.parallel.zero_impl == "fsdp")
 
 
 MiB = 2**20
