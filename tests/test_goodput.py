@@ -106,6 +106,15 @@ def test_checkpoint_holds_every_parameter_once(result):
     assert checkpoint_bytes(result) == pytest.approx(70.6e9 * 14, rel=0.01)
 
 
+@pytest.mark.parametrize("impl,per_param", [("fsdp", 12), ("deepspeed", 14)])
+def test_an_fsdp_checkpoint_saves_its_fp32_shards_once(impl, per_param):
+    # PyTorch's FSDP keeps no bf16 weights beside its fp32 shards, which are Adam's master weights
+    loaded = load_scenario(SCENARIO, [*RELIABLE, "cluster.nodes=8", "parallel.zero_stage=3", f"parallel.zero_impl={impl}"])
+    result = simulate(loaded.scenario, loaded.path.parent)
+    assert result.layout.weights_sharded
+    assert checkpoint_bytes(result) == pytest.approx(70.6e9 * per_param, rel=0.01)
+
+
 @pytest.mark.parametrize("tokens", [1e11, 2e12])
 def test_more_failures_never_shorten_the_time_to_train(tokens):
     days = []

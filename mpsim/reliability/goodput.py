@@ -41,7 +41,7 @@ from mpsim.errors import InputError
 from mpsim.results.throughput import throughput_unit
 from mpsim.reliability.failures import FailureModel, job_failures
 from mpsim.simulate import SimulationResult
-from mpsim.workload.memory import OPTIMIZER_BYTES_PER_PARAM
+from mpsim.workload.memory import MASTER_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
 
 SECONDS_PER_DAY = 86_400.0
 WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights (fp8 runs keep bf16 weights too)
@@ -139,6 +139,8 @@ class GoodputReport:
 
 def checkpoint_bytes(result: SimulationResult) -> float:
     """Bytes of one checkpoint: every parameter's bf16 weight and its optimizer state, once.
+    Under PyTorch's FSDP with sharded weights the weights are the optimizer's fp32 master
+    weights (``parallel.zero_impl``), saved once.
 
     Parameters are summed over the pipeline stages and multiplied back over the groups
     that shard them (dense ones over TP, expert ones over TP and EP).
@@ -146,7 +148,10 @@ def checkpoint_bytes(result: SimulationResult) -> float:
     layout = result.layout
     params = sum(stage.params * layout.tp + stage.expert_params * layout.tp * layout.ep
                  for stage in result.workload.stages)
-    per_param = WEIGHT_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM[result.scenario.training.optimizer]
+    optimizer = result.scenario.training.optimizer
+    master_is_weight = (layout.weights_sharded and result.scenario.parallel.zero_impl == "fsdp"
+                        and MASTER_BYTES_PER_PARAM[optimizer] > 0)
+    per_param = (0 if master_is_weight else WEIGHT_BYTES_PER_PARAM) + OPTIMIZER_BYTES_PER_PARAM[optimizer]
     return params * per_param
 
 
