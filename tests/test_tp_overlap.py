@@ -83,6 +83,32 @@ def test_pipelined_pieces_follow_the_two_stage_pipeline():
             assert max(compute_s, comm_s) <= span <= compute_s * slow + comm_s + 1e-12
 
 
+def test_userbuffers_pieces_are_gemms_of_their_own(monkeypatch):
+    """Transformer Engine runs an overlapped GEMM as one GEMM per piece of its rows: each piece
+    fills the SMs with its own waves of tiles and reads the whole weight again."""
+    _, _, _, model = prepared()
+    compute = model.compute
+    # Llama 3.1 70B's QKV on 4 tensor-parallel ranks, 4,096 tokens: 2,560 columns, K of 8,192
+    op = gemm("attn.qkv", 4096, 2560, 8192)
+    assert compute.pieces_time(op, 1) == compute.time(op)
+    piece = gemm("attn.qkv", 1024, 2560, 8192)
+    assert compute.pieces_time(op, 4) == pytest.approx(4 * compute.time(piece), rel=1e-12)
+    # 320 tiles of 128 x 256 fill three waves of H100's 132 SMs 81 % full; four pieces of 80
+    # tiles fill one wave each 61 % full
+    assert compute.pieces_time(op, 4) > 1.2 * compute.time(op)
+    # an overlapped pass's compute holds each overlapped GEMM as its pieces: priced as whole
+    # GEMMs instead, it would be shorter by exactly the pieces' excess
+    _, _, work, ub = prepared("training.tp_comm_overlap=true")
+    forward = [item for block in work.stages[1].forward for item in block.items]
+    extra = sum(ub.compute.pieces_time(op, o.chunks) - ub.compute.time(op)
+                for o in overlaps(forward) for op in o.compute)
+    assert extra > 0
+    _, _, same_work, whole = prepared("training.tp_comm_overlap=true")
+    monkeypatch.setattr(whole.compute, "pieces_time", lambda op, pieces: whole.compute.time(op))
+    assert ub.price(work.stages[1].forward).compute_s == pytest.approx(
+        whole.price(same_work.stages[1].forward).compute_s + extra, rel=1e-9)
+
+
 @pytest.mark.parametrize("scale", [1.0, 2.0, 4.0])
 def test_a_faster_tp_link_is_never_slower_with_overlap(scale):
     base = ("training.tp_comm_overlap=true",)

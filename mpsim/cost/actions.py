@@ -321,7 +321,7 @@ class CostModel:
                 for op in item.compute:
                     busy = launched(clock + busy, op.launches) - clock
                     launches += op.launches
-                    op_s = self.compute.time(op) * compute_scale
+                    op_s = self.compute.pieces_time(op, item.chunks) * compute_scale
                     template.append(("compute", op.name, index, busy, op_s))
                     busy += op_s
                     ops_s += op_s

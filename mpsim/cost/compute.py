@@ -33,6 +33,7 @@ overhead. The compute side is not one efficiency number:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 
 from mpsim.errors import InputError
@@ -180,6 +181,20 @@ class ComputeModel:
         reduction_s = (partial_bytes + batch * m * n * (op.epilogue_bytes or element_bytes)) / self.memory_bandwidth
         return max(tiles_s, memory_s + partial_bytes / self.memory_bandwidth) + reduction_s + self.overhead_s
 
+    def pieces_time(self, op: Op, pieces: int) -> float:
+        """Seconds of a GEMM cut along its rows into ``pieces`` GEMMs of their own, one after the
+        other (Transformer Engine's userbuffers overlap: each piece as its input arrives, or before
+        its output is reduce-scattered): each piece reads the whole weight again and fills the SMs
+        with its own waves of tiles."""
+        if pieces <= 1 or op.kind != "gemm" or op.shape is None or self.calibration is not None:
+            return self.time(op)
+        batch, m, n, k = op.shape
+        weight_bytes = batch * k * n * BYTES_PER_ELEMENT[op.dtype or self.dtype]
+        # the fp8 cast of the whole input runs once, before the pieces
+        piece = replace(op, shape=(batch, math.ceil(m / pieces), n, k), flops=op.flops / pieces,
+                        bytes=(op.bytes - weight_bytes) / pieces + weight_bytes, cast_bytes=0.0)
+        return pieces * self.time(piece) + self._cast_s(op)
+
     def _time(self, op: Op) -> float:
         if self.calibration is not None:
             return self.calibration.op_seconds(op)
@@ -202,7 +217,8 @@ class ComputeModel:
             compute_s = 0.0
         else:
             raise ValueError(f"{op.name} is a {op.kind}, not a compute op")
-        seconds = max(compute_s, memory_s) + self.overhead_s * op.launches
-        if op.cast_bytes:  # the fp8 cast before the GEMM: a memory-bound kernel of its own
-            seconds += op.cast_bytes / self.memory_bandwidth + self.overhead_s
-        return seconds
+        return max(compute_s, memory_s) + self.overhead_s * op.launches + self._cast_s(op)
+
+    def _cast_s(self, op: Op) -> float:
+        """The fp8 cast before a GEMM: a memory-bound kernel of its own (none without one)."""
+        return op.cast_bytes / self.memory_bandwidth + self.overhead_s if op.cast_bytes else 0.0
