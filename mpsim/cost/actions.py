@@ -58,6 +58,9 @@ class _SlowedCompute:
     def time(self, op: Op) -> float:
         return self._compute.time(op) / self._speed
 
+    def pieces_time(self, op: Op, pieces: int) -> float:
+        return self._compute.pieces_time(op, pieces) / self._speed
+
 
 class CostModel:
     """Prices ops, collectives and passes for one scenario and layout.
