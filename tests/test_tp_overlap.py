@@ -110,7 +110,7 @@ def test_userbuffers_pieces_are_gemms_of_their_own(monkeypatch):
 
 
 def test_a_slow_gpus_pieces_take_as_much_longer_as_its_other_ops():
-    scenario, layout, _, model = prepared("training.tp_comm_overlap=true", "faults.slow_gpu=0@0.5")
+    _, _, _, model = prepared("training.tp_comm_overlap=true", "faults.slow_gpu=0@0.5")
     slow = model.on_rank(0)
     op = gemm("attn.qkv", 4096, 2560, 8192)
     assert slow.compute.pieces_time(op, 4) == pytest.approx(2 * model.on_rank(1).compute.pieces_time(op, 4))

@@ -41,7 +41,7 @@ from mpsim.errors import InputError
 from mpsim.results.throughput import throughput_unit
 from mpsim.reliability.failures import FailureModel, job_failures
 from mpsim.simulate import SimulationResult
-from mpsim.workload.memory import MASTER_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
+from mpsim.workload.memory import model_state_bytes
 
 SECONDS_PER_DAY = 86_400.0
 WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights (fp8 runs keep bf16 weights too)
@@ -148,11 +148,11 @@ def checkpoint_bytes(result: SimulationResult) -> float:
     layout = result.layout
     params = sum(stage.params * layout.tp + stage.expert_params * layout.tp * layout.ep
                  for stage in result.workload.stages)
-    optimizer = result.scenario.training.optimizer
-    master_is_weight = (layout.weights_sharded and result.scenario.parallel.zero_impl == "fsdp"
-                        and MASTER_BYTES_PER_PARAM[optimizer] > 0)
-    per_param = (0 if master_is_weight else WEIGHT_BYTES_PER_PARAM) + OPTIMIZER_BYTES_PER_PARAM[optimizer]
-    return params * per_param
+    # the state of every parameter unsharded, weights kept as the run keeps them between passes
+    state = model_state_bytes(params, weight_bytes=WEIGHT_BYTES_PER_PARAM, optimizer=result.scenario.training.optimizer,
+                              shard_weights=layout.weights_sharded,
+                              master_is_shard=result.scenario.parallel.zero_impl == "fsdp")
+    return state.weights_bytes + state.optimizer_bytes
 
 
 def check_goodput_inputs(scenario, tokens: float, option: str = "--goodput") -> None:
