@@ -21,7 +21,7 @@ from mpsim.specs.catalog import load_accelerator
 from mpsim.workload import build_workload
 from mpsim.workload.attention import self_attention
 from mpsim.workload.blocks import LayerContext
-from mpsim.workload.ops import compute_ops, gemm, memory_op
+from mpsim.workload.ops import Overlap, compute_ops, gemm, memory_op
 from tests.conftest import SCENARIOS
 
 A100 = load_accelerator("a100-sxm-80gb")
@@ -209,8 +209,36 @@ def test_fp8_linears_cast_and_transpose_their_inputs_as_transformer_engine_does(
         # fp8_cast_transpose_fused: one kernel writes both copies
         assert ops["attn.proj"].cast_bytes == 4 * proj_in
         assert ops["attn.proj.wgrad"].cast_bytes == 0
-    # the output gradient's cast-transpose before each input gradient
-    assert ops["attn.proj.dgrad"].cast_bytes == 4 * tokens * 4096
+    if sequence_parallel:
+        # the row-parallel output gradient: cast on its shard (read 2, write 1), gathered in
+        # fp8, transposed whole (read 1, write 1)
+        assert ops["attn.proj.dgrad"].cast_bytes == (3 / tp + 2) * tokens * 4096
+    else:
+        # the output gradient's cast-transpose before each input gradient
+        assert ops["attn.proj.dgrad"].cast_bytes == 4 * tokens * 4096
+    assert ops["attn.qkv.dgrad"].cast_bytes == 4 * tokens * (32 + 2 * 8) // tp * 128
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_fp8_runs_gather_their_gemm_operands_in_fp8_and_reduce_in_bf16(fp8):
+    """Transformer Engine gathers the cast tensor an fp8 GEMM reads (the norm's fp8 output, the
+    output gradient cast on its shard), 1 byte an element; reduce-scatters stay bf16."""
+    ctx = LayerContext(microbatch_size=1, seq_length=4096, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+                       ffn_hidden=14336, gated_ffn=True, tp=4, sequence_parallel=True,
+                       flash_attention=True, dropout=False, rope=True, gemm_in_bytes=1 if fp8 else 2,
+                       layers_impl="transformer_engine")
+    work = self_attention(ctx, None, False)
+    collectives = {op.name: op.message_bytes for items in (work.forward, work.backward)
+                   for item in items for op in ((item.comm,) if isinstance(item, Overlap) else (item,))
+                   if op.kind == "collective"}
+    tensor = 4096 * 4096
+    gathers = ("attn.all_gather", "attn.proj.grad_all_gather", "attn.qkv.regather_input")
+    reduces = ("attn.reduce_scatter", "attn.qkv.grad_reduce_scatter")
+    assert set(gathers + reduces) <= set(collectives)
+    for name in gathers:
+        assert collectives[name] == tensor * (1 if fp8 else 2), name
+    for name in reduces:
+        assert collectives[name] == tensor * 2, name
 
 
 def test_each_kernel_of_an_op_pays_the_parts_per_kernel_overhead():

@@ -184,12 +184,15 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     """
     t, h, e = ctx.tokens, ctx.hidden, ctx.act_bytes
     heads, d_qk, d_v = ctx.heads_local, ctx.head_dim, ctx.value_dim
-    gather, reduce = tp_collectives(ctx, "attn")
+    # MLA's gather is Megatron's own (gather_from_sequence_parallel_region) of a bf16 tensor,
+    # not a Transformer Engine linear's fp8 operand
+    gather, reduce = tp_collectives(ctx, "attn", gathers_operand=mla is None)
     core_fwd, core_bwd, core_saved = _core(ctx)
     core_fwd, core_bwd = context_parallel(ctx, core_fwd, core_bwd)
     # the attention core hands the projection a bf16 output (Transformer Engine's
     # DotProductAttention), which an fp8 run casts in the projection itself
-    proj, proj_dgrad, proj_wgrad = linear(ctx, "attn.proj", t, h, heads * d_v, input_cast=not ctx.fp8_attention)
+    proj, proj_dgrad, proj_wgrad = linear(ctx, "attn.proj", t, h, heads * d_v, input_cast=not ctx.fp8_attention,
+                                          gathered_grad=True)
 
     if mla is None:
         width = (heads + 2 * ctx.kv_local) * d_qk if d_v == d_qk else heads * d_qk + ctx.kv_local * (d_qk + d_v)

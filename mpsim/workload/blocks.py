@@ -121,6 +121,19 @@ class LayerContext:
         """Bytes of a full [tokens, hidden] activation: the TP collective payload."""
         return float(self.tokens * self.hidden * self.act_bytes)
 
+    @property
+    def operand_message(self) -> float:
+        """Bytes of a full [tokens, hidden] GEMM operand as a TP all-gather moves it.
+
+        In an fp8 run Transformer Engine gathers what its fp8 GEMM reads, cast before the
+        gather: the norm of a ``LayerNormLinear`` writes its output in fp8 and that is
+        gathered, forward and again for the weight gradient; a row-parallel linear's
+        output gradient is cast on its shard and gathered in fp8 (TE 1.x,
+        ``grad_output_preprocess`` in ``module/base.py``, and ``initialize_ub``, whose
+        all-gather buffers are fp8 "when using fp8 recipe"). Reduce-scatters stay bf16.
+        """
+        return float(self.tokens * self.hidden * (self.gemm_in_bytes if self.fp8 else self.act_bytes))
+
 
 @dataclass(frozen=True)
 class BlockWork:
@@ -159,21 +172,27 @@ UB_PIPELINE_SMS = 16
 UB_BULK_SMS = 16
 
 
-def tp_collectives(ctx: LayerContext, name: str) -> tuple[Op | None, Op | None]:
-    """Collectives around a TP block: (before the column-parallel GEMM, after the row-parallel one)."""
+def tp_collectives(ctx: LayerContext, name: str, gathers_operand: bool = True) -> tuple[Op | None, Op | None]:
+    """Collectives around a TP block: (before the column-parallel GEMM, after the row-parallel one).
+
+    The all-gather carries the column-parallel GEMM's operand (``operand_message``: fp8 in
+    an fp8 run) unless ``gathers_operand`` is false (a bf16 tensor gathered before a GEMM
+    of its own, as MLA's down projection's input)."""
     if ctx.tp == 1:
         return None, None
     message = ctx.activation_message
     if ctx.sequence_parallel:
-        return (collective(f"{name}.all_gather", "all-gather", "tp", message),
+        gathered = ctx.operand_message if gathers_operand else message
+        return (collective(f"{name}.all_gather", "all-gather", "tp", gathered),
                 collective(f"{name}.reduce_scatter", "reduce-scatter", "tp", message))
     return None, collective(f"{name}.all_reduce", "all-reduce", "tp", message)
 
 
 def grad_gather(ctx: LayerContext, name: str) -> Op | None:
-    """Backward of a row-parallel GEMM's reduce-scatter: an all-gather of the gradient."""
+    """Backward of a row-parallel GEMM's reduce-scatter: an all-gather of the gradient (in fp8
+    in an fp8 run: cast on the shard, then gathered)."""
     if ctx.tp > 1 and ctx.sequence_parallel:
-        return collective(f"{name}.grad_all_gather", "all-gather", "tp", ctx.activation_message)
+        return collective(f"{name}.grad_all_gather", "all-gather", "tp", ctx.operand_message)
     return None
 
 
@@ -188,7 +207,7 @@ def weight_pass_regather(ctx: LayerContext, name: str) -> Op | None:
     column-parallel GEMM's input: what waits for the weight pass is 1/tp of the tokens.
     """
     if ctx.tp > 1 and ctx.sequence_parallel:
-        return collective(f"{name}.regather_grad", "all-gather", "tp", ctx.activation_message)
+        return collective(f"{name}.regather_grad", "all-gather", "tp", ctx.operand_message)
     return None
 
 
@@ -271,7 +290,7 @@ def bias_grad(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]
 
 
 def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
-           fp8: bool = True, input_cast: bool = False) -> tuple[Op, Op, Op]:
+           fp8: bool = True, input_cast: bool = False, gathered_grad: bool = False) -> tuple[Op, Op, Op]:
     """(forward, input-gradient, weight-gradient) GEMMs of Y[m,n] = X[m,k] W[k,n].
 
     In an fp8 run a layer's linear GEMMs run in fp8 as Transformer Engine runs them, each
@@ -286,7 +305,10 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
       or, under sequence parallelism, cast alone (read 2, write 1) and transposed for the
       weight gradient;
     - the output gradient: cast with a transposed copy before the input gradient
-      (``cast_transpose``: read 2, write 1 + 1), which the weight gradient reuses;
+      (``cast_transpose``: read 2, write 1 + 1), which the weight gradient reuses; a
+      row-parallel linear's (``gathered_grad``) under sequence parallelism arrives as a
+      shard to gather: cast alone on the shard (read 2, write 1, 1/tp of the rows), then
+      gathered in fp8 and transposed whole (``fp8_transpose``: read 1, write 1);
     - the weights: cast once per step (Megatron-Core passes ``is_first_microbatch``), left
       out.
 
@@ -296,7 +318,10 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
     if ctx.fp8 and fp8:
         e, dtype = 1, ""
         x_elements = float(batch * m * k)
-        dy_cast = 4.0 * batch * m * n
+        if gathered_grad and ctx.sequence_parallel and ctx.tp > 1:
+            dy_cast = (3.0 / ctx.tp + 2.0) * batch * m * n
+        else:
+            dy_cast = 4.0 * batch * m * n
         split = input_cast and ctx.sequence_parallel and ctx.tp > 1  # cast here, transposed later
         x_cast = (3.0 if split else 4.0) * x_elements if input_cast else 0.0
         x_transpose = 0.0 if input_cast and not split else 2.0 * x_elements
@@ -332,7 +357,8 @@ def column_backward(ctx: LayerContext, name: str, dgrad: Op | tuple[Op, ...], wg
         return [*dgrads, *wgrads], [*dgrads], [*wgrads]
     kind = "reduce-scatter" if ctx.sequence_parallel else "all-reduce"
     reduce = collective(f"{name}.grad_{kind.replace('-', '_')}", kind, "tp", ctx.activation_message)
-    regather = (collective(f"{name}.regather_input", "all-gather", "tp", ctx.activation_message)
+    # the weight gradient's input gathered again as the forward gathered it (fp8 where it was)
+    regather = (collective(f"{name}.regather_input", "all-gather", "tp", gather.message_bytes)
                 if gather is not None else None)
     if ctx.tp_overlap_backward or ctx.tp_overlap_forward:
         # with userbuffers, Transformer Engine's bulk overlaps: the input's gather beside the

@@ -162,7 +162,7 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
     if mode == "row":
         ctx = env.context(tokens, outputs)  # the reduced output
         depth = inputs // env.tp
-        fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, depth)
+        fwd, dgrad, wgrad = linear(ctx, name, rows, outputs, depth, gathered_grad=True)
         _, reduce = tp_collectives(ctx, name)
         # the bias is added after the reduction, on the sequence-parallel tokens
         head = ((bias_grad(ctx, name, ctx.norm_tokens, outputs) if layer.bias else [])

@@ -139,7 +139,7 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     activation = ffn_activation(ctx)
     fc1_width = ffn_local * activation.up_projections
     gather, reduce = tp_collectives(ctx, name)
-    fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local)
+    fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local, gathered_grad=True)
     act, act_grad = activation_ops(f"{name}.act", t * ffn_local, e, activation)
     if activation.separate_projections:
         # the gate's and the value's GEMMs on the same (gathered) input; backward, autograd sums the
