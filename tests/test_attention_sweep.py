@@ -240,7 +240,7 @@ def test_between_head_sizes_the_rate_is_interpolated_in_log_head_size_and_held_o
     assert SWEEP.rate(4096, True, False, head_dim=512) == SWEEP.rate(4096, True, False, head_dim=256)
 
 
-@pytest.mark.parametrize("name", ["h100-sxm-80gb", "a100-sxm-80gb"])
+@pytest.mark.parametrize("name", ["h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb"])
 def test_small_heads_cost_more_per_flop_than_heads_of_128(name):
     accelerator = load_accelerator(name)
     model = ComputeModel(accelerator, "bf16")
@@ -251,6 +251,21 @@ def test_small_heads_cost_more_per_flop_than_heads_of_128(name):
             large = Op("attn.flash", "attention", flops=1e12, direction=direction, kernel_seq=seq, causal_share=1.0,
                        head_dim=128)
             assert model.time(small) > model.time(large)
+
+
+def test_the_h200_takes_the_h100s_measured_head_64_ratio_for_the_same_chip():
+    """The H200's cuDNN sweep measured heads of 128 only; its heads of 64 run at the H100's
+    measured head-64 / head-128 forward ratio at each length both measured (the same GH100
+    chip), and its backward scales as the forward does."""
+    h200 = load_accelerator("h200-sxm-141gb").efficiency.attention_sweep
+    assert h200 is not None and h200.head_dim == 128
+    for seq in (2048, 4096, 8192, 16384):
+        for causal in (False, True):
+            h100_ratio = SWEEP.rate(seq, False, causal, head_dim=64) / SWEEP.rate(seq, False, causal)
+            h200_ratio = h200.rate(seq, False, causal, head_dim=64) / h200.rate(seq, False, causal)
+            assert h200_ratio == pytest.approx(h100_ratio, abs=5e-4)
+            assert h200.rate(seq, True, causal, head_dim=64) == pytest.approx(
+                h200.rate(seq, True, causal) * h200_ratio, rel=1e-9)
 
 
 def test_a_layers_attention_kernels_carry_its_head_size():
