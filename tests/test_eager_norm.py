@@ -154,3 +154,12 @@ def test_norm_kernel_operators_on_a_layer_stack_names_the_layernorm_layer():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "training.norm_kernel" in lines[0] and "layernorm" in lines[0]
     assert "ln1" in lines[0]
+
+
+def test_norm_kernel_operators_on_a_layer_stack_without_those_norms_is_one_line():
+    # DeepSpeech2's stack normalizes with batchnorm only: operators would price nothing
+    result = subprocess.run([sys.executable, "-m", "mpsim", "run", str(SCENARIOS / "deepspeech2_8xa100.yaml"),
+                             "--set", "training.norm_kernel=operators"], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "training.norm_kernel" in lines[0] and "no layernorm or rmsnorm layer" in lines[0]

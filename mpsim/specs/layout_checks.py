@@ -130,6 +130,11 @@ def check_norms_as_operators(model) -> None:
     if isinstance(model, LayerStackSpec):
         kinds = [(p.label, p.layer.kind) for unit in stack_units(model) for p in unit.layers
                  if isinstance(p.layer, NormLayer) and p.layer.kind in ("layernorm", "rmsnorm")]
+        if not kinds:
+            # nothing it would price: a setting that changes nothing is a mistake to name, not to ignore
+            raise fail("training.norm_kernel", "operators prices RMSNorm's PyTorch operators, but the layer stack "
+                                               "has no layernorm or rmsnorm layer (batchnorm and other norms keep "
+                                               "their own kernels); leave norm_kernel out")
         other = next(((name, kind) for name, kind in kinds if kind != "rmsnorm"), None)
         found = f"layer {other[0]!r} is a {other[1]}" if other else None
     else:
