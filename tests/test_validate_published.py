@@ -253,9 +253,9 @@ def test_cudnn_llama_rows_run_on_one_gpu_with_the_kernel_their_backend_names(har
     from mpsim.specs import load_scenario
 
     cases = harness.cases_of(["cudnn_llama1b"])
-    # 6 shapes on the H200 with cuDNN, 6 on the B200 with cuDNN through SDPA and 6 with FlashAttention-2;
-    # the memory-efficient kernel and the H200's FlashAttention-2 are left out
-    assert len(cases) == 18 and len({c.label for c in cases}) == 18
+    # 6 shapes on each GPU with cuDNN (on the B200 through SDPA) and 6 with FlashAttention-2;
+    # the memory-efficient kernel is left out
+    assert len(cases) == 24 and len({c.label for c in cases}) == 24
     with open(CSV, newline="") as handle:
         assert sum(1 for _ in handle) - 1 == 36
     # Llama 3.2 1B as transformers builds it: 1,235,814,400 parameters (its tied embedding once)
@@ -264,14 +264,16 @@ def test_cudnn_llama_rows_run_on_one_gpu_with_the_kernel_their_backend_names(har
     assert summary.devices == 1 and summary.dp == 1
     assert summary.memory[0].params == pytest.approx(1_235_814_400, rel=1e-3)
     assert result.scenario.training.attention_kernel is None and set(KERNELS.values()) == {
-        ("hgx-h200", "cudnn"), ("hgx-b200", "sdpa-cudnn"), ("hgx-b200", "flash-attention-2")}
-    # as measured, cuDNN's kernel makes the B200 iteration faster than FlashAttention-2's at every shape,
+        ("hgx-h200", "cudnn"), ("hgx-b200", "sdpa-cudnn"), ("hgx-b200", "flash-attention-2"),
+        ("hgx-h200", "flash-attention-2")}
+    # as measured, cuDNN's kernel makes each GPU's iteration faster than FlashAttention-2's at every shape,
     # and by more at 16,384 tokens than at 768 (attention's share grows with the sequence)
-    b200 = {c.label: harness.run_case(c) for c in cases if c.label.startswith("B200")}
-    gains = []
-    for label, flash in b200.items():
-        if "flash-attention-2" in label:
-            cudnn = b200[label.replace("flash-attention-2", "sdpa-cudnn")]
-            assert cudnn.predicted < flash.predicted and cudnn.measured < flash.measured
-            gains.append(flash.predicted / cudnn.predicted)
-    assert len(gains) == 6 and gains[-1] > gains[0]
+    for gpu, cudnn_id in (("B200", "sdpa-cudnn"), ("H200", "cudnn")):
+        runs = {c.label: harness.run_case(c) for c in cases if c.label.startswith(gpu)}
+        gains = []
+        for label, flash in runs.items():
+            if "flash-attention-2" in label:
+                cudnn = runs[label.replace("flash-attention-2", cudnn_id)]
+                assert cudnn.predicted < flash.predicted and cudnn.measured < flash.measured, label
+                gains.append(flash.predicted / cudnn.predicted)
+        assert len(gains) == 6 and gains[-1] > gains[0], gpu
