@@ -263,7 +263,7 @@ def test_hardware_show_system(capsys):
 def test_hardware_show_says_which_attention_sweep_prices_the_kernels(capsys):
     assert main(["hardware", "show", "a100-sxm-80gb"]) == 0
     out = capsys.readouterr().out
-    for fragment in ("FlashAttention-2 [training.attention_kernel: flash-attention-2, the default], measured over "
+    for fragment in ("FlashAttention-2 [training.attention_kernel: flash-attention-2, the default], rated over "
                      "512-16,384 tokens at heads of 64, 128",
                      "forward 223.8 TFLOP/s (202.6 TFLOP/s causal), backward 193.1 TFLOP/s",
                      "(where no sweep below applies)"):

@@ -61,7 +61,7 @@ def _accelerator_lines(acc) -> list[str]:
         picked = "the default" if index == 0 else "when picked"
         name = f" [training.attention_kernel: {sweep.id}, {picked}]" if sweep.id else ""
         rates = _sweep_rates(sweep, at)
-        lines.append(f"{'attention' if index == 0 else '':<13} {sweep.kernel}{name}, measured over {lengths} at heads "
+        lines.append(f"{'attention' if index == 0 else '':<13} {sweep.kernel}{name}, rated over {lengths} at heads "
                      f"of {', '.join(map(str, heads))}; at {at:,} tokens, heads of {sweep.head_dim}: {rates}")
     factors = (("GEMMs", eff.sustained_compute), ("fp8 GEMMs", eff.sustained_compute_fp8),
                ("attention", eff.sustained_attention))
@@ -207,7 +207,7 @@ def _show(args: argparse.Namespace) -> int:
         print("\n".join(_system_lines(system)))
         print()
         print("\n".join(_accelerator_lines(system.accelerator)))
-        print(f"\nfile          {display_path(path)} (sources of every number in its comments)")
+        print(f"\nfile          {display_path(path)} (the source of every number, measured or inferred, in its comments)")
         return 0
     try:
         path = accelerator_file(args.name)
@@ -219,7 +219,7 @@ def _show(args: argparse.Namespace) -> int:
         hint = did_you_mean(normalize_name(args.name), known) or "see `mpsim hardware list`"
         raise InputError(f"no system or accelerator named {args.name!r}; {hint}", field="NAME") from None
     print("\n".join(_accelerator_lines(load_accelerator(args.name))))
-    print(f"\nfile          {display_path(path)} (sources of every number in its comments)")
+    print(f"\nfile          {display_path(path)} (the source of every number, measured or inferred, in its comments)")
     return 0
 
 
