@@ -42,6 +42,13 @@ def _compute_s(op: Op, dtype: str = "bf16") -> float:
     return burst_s * H100.efficiency.sustained_attention
 
 
+def _part_compute_s(name: str, op: Op, dtype: str) -> float:
+    """:func:`_compute_s` on another accelerator."""
+    part = load_accelerator(name)
+    held = part.efficiency.sustained_attention or part.efficiency.sustained_compute
+    return (ComputeModel(part, dtype).time(op) - part.efficiency.kernel_overhead) * held
+
+
 def _refused(tmp_path, file: str, old: str, new: str, match: str) -> None:
     """The shipped accelerator ``file`` with ``old`` replaced by ``new`` fails to load with ``match``."""
     text = (SCENARIOS.parent / "hardware" / "accelerators" / file).read_text()
@@ -92,9 +99,13 @@ def test_unknown_lengths_use_the_single_fraction_and_unmeasured_fp8_runs_as_bf16
     flops = 1e12
     assert _compute_s(_attention(flops, 0, 1.0)) == pytest.approx(
         flops / (H100.peak("bf16") * H100.efficiency.attention_forward), rel=1e-12)
-    # the H100 carries no fp8 measurement of its kernels: fp8 inputs run at the bf16 sweep's rate
-    assert _compute_s(_attention(flops, 4096, 1.0), "fp8") == pytest.approx(flops / (518 * TFLOPS), rel=1e-12)
+    # fp8 inputs run at the kernel's fp8 series (the H100's, inferred from the H200's runs on the same chip);
+    # at an unknown length, at the single bf16 fraction
+    assert _compute_s(_attention(flops, 4096, 1.0), "fp8") == pytest.approx(flops / (748.5 * TFLOPS), rel=1e-12)
     assert _compute_s(_attention(flops, 0, 1.0), "fp8") == _compute_s(_attention(flops, 0, 1.0))
+    # a kernel without an fp8 series (MI300X's AITER sweep): fp8 inputs at the bf16 sweep's rate
+    assert _part_compute_s("mi300x", _attention(flops, 4096, 1.0), "fp8") == pytest.approx(flops / (509 * TFLOPS),
+                                                                                             rel=1e-12)
 
 
 @pytest.mark.parametrize("cp_comm, cp, seq, share, half_keys", [
@@ -425,10 +436,12 @@ def test_fp8_attention_runs_at_its_own_measured_rate_where_a_part_has_one():
     bf16_backward = Op("attn.flash.grad", "attention", flops=1e12, direction="backward", kernel_seq=8192,
                        causal_share=1.0, dtype="bf16")
     assert compute_s(bf16_backward) < compute_s(fp8_backward)
-    # a part without fp8 series (the H100): fp8 inputs at the bf16 sweep's rate, not its fp8 peak's
-    h100 = ComputeModel(H100, "fp8")
-    assert (h100.time(fp8_forward) - H100.efficiency.kernel_overhead) * H100.efficiency.sustained_attention == \
-        pytest.approx(1e12 / (529 * TFLOPS), rel=1e-12)
+    # a kernel without fp8 series (MI300X's AITER sweep): fp8 inputs at the bf16 sweep's rate, not its fp8 peak's
+    assert _part_compute_s("mi300x", fp8_forward, "fp8") == pytest.approx(1e12 / (541 * TFLOPS), rel=1e-12)
+    # the H100's fp8 series, inferred from the H200's on the same chip, keep Hopper's slow fp8 causal backward
+    h100 = H100.efficiency.attention_sweep
+    assert h100.rate(8192, False, True, fp8=True) > h100.rate(8192, False, True)
+    assert h100.rate(8192, True, True, fp8=True) < h100.rate(8192, True, True)
     # another head size: the fp8 rate scaled as the bf16 sweep scales (GB200: MLA's 192 against 128)
     gb200 = load_accelerator("gb200").efficiency.attention_sweep
     assert gb200.rate(8192, False, True, head_dim=192, fp8=True) == pytest.approx(
