@@ -550,3 +550,19 @@ def test_fp8_inputs_the_fp8_series_do_not_cover_run_at_the_bf16_rates():
     unknown = Op("attn.flash", "attention", flops=1e12, direction="forward", kernel_seq=0, causal_share=1.0,
                  dtype="fp8")
     assert compute_s(unknown) == pytest.approx(1e12 / (B200.peak("bf16") * eff.attention_forward), rel=1e-12)
+
+
+def test_the_gh200_prices_attention_as_the_h200_the_same_die():
+    """The GH200 file carries no attention measurement of its own: both kernels, every head size,
+    mask and pass at the H200's rates."""
+    gh200, h200 = (load_accelerator(name).efficiency for name in ("gh200", "h200-sxm-141gb"))
+    assert [k.id for k in gh200.other_attention_kernels] == [k.id for k in h200.other_attention_kernels] == [
+        "flash-attention-2"]
+    pairs = [(gh200.attention_sweep, h200.attention_sweep),
+             (gh200.other_attention_kernels[0], h200.other_attention_kernels[0])]
+    for ours, theirs in pairs:
+        for seq in (1024, 4096, 16384):
+            for head_dim in (64, 96, 128):
+                for backward in (False, True):
+                    assert ours.rate(seq, backward, True, head_dim=head_dim) == theirs.rate(seq, backward, True,
+                                                                                            head_dim=head_dim)
