@@ -34,19 +34,12 @@ def _attention(flops: float, seq: int, causal_share: float, direction: str = "fo
     return Op("attn.flash", "attention", flops=flops, direction=direction, kernel_seq=seq, causal_share=causal_share)
 
 
-def _compute_s(op: Op, dtype: str = "bf16") -> float:
+def _compute_s(op: Op, dtype: str = "bf16", part=H100) -> float:
     """Compute seconds at the sweep's own conditions: a short benchmark, so times the share of
     the burst rate the GPU holds at its power limit (tests/test_compute_model.py checks that share)."""
-    model = ComputeModel(H100, dtype)
-    burst_s = model.time(op) - H100.efficiency.kernel_overhead  # bytes are 0: the compute side alone
-    return burst_s * H100.efficiency.sustained_attention
-
-
-def _part_compute_s(name: str, op: Op, dtype: str) -> float:
-    """:func:`_compute_s` on another accelerator."""
-    part = load_accelerator(name)
-    held = part.efficiency.sustained_attention or part.efficiency.sustained_compute
-    return (ComputeModel(part, dtype).time(op) - part.efficiency.kernel_overhead) * held
+    model = ComputeModel(part, dtype)
+    burst_s = model.time(op) - part.efficiency.kernel_overhead  # bytes are 0: the compute side alone
+    return burst_s * (part.efficiency.sustained_attention or part.efficiency.sustained_compute)
 
 
 def _refused(tmp_path, file: str, old: str, new: str, match: str) -> None:
@@ -104,8 +97,8 @@ def test_unknown_lengths_use_the_single_fraction_and_unmeasured_fp8_runs_as_bf16
     assert _compute_s(_attention(flops, 4096, 1.0), "fp8") == pytest.approx(flops / (748.5 * TFLOPS), rel=1e-12)
     assert _compute_s(_attention(flops, 0, 1.0), "fp8") == _compute_s(_attention(flops, 0, 1.0))
     # a kernel without an fp8 series (MI300X's AITER sweep): fp8 inputs at the bf16 sweep's rate
-    assert _part_compute_s("mi300x", _attention(flops, 4096, 1.0), "fp8") == pytest.approx(flops / (509 * TFLOPS),
-                                                                                             rel=1e-12)
+    mi300x = load_accelerator("mi300x")
+    assert _compute_s(_attention(flops, 4096, 1.0), "fp8", mi300x) == pytest.approx(flops / (509 * TFLOPS), rel=1e-12)
 
 
 @pytest.mark.parametrize("cp_comm, cp, seq, share, half_keys", [
@@ -422,10 +415,9 @@ def test_fp8_attention_runs_at_its_own_measured_rate_where_a_part_has_one():
     # H200, cuDNN at 8k tokens, causal: fp8 forward 964 where bf16 runs 644, but fp8 backward 430
     # where bf16 runs 541; a part without fp8 series keeps its fractions of the fp8 peak
     h200 = load_accelerator("h200-sxm-141gb")
-    model = ComputeModel(h200, "fp8")
 
     def compute_s(op: Op) -> float:
-        return (model.time(op) - h200.efficiency.kernel_overhead) * h200.efficiency.sustained_attention
+        return _compute_s(op, "fp8", h200)
 
     fp8_forward = Op("attn.flash", "attention", flops=1e12, direction="forward", kernel_seq=8192, causal_share=1.0,
                      dtype="fp8")
@@ -437,7 +429,8 @@ def test_fp8_attention_runs_at_its_own_measured_rate_where_a_part_has_one():
                        causal_share=1.0, dtype="bf16")
     assert compute_s(bf16_backward) < compute_s(fp8_backward)
     # a kernel without fp8 series (MI300X's AITER sweep): fp8 inputs at the bf16 sweep's rate, not its fp8 peak's
-    assert _part_compute_s("mi300x", fp8_forward, "fp8") == pytest.approx(1e12 / (541 * TFLOPS), rel=1e-12)
+    mi300x = load_accelerator("mi300x")
+    assert _compute_s(fp8_forward, "fp8", mi300x) == pytest.approx(1e12 / (541 * TFLOPS), rel=1e-12)
     # the H100's fp8 series, inferred from the H200's on the same chip, keep Hopper's slow fp8 causal backward
     h100 = H100.efficiency.attention_sweep
     assert h100.rate(8192, False, True, fp8=True) > h100.rate(8192, False, True)

@@ -192,8 +192,14 @@ def _is_accelerator_file(path) -> bool:
     return isinstance(tree, dict) and "peak_flops" in tree and "accelerator" not in tree
 
 
-def _show(args: argparse.Namespace) -> int:
+def _file_line(path) -> str:
+    """The closing line of ``hardware show``: the file, whose comments source its numbers."""
     from mpsim.paths import display_path
+
+    return f"\nfile          {display_path(path)} (the source of every number, measured or inferred, in its comments)"
+
+
+def _show(args: argparse.Namespace) -> int:
     from mpsim.specs.catalog import accelerator_file, load_accelerator, load_system, system_file
 
     try:
@@ -207,7 +213,7 @@ def _show(args: argparse.Namespace) -> int:
         print("\n".join(_system_lines(system)))
         print()
         print("\n".join(_accelerator_lines(system.accelerator)))
-        print(f"\nfile          {display_path(path)} (the source of every number, measured or inferred, in its comments)")
+        print(_file_line(path))
         return 0
     try:
         path = accelerator_file(args.name)
@@ -219,7 +225,7 @@ def _show(args: argparse.Namespace) -> int:
         hint = did_you_mean(normalize_name(args.name), known) or "see `mpsim hardware list`"
         raise InputError(f"no system or accelerator named {args.name!r}; {hint}", field="NAME") from None
     print("\n".join(_accelerator_lines(load_accelerator(args.name))))
-    print(f"\nfile          {display_path(path)} (the source of every number, measured or inferred, in its comments)")
+    print(_file_line(path))
     return 0
 
 

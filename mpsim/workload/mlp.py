@@ -124,6 +124,21 @@ def activation_ops(name: str, elements: float, act_bytes: int, activation: FfnAc
                       launches=activation.backward_launches, bandwidth_share=backward_share))
 
 
+def fc1_gemms(ctx: LayerContext, name: str, rows: int, ffn_local: int, activation: FfnActivation, batch: int = 1
+              ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+    """FC1's (forward, input-gradient, weight-gradient) ops over ``rows`` tokens (each of ``batch``
+    experts' grouped GEMMs): one GEMM of the packed width, or, with ``separate_projections``, the
+    gate's and the value's on the same input, whose input gradients autograd sums (read both,
+    write one)."""
+    h = ctx.hidden
+    if not activation.separate_projections:
+        return tuple(zip(linear(ctx, f"{name}.fc1", rows, ffn_local * activation.up_projections, h, batch=batch)))
+    gate = linear(ctx, f"{name}.fc1", rows, ffn_local, h, batch=batch)
+    value = linear(ctx, f"{name}.fc1_up", rows, ffn_local, h, batch=batch)
+    grad_sum = memory_op(f"{name}.fc1.grad_sum", batch * rows * h * ctx.act_bytes * 3)
+    return (gate[0], value[0]), (gate[1], value[1], grad_sum), (gate[2], value[2])
+
+
 def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None = None, bias: bool = False
               ) -> tuple[list[Item], list[Item], list[Item], list[Item], float, float, float]:
     """FC1 -> activation -> FC2 of width ``ffn_local`` per rank, with its TP collectives.
@@ -141,26 +156,16 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     gather, reduce = tp_collectives(ctx, name)
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local, gathered_grad=True)
     act, act_grad = activation_ops(f"{name}.act", t * ffn_local, e, activation)
-    if activation.separate_projections:
-        # the gate's and the value's GEMMs on the same (gathered) input; backward, autograd sums the
-        # two input gradients (read both, write one) before the TP reduction
-        fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, ffn_local, h)
-        fc1_up, up_dgrad, up_wgrad = linear(ctx, f"{name}.fc1_up", t, ffn_local, h)
-        grad_sum = memory_op(f"{name}.fc1.grad_sum", t * h * e * 3)
-        fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", (fc1_dgrad, up_dgrad, grad_sum),
-                                              (fc1_wgrad, up_wgrad), gather)
-        up_forward: list[Item] = [fc1_up]
-    else:
-        fc1, fc1_dgrad, fc1_wgrad = linear(ctx, f"{name}.fc1", t, fc1_width, h)
-        fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrad, fc1_wgrad, gather)
-        up_forward = []
+    # the input gradients (summed where FC1 is two GEMMs) are reduced over TP once
+    fc1s, fc1_dgrads, fc1_wgrads = fc1_gemms(ctx, name, t, ffn_local, activation)
+    fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrads, fc1_wgrads, gather)
     head = ((bias_grad(ctx, f"{name}.fc2", ctx.norm_tokens, h) if bias else [])
             + gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad))
     act_grads = [act_grad, *(bias_grad(ctx, f"{name}.fc1", t, fc1_width) if bias else [])]
     # without the fusion Megatron's local layers add FC1's bias in a kernel of its own before the
     # activation (MLP.forward: intermediate + bias); Transformer Engine's GEMM epilogue adds it
     fc1_bias = bias_add(ctx, f"{name}.fc1", t, fc1_width) if bias and not ctx.activation_fusion else []
-    forward = [*gathered_gemm(ctx, gather, fc1), *up_forward, *fc1_bias, act, *scattered_gemm(ctx, fc2, reduce)]
+    forward = [*gathered_gemm(ctx, gather, fc1s[0]), *fc1s[1:], *fc1_bias, act, *scattered_gemm(ctx, fc2, reduce)]
     backward = [*head, fc2_wgrad, *act_grads, *fc1_b]
     backward_input = [*head, *act_grads, *fc1_i]
     # a split backward's weight pass: FC2's output gradient gathered again, then FC1's input

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear,
                                    param_tensors)
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
-from mpsim.workload.mlp import activation_ops, ffn_activation, mlp_items
+from mpsim.workload.mlp import activation_ops, fc1_gemms, ffn_activation, mlp_items
 from mpsim.workload.ops import Item, collective, memory_op
 
 
@@ -77,18 +77,8 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
         gather = [collective("moe.etp_all_gather", "all-gather", "etp", gathered)]
         scatter = [collective("moe.etp_reduce_scatter", "reduce-scatter", "etp", gathered)]
     gathered_tokens = per_expert * local_experts
-    if activation.separate_projections:
-        # the gate's and the value's grouped GEMMs on the same tokens; autograd sums their input
-        # gradients (read both, write one) before the tokens go back
-        gate = linear(ctx, "moe.experts.fc1", per_expert, ffn_local, h, batch=local_experts)
-        value = linear(ctx, "moe.experts.fc1_up", per_expert, ffn_local, h, batch=local_experts)
-        grad_sum = memory_op("moe.experts.fc1.grad_sum", gathered_tokens * h * e * 3)
-        fc1: list[Item] = [gate[0], value[0]]
-        fc1_dgrad: list[Item] = [gate[1], value[1], grad_sum]
-        fc1_wgrad: list[Item] = [gate[2], value[2]]
-    else:
-        packed = linear(ctx, "moe.experts.fc1", per_expert, fc1_width, h, batch=local_experts)
-        fc1, fc1_dgrad, fc1_wgrad = [packed[0]], [packed[1]], [packed[2]]
+    # one grouped GEMM, or the gate's and the value's, whose input gradients are summed before the tokens go back
+    fc1, fc1_dgrad, fc1_wgrad = fc1_gemms(ctx, "moe.experts", per_expert, ffn_local, activation, batch=local_experts)
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, "moe.experts.fc2", per_expert, h, ffn_local, batch=local_experts)
     act, act_grad = activation_ops("moe.experts.act", gathered_tokens * ffn_local, e, activation)
 
