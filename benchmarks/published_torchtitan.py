@@ -49,8 +49,6 @@ ASSUMPTIONS = (
     "the norm of each model as its train_config at the same commit sets it (norm_type), the other "
     "settings from those configs and torchtitan's parallelize_llama.py: FSDP2 on every block, bf16 "
     "parameters, fp32 gradient reduction, no torch.compile, gradient clipping at 1.0",
-    "FSDP2 reshards after every block's forward; torchtitan keeps the last block gathered "
-    "(one gather of one layer per microbatch fewer than mpsim prices)",
     "selective layer checkpointing every second block (the page does not print the frequency): half the "
     "layers fully recomputed",
 )

@@ -177,6 +177,34 @@ def test_without_reshard_after_forward_the_backward_gathers_nothing():
     assert off.step_time_s < on.step_time_s  # one all-gather per layer and microbatch less
 
 
+def test_keeping_the_last_layer_gathered_saves_its_backward_gather_only():
+    # torchtitan: fully_shard(block, reshard_after_forward=int(layer_id) < len(model.layers) - 1)
+    _, _, resharded, _ = prepared(LLAMA8, *FSDP)
+    _, layout, kept, _ = prepared(LLAMA8, *FSDP, "parallel.reshard_last_layer=false")
+    assert not layout.reshard_last_layer and layout.reshard_after_forward
+    work, every = kept.stages[0], resharded.stages[0]
+    last = f"layer {work.layers - 1}"
+    assert gathers(work.forward) == gathers(every.forward)  # the forward gathers every unit as before
+    for passes in (work.backward, work.backward_input):
+        assert [block.label for block in passes if block.gather is not None] == \
+            [block.label for block in every.backward if block.gather is not None and block.label != last]
+    on = summarize(simulate(scenario(LLAMA8, *FSDP)))
+    off = summarize(simulate(scenario(LLAMA8, *FSDP, "parallel.reshard_last_layer=false")))
+    assert off.step_time_s < on.step_time_s  # one layer's all-gather per microbatch less
+    # without resharding at all the setting changes nothing
+    held = summarize(simulate(scenario(LLAMA8, *FSDP, "parallel.reshard_after_forward=false")))
+    both = summarize(simulate(scenario(LLAMA8, *FSDP, "parallel.reshard_after_forward=false",
+                                       "parallel.reshard_last_layer=false")))
+    assert both.step_time_s == held.step_time_s
+    # a layer-stack model (ViT-H/14): the same one gather less, on the stage that holds the loss
+    vit = (SCENARIOS / "vit_h14_32xa100.yaml", "parallel.zero_stage=3")
+    _, _, stack_every, _ = prepared(*vit)
+    _, _, stack_kept, _ = prepared(*vit, "parallel.reshard_last_layer=false")
+    assert len(gathers(stack_kept.stages[0].backward)) == len(gathers(stack_every.stages[0].backward)) - 1
+    assert summarize(simulate(scenario(*vit, "parallel.reshard_last_layer=false"))).step_time_s < \
+        summarize(simulate(scenario(*vit))).step_time_s
+
+
 def test_without_reshard_after_forward_the_peak_holds_the_unsharded_parameters():
     def memory(*extra):
         s, layout, workload, _ = prepared(LLAMA8, *FSDP, *extra)

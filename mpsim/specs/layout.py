@@ -56,6 +56,7 @@ class Layout:
     split_within_budget: bool | None = None  # auto: whether a split within the memory budget was found
     chains: tuple[int, ...] = ()  # stage chains of the schedule (mpsim/schedules/chains.py); (): one
     reshard_after_forward: bool = True  # ZeRO-3 / FSDP: gather the parameters again for the backward
+    reshard_last_layer: bool = True  # with reshard_after_forward: the model's last layer too
     fsdp_gathered_chunks: int | None = TORCH_GATHERED_CHUNKS  # FSDP under a pipeline: chunks kept gathered; None: all
     microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
 
@@ -206,6 +207,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
         layer_split=split,
         chains=chains,
         reshard_after_forward=plan.reshard_after_forward,
+        reshard_last_layer=plan.reshard_last_layer,
         fsdp_gathered_chunks=plan.fsdp_gathered_chunks,
         microbatch_group_size=plan.microbatch_group_size,
     )

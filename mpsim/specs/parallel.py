@@ -46,6 +46,13 @@ class ParallelPlan(Spec):
     reshard_after_forward: bool = Field(
         True, description="ZeRO-3 / FSDP: free the gathered parameters after the forward and gather them again "
                           "for the backward (FSDP2 default); false keeps them from forward to backward")
+    # torchtitan wraps each block with fully_shard(reshard_after_forward=int(layer_id) <
+    # len(model.layers) - 1): the last block's backward runs right after the LM head's, so FSDP
+    # would gather it again at once ("As an optimization, do not reshard after forward for the
+    # last transformer block", torchtitan/models/llama/parallelize_llama.py)
+    reshard_last_layer: bool = Field(
+        True, description="ZeRO-3 / FSDP with reshard_after_forward: free the model's last transformer layer after "
+                          "its forward too (FSDP2 default); false keeps it gathered for its backward (torchtitan)")
     # torch.distributed.pipelining's runtime keeps at most 3 of a rank's chunks gathered under FSDP
     # (_add_unshard_reshard's max_active_stages, torch/distributed/pipelining/schedules.py); a
     # framework that keeps every chunk gathered (Llama 3's) is null

@@ -11,7 +11,7 @@ layer tied to an embedding holds no weights of its own when both sit on the same
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from mpsim.specs.accelerator import BYTES_PER_ELEMENT
@@ -93,7 +93,10 @@ def build_stack_stage(units: tuple[UnitWork, ...], options: StageOptions) -> Sta
     forward, backward, backward_input, backward_weight = [], [], [], []
     params = activation = w_buffer = layer_params = layer_activation = largest = 0.0
     layer_index = 0
-    for unit in units:
+    # the model's last layer, when the loss is on this stage, may stay gathered for its backward
+    layers = [index for index, unit in enumerate(units) if unit.is_layer]
+    held_layer = layers[-1] if layers and any(u.has_loss for u in units) and not options.reshard_last_layer else None
+    for index, unit in enumerate(units):
         work = unit.work
         # a head tied to an embedding on this stage reads the embedding's table
         unit_params = work.params - sum(p for name, p in unit.tied if name in embeddings)
@@ -101,7 +104,8 @@ def build_stack_stage(units: tuple[UnitWork, ...], options: StageOptions) -> Sta
         layer_index += unit.is_layer
         redo = {"full": work.forward, "selective": work.recompute_selective}.get(recompute, ())
         fwd, bwd, bwd_in, bwd_w = unit_blocks(unit.label, unit_params, work.forward, work.backward,
-                                          work.backward_input, work.backward_weight, redo, options,
+                                          work.backward_input, work.backward_weight, redo,
+                                          replace(options, reshard_after_forward=False) if index == held_layer else options,
                                           work.param_tensors)
         forward.append(fwd)
         backward[:0] = list(bwd)
@@ -131,6 +135,7 @@ def stack_options(scenario: Scenario, layout: Layout, unsharding: bool = False) 
                         bias=False, tied_embeddings=False, mla=None, moe=None,
                         shard_params=layout.state_zero_stage >= 3 or unsharding,
                         grad_bytes=scenario.training.grad_bytes, reshard_after_forward=layout.reshard_after_forward,
+                        reshard_last_layer=layout.reshard_last_layer,
                         scatter_grads=not unsharding,
                         accumulate_grads=scenario.training.layers_impl == "pytorch",
                         recompute_layers=scenario.parallel.recompute_num_layers)

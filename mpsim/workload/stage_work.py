@@ -36,6 +36,7 @@ class StageOptions:
     shard_params: bool
     grad_bytes: int  # bytes per gradient element when reduced
     reshard_after_forward: bool = True  # with shard_params: gather the parameters again before the backward
+    reshard_last_layer: bool = True  # with reshard_after_forward: the model's last layer too
     # with shard_params: reduce-scatter each backward's gradients; False: they accumulate unsharded and
     # are reduced once per step (FSDP under a pipeline, Layout.fsdp_pipelined)
     scatter_grads: bool = True

@@ -14,6 +14,7 @@ stages), so costs are computed once per distinct stage.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from mpsim.specs.accelerator import BYTES_PER_ELEMENT
@@ -94,13 +95,16 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
     forward_amax, backward_amax = chunk_amax_reductions(ctx, works, options.rank_layers)
     params = expert = activation = w_buffer = 0.0
     layer_index = 0
+    # the model's last layer (its backward comes right after the head's) may stay gathered
+    last_layer = f"layer {layers - 1}" if has_head and not options.reshard_last_layer else None
     for label, work in parts:
         is_layer = isinstance(work, LayerWork)
         recompute = options.layer_recompute(layer_index) if is_layer else "none"
         layer_index += is_layer
         redo = {"full": work.forward, "selective": work.recompute_selective}.get(recompute, ())
+        unit = replace(options, reshard_after_forward=False) if label == last_layer else options
         fwd, bwd, bwd_in, bwd_w = unit_blocks(label, work.params + work.expert_params, work.forward, work.backward,
-                                          work.backward_input, work.backward_weight, redo, options,
+                                          work.backward_input, work.backward_weight, redo, unit,
                                           work.param_tensors)
         forward.append(fwd)
         if forward_amax is not None and label == f"layer {layers - 1}":
@@ -158,7 +162,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int, unsharding: bo
         learned_positions=model.position_embedding == "learned", norm_params=2 if model.norm == "layernorm" else 1,
         bias=model.linear_bias, tied_embeddings=model.tied_embeddings, mla=mla, moe=moe,
         shard_params=layout.state_zero_stage >= 3 or unsharding, grad_bytes=training.grad_bytes,
-        reshard_after_forward=layout.reshard_after_forward, scatter_grads=not unsharding,
+        reshard_after_forward=layout.reshard_after_forward, reshard_last_layer=layout.reshard_last_layer,
+        scatter_grads=not unsharding,
         accumulate_grads=training.layers_impl == "pytorch",
         defer_head_wgrad=training.defer_embedding_wgrad,
         rank_layers=sum(layout.layers_per_chunk) / layout.pp if training.dtype == "fp8" else 0.0,
