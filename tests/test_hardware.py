@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mpsim.cli import main
+from mpsim.errors import InputError
 from mpsim.specs.catalog import accelerator_names, load_accelerator, load_system, system_names
 from tests.conftest import ROOT, SCENARIOS, CliRun, run_in_process
 
@@ -280,6 +281,28 @@ def test_hardware_show_says_which_attention_sweep_prices_the_kernels(capsys):
     assert main(["hardware", "show", "v100-sxm2-32gb"]) == 0  # no sweep published: one fraction per pass
     out = capsys.readouterr().out
     assert "\nattention " not in out and "sweep" not in out
+
+
+def test_hardware_show_marks_the_attention_rates_a_part_did_not_measure(capsys):
+    assert main(["hardware", "show", "h200-sxm-141gb"]) == 0
+    out = capsys.readouterr().out
+    assert "measured on this part: heads of 128 at every length, heads of 64 inferred, fp8 inputs at every " \
+           "length" in out  # cuDNN: heads of 64 from the H100's ratio
+    assert "measured on this part: heads of 128 at 4,096 and 8,192 tokens only, heads of 64 inferred" in out  # FA2
+    assert main(["hardware", "show", "gh200"]) == 0  # the H200's rates throughout
+    assert capsys.readouterr().out.count("not measured on this part: every rate inferred") == 2
+    assert main(["hardware", "show", "b200"]) == 0  # every point its own table's
+    assert "measured on this part" not in capsys.readouterr().out
+
+
+def test_measured_lengths_must_be_lengths_of_the_sweep(tmp_path, capsys):
+    text = (HARDWARE / "accelerators" / "h200_sxm_141gb.yaml").read_text()
+    bad = tmp_path / "h200_bad.yaml"
+    bad.write_text(text.replace("measured_lengths: [4096, 8192]", "measured_lengths: [4096, 6000]"))
+    with pytest.raises(InputError) as caught:
+        load_accelerator(str(bad))
+    assert "measured_lengths must be some of seq_lengths" in str(caught.value)
+    assert "other_attention_kernels" in str(caught.value)
 
 
 def test_hardware_show_names_the_protocols_of_a_systems_collectives(capsys):

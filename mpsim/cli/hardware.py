@@ -38,6 +38,28 @@ def _sweep_rates(sweep, seq: int) -> str:
     return text
 
 
+def _provenance(sweep) -> str | None:
+    """Which of a sweep's points this part measured, in words; None where it measured them all."""
+    blocks = [(f"heads of {sweep.head_dim}", sweep),
+              *((f"heads of {other.head_dim}", other) for other in sweep.other_head_dims),
+              *((("fp8 inputs", sweep.fp8),) if sweep.fp8 is not None else ())]
+    if all(block.measured_lengths is None for _, block in blocks):
+        return None
+    if all(block.measured_lengths == () for _, block in blocks):
+        return "not measured on this part: every rate inferred (the file's comments say from what)"
+    words = []
+    for name, block in blocks:
+        measured = block.measured_lengths
+        if measured is None:
+            words.append(f"{name} at every length")
+        elif not measured:
+            words.append(f"{name} inferred")
+        else:
+            *rest, last = [f"{length:,}" for length in measured]
+            words.append(f"{name} at {', '.join(rest) + ' and ' if rest else ''}{last} tokens only")
+    return "measured on this part: " + ", ".join(words) + " (the file's comments say how the rest is inferred)"
+
+
 def _accelerator_lines(acc) -> list[str]:
     from mpsim.units import format_bytes, format_seconds
 
@@ -63,6 +85,9 @@ def _accelerator_lines(acc) -> list[str]:
         rates = _sweep_rates(sweep, at)
         lines.append(f"{'attention' if index == 0 else '':<13} {sweep.kernel}{name}, rated over {lengths} at heads "
                      f"of {', '.join(map(str, heads))}; at {at:,} tokens, heads of {sweep.head_dim}: {rates}")
+        provenance = _provenance(sweep)
+        if provenance:
+            lines.append(f"{'':<13} {provenance}")
     factors = (("GEMMs", eff.sustained_compute), ("fp8 GEMMs", eff.sustained_compute_fp8),
                ("attention", eff.sustained_attention))
     held = [(name, value) for name, value in factors if value is not None]

@@ -57,6 +57,11 @@ class SweepSeries(Spec):
                                                                     "length; absent: inferred")
     backward_causal: tuple[FlopRate, ...] | None = Field(None, description="backward with a causal mask; absent: "
                                                                              "inferred")
+    # where a file fills a series from another part's or another length's measurement (the same
+    # die, a published ratio), which points are this part's own readings, for the reader
+    measured_lengths: tuple[int, ...] | None = Field(
+        None, description="the lengths at which these series were measured on this part, the others inferred (the "
+                          "file's comments say from what); absent: measured at every length; []: inferred throughout")
 
     def series(self) -> tuple[tuple[float, ...], ...]:
         """Every series given (for the checks)."""
@@ -139,6 +144,10 @@ class AttentionSweepSpec(SweepSeries):
                                      f"seq_lengths")
                 if any(not value > 0 for value in series):
                     raise ValueError(f"{where}{name} must be positive FLOP/s at every length")
+            measured = owner.measured_lengths or ()
+            if any(b <= a for a, b in zip(measured, measured[1:])) or not set(measured) <= set(self.seq_lengths):
+                raise ValueError(f"{where}measured_lengths must be some of seq_lengths {list(self.seq_lengths)}, "
+                                 f"increasing, got {list(measured)}")
         for where, series in (("", self), *fp8):
             if (series.forward is None) != (series.backward is None):
                 raise ValueError(f"{where}forward and {where}backward (without a mask) go together: give both, or "
