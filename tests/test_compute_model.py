@@ -168,6 +168,18 @@ def test_fp8_gemms_draw_more_power_and_hold_a_lower_clock_than_bf16_ones():
         ComputeModel(h100, "bf16").time(big)
 
 
+def test_a_part_measured_under_load_on_attention_only_takes_the_h200s_ratios_for_its_gemms():
+    # the H200 is the one part whose GEMMs (bf16 and fp8) and attention were all measured under
+    # load (HOPPER-LOAD); the B200 has attention only (B200-LOAD), so its GEMMs hold its attention
+    # factor times the H200's GEMM / attention ratios, below attention's own
+    h200, b200 = load_accelerator("h200-sxm-141gb").efficiency, load_accelerator("b200").efficiency
+    for kind in ("sustained_compute", "sustained_compute_fp8"):
+        expected = b200.sustained_attention * getattr(h200, kind) / h200.sustained_attention
+        assert getattr(b200, kind) == pytest.approx(expected, abs=6e-4)  # three decimals in the file
+        assert getattr(b200, kind) < b200.sustained_attention
+    assert b200.sustained_compute_fp8 < b200.sustained_compute
+
+
 def test_hiding_the_tile_store_speeds_short_k_gemms_most():
     h100 = load_accelerator("h100-sxm-80gb")
     assert h100.efficiency.gemm_epilogue_overlap  # Hopper's warp-specialized kernels (CUTLASS-WS)
