@@ -295,6 +295,45 @@ def test_hardware_show_marks_the_attention_rates_a_part_did_not_measure(capsys):
     assert "measured on this part" not in capsys.readouterr().out
 
 
+def test_inferred_fields_are_the_keys_whose_comment_says_inferred():
+    text = """name: x
+peak_flops:
+  bf16: "100 TFLOP/s"      # DATASHEET
+efficiency:
+  gemm: 0.8                # inferred: the GPUs' typical fraction
+  memory: 0.85             # VENDOR-CC: a planning figure; was inferred
+  kernel_overhead: "2 us"  # Inferred: gap between kernels
+  attention_sweep:         # inferred: another part's table
+    head_dim: 128          # inferred as above
+    other_head_dims:
+      - head_dim: 64       # inferred
+scale_out:
+  levels:
+    - name: leaf           # a leaf switch
+      oversubscription: 2  # inferred: no source
+"""
+    from mpsim.cli.hardware import inferred_fields
+    # the sweeps' points are left to measured_lengths; "was inferred" is a history, not a mark
+    assert inferred_fields(text) == ["efficiency.gemm", "efficiency.kernel_overhead",
+                                     "scale_out.levels.oversubscription"]
+
+
+def test_hardware_show_names_the_inferred_numbers_of_each_file(capsys):
+    assert main(["hardware", "show", "h100-sxm-80gb"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("inferred"))
+    assert "hardware/accelerators/h100_sxm_80gb.yaml" in line
+    for field in ("efficiency.sustained_compute", "efficiency.kernel_overhead"):
+        assert field in line
+    assert "efficiency.gemm," not in line  # the H100's MAMF is measured
+    assert main(["hardware", "show", "a100-sxm-80gb"]) == 0  # every number read off a source
+    assert "\ninferred" not in capsys.readouterr().out
+    assert main(["hardware", "show", "dgx-h100"]) == 0  # the system's file and its accelerator's
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("inferred")]
+    assert [line.split(":")[0] for line in lines] == ["inferred      in hardware/systems/dgx_h100.yaml",
+                                                       "inferred      in hardware/accelerators/h100_sxm_80gb.yaml"]
+
+
 def test_measured_lengths_must_be_lengths_of_the_sweep(tmp_path, capsys):
     text = (HARDWARE / "accelerators" / "h200_sxm_141gb.yaml").read_text()
     bad = tmp_path / "h200_bad.yaml"

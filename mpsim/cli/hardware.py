@@ -9,6 +9,7 @@ comments give the source of each number.
 from __future__ import annotations
 
 import argparse
+import re
 
 from mpsim.cli.common import add_csv_arg
 from mpsim.errors import InputError, did_you_mean
@@ -217,6 +218,44 @@ def _is_accelerator_file(path) -> bool:
     return isinstance(tree, dict) and "peak_flops" in tree and "accelerator" not in tree
 
 
+# a ``key: value  # comment`` line of a hardware file (a list item's first key too)
+_KEYED_LINE = re.compile(r"^(\s*)(- )?([A-Za-z_]\w*):([^#]*)(#.*)?$")
+# where a file's attention sweeps sit: their points' provenance has a line of its own
+_SWEEP_KEYS = ("attention_sweep", "other_attention_kernels")
+
+
+def inferred_fields(text: str) -> list[str]:
+    """The fields of a hardware file whose comment calls them inferred (derived, not read off a
+    source), by their dotted path; the attention sweeps' points left to ``measured_lengths``."""
+    open_keys: list[tuple[int, str]] = []  # the mappings and lists the current line sits in
+    found = []
+    for line in text.splitlines():
+        match = _KEYED_LINE.match(line)
+        if match is None:
+            continue
+        indent = len(match.group(1)) + (2 if match.group(2) else 0)
+        while open_keys and open_keys[-1][0] >= indent:
+            open_keys.pop()
+        path = [key for _, key in open_keys] + [match.group(3)]
+        if not match.group(4).strip():
+            open_keys.append((indent, match.group(3)))
+        comment = (match.group(5) or "#")[1:].strip().lower()
+        if comment.startswith("inferred") and not any(key in path for key in _SWEEP_KEYS):
+            found.append(".".join(path))
+    return found
+
+
+def _inferred_line(path) -> str | None:
+    """``hardware show``'s line naming a file's inferred fields (None where it has none)."""
+    from mpsim.paths import display_path
+
+    fields = inferred_fields(path.read_text(encoding="utf-8"))
+    if not fields:
+        return None
+    return f"inferred      in {display_path(path)}: {', '.join(fields)} (derived from other figures, as " \
+           f"each comment says)"
+
+
 def _file_line(path) -> str:
     """The closing line of ``hardware show``: the file, whose comments source its numbers."""
     from mpsim.paths import display_path
@@ -238,6 +277,10 @@ def _show(args: argparse.Namespace) -> int:
         print("\n".join(_system_lines(system)))
         print()
         print("\n".join(_accelerator_lines(system.accelerator)))
+        for described in (path, _accelerator_path(system.accelerator.name)):
+            line = _inferred_line(described) if described is not None else None
+            if line:
+                print(line)
         print(_file_line(path))
         return 0
     try:
@@ -250,8 +293,22 @@ def _show(args: argparse.Namespace) -> int:
         hint = did_you_mean(normalize_name(args.name), known) or "see `mpsim hardware list`"
         raise InputError(f"no system or accelerator named {args.name!r}; {hint}", field="NAME") from None
     print("\n".join(_accelerator_lines(load_accelerator(args.name))))
+    line = _inferred_line(path)
+    if line:
+        print(line)
     print(_file_line(path))
     return 0
+
+
+def _accelerator_path(name: str):
+    """The library file of the accelerator a system names (None for one described elsewhere)."""
+    from mpsim.specs.catalog import accelerator_file
+
+    try:
+        path = accelerator_file(name)
+    except InputError:
+        return None
+    return path if path.is_file() else None
 
 
 def _complete_hardware(prefix: str, **_) -> list[str]:
