@@ -245,15 +245,18 @@ def inferred_fields(text: str) -> list[str]:
     return found
 
 
-def _inferred_line(path) -> str | None:
-    """``hardware show``'s line naming a file's inferred fields (None where it has none)."""
+def _inferred_lines(*paths) -> list[str]:
+    """``hardware show``'s lines naming each file's inferred fields (none for a file without any,
+    or a path that is None: an accelerator described outside the library)."""
     from mpsim.paths import display_path
 
-    fields = inferred_fields(path.read_text(encoding="utf-8"))
-    if not fields:
-        return None
-    return f"inferred      in {display_path(path)}: {', '.join(fields)} (derived from other figures, as " \
-           f"each comment says)"
+    lines = []
+    for path in paths:
+        fields = inferred_fields(path.read_text(encoding="utf-8")) if path is not None else []
+        if fields:
+            lines.append(f"inferred      in {display_path(path)}: {', '.join(fields)} (derived from other figures, "
+                         f"as each comment says)")
+    return lines
 
 
 def _file_line(path) -> str:
@@ -277,10 +280,8 @@ def _show(args: argparse.Namespace) -> int:
         print("\n".join(_system_lines(system)))
         print()
         print("\n".join(_accelerator_lines(system.accelerator)))
-        for described in (path, _accelerator_path(system.accelerator.name)):
-            line = _inferred_line(described) if described is not None else None
-            if line:
-                print(line)
+        for line in _inferred_lines(path, _accelerator_path(system.accelerator.name)):
+            print(line)
         print(_file_line(path))
         return 0
     try:
@@ -293,8 +294,7 @@ def _show(args: argparse.Namespace) -> int:
         hint = did_you_mean(normalize_name(args.name), known) or "see `mpsim hardware list`"
         raise InputError(f"no system or accelerator named {args.name!r}; {hint}", field="NAME") from None
     print("\n".join(_accelerator_lines(load_accelerator(args.name))))
-    line = _inferred_line(path)
-    if line:
+    for line in _inferred_lines(path):
         print(line)
     print(_file_line(path))
     return 0
