@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from mpsim.cost import shared_prices
 from mpsim.cost.calibrated import calibrated_costs
-from mpsim.cost.collectives import collective_time, p2p_time
+from mpsim.cost.collectives import collective_time, gpu_group, p2p_time
 from mpsim.cost.contention import end_beside, side_by_side_s
 from mpsim.cost.compute import ComputeModel
 from mpsim.cost.devices import RankDevice, pair_system, rank_devices
+from mpsim.cost.dispatch import deduplicated_all_to_all_s
 from mpsim.cost.groups import group_placements
 from mpsim.cost.segments import BlockPart, Part, Segment, Segments, TemplateOp
 from mpsim.schedules.actions import GATHERING
@@ -145,6 +146,9 @@ class CostModel:
         """Seconds of a collective op on its group."""
         assert op.collective is not None
         place = self.placements[op.group]
+        if op.routing is not None:
+            # DeepEP's kernels, not NCCL's all-to-all: a profile's fitted curves do not apply
+            return deduplicated_all_to_all_s(op, gpu_group(place, self.system))
         measured = self.calibration.collective_s(op.collective, op.message_bytes, place.size) \
             if self.calibration is not None else None
         if measured is not None:

@@ -100,6 +100,10 @@ def from_hf_config(config: dict, name: str, label: str) -> dict[str, Any]:
                        "expert_ffn_hidden_size": _require(config, "moe_intermediate_size", label),
                        "shared_experts": _optional(config, "n_shared_experts", label, least=0) or 0,
                        "dense_layers": _optional(config, "first_k_dense_replace", label, least=0) or 0}
+        # group-limited routing: n_group expert groups, each token's experts from topk_group of them
+        groups = _optional(config, "n_group", label)
+        if groups is not None and groups > 1:
+            tree["moe"].update({"router_groups": groups, "router_group_topk": _require(config, "topk_group", label)})
         tree["mla"] = {"q_lora_rank": _optional(config, "q_lora_rank", label),
                        "kv_lora_rank": _require(config, "kv_lora_rank", label),
                        "qk_nope_head_dim": _require(config, "qk_nope_head_dim", label),

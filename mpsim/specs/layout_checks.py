@@ -72,6 +72,22 @@ def check_tensor_parallel(scenario: Scenario) -> None:
                                                "set parallel.sequence_parallel: true")
 
 
+def check_moe_dispatch(scenario: Scenario) -> None:
+    """A deduplicating MoE dispatcher needs MoE layers and an NVLink + RDMA machine (DeepEP's)."""
+    training, model, system = scenario.training, scenario.model, scenario.cluster.system
+    if training.moe_dispatch_fp8 and training.moe_token_dispatcher != "deepep":
+        raise fail("training.moe_dispatch_fp8", "dispatches in fp8 through DeepEP's kernels; set "
+                                                "training.moe_token_dispatcher: deepep")
+    if training.moe_token_dispatcher != "deepep":
+        return
+    if isinstance(model, LayerStackSpec) or model.moe is None:
+        raise fail("training.moe_token_dispatcher", "deepep dispatches the tokens of mixture-of-experts layers; "
+                                                    "the model has none (set model.moe or use alltoall)")
+    if system.scale_up.topology == "torus":
+        raise fail("training.moe_token_dispatcher", f"deepep forwards tokens over NVLink and RDMA; {system.name} "
+                                                    f"is a torus (use alltoall)")
+
+
 def check_context_parallel(scenario: Scenario) -> None:
     """The sequence splits into the chunks context parallelism needs (and the heads, for all-to-all)."""
     plan, model = scenario.parallel, scenario.model

@@ -31,11 +31,33 @@ class MoESpec(Spec):
     load_imbalance: float = Field(
         1.0, ge=1.0, description="tokens of the busiest expert-parallel rank over the mean (1.0 = perfectly even)")
     dense_layers: int = Field(0, ge=0, description="leading layers with a dense FFN instead (DeepSeek-V3: 3)")
+    # Group-limited routing (DeepSeek-V2/V3; Megatron-Core's --moe-router-num-groups and
+    # --moe-router-group-topk): the experts form equal groups, each token first picks the
+    # router_group_topk groups whose best top_k / router_group_topk experts score highest, then
+    # its top_k experts among theirs. With one group per node a token reaches at most that many
+    # nodes, which a deduplicating dispatcher (training.moe_token_dispatcher: deepep) turns into
+    # less network traffic; the plain all-to-all sends one copy per expert either way
+    router_groups: int | None = Field(
+        None, gt=0, description="groups the experts form for group-limited routing (DeepSeek-V3: 8, one per node)")
+    router_group_topk: int | None = Field(
+        None, gt=0, description="groups each token picks its experts from (DeepSeek-V3: 4)")
 
     @model_validator(mode="after")
     def _routing(self) -> "MoESpec":
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k={self.top_k} is larger than num_experts={self.num_experts}")
+        if (self.router_groups is None) != (self.router_group_topk is None):
+            raise ValueError("router_groups and router_group_topk go together: set both for group-limited "
+                             "routing, or neither")
+        if self.router_groups is not None and self.router_group_topk is not None:
+            groups, picked = self.router_groups, self.router_group_topk
+            if self.num_experts % groups:
+                raise ValueError(f"router_groups={groups} does not divide num_experts={self.num_experts}")
+            if picked > groups:
+                raise ValueError(f"router_group_topk={picked} is larger than router_groups={groups}")
+            if self.top_k > picked * (self.num_experts // groups):
+                raise ValueError(f"top_k={self.top_k} is more than the {picked * (self.num_experts // groups)} "
+                                 f"experts of {picked} groups of {self.num_experts // groups}")
         return self
 
     @property

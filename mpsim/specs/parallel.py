@@ -228,6 +228,16 @@ class TrainingOptions(Spec):
     overlap_paired_passes: bool = Field(
         False, description="DualPipe/DualPipeV: the paired forward and backward hide each other's exposed "
                            "communication (DeepSeek's implementation); false runs them back to back (PyTorch)")
+    # How MoE tokens travel to their experts. Megatron-Core's alltoall dispatcher permutes one copy
+    # per (token, expert) and exchanges them in one NCCL all-to-all over the expert-parallel group;
+    # DeepEP (its flex dispatcher with --moe-enable-deepep; DeepSeek-V3's own kernels) sends a token
+    # once over the network to each node it reaches, then over NVLink once to each GPU there
+    moe_token_dispatcher: Literal["alltoall", "deepep"] = Field(
+        "alltoall", description="alltoall: one copy per token and expert (Megatron-Core's default); deepep: "
+                                "one copy per node over the network, then per GPU over NVLink (DeepEP)")
+    moe_dispatch_fp8: bool = Field(
+        False, description="dispatch the tokens in fp8 and combine in bf16, as DeepSeek-V3 and DeepEP do "
+                           "(needs moe_token_dispatcher: deepep)")
     # Megatron-Core's --cross-entropy-loss-fusion (off unless given; NeMo's recipes turn it on):
     # the vocab-parallel cross entropy's steps as three compiled functions instead of eager ops
     # (megatron/core/fusions/fused_cross_entropy.py)

@@ -60,6 +60,8 @@ class LayerContext:
     ub_sms: tuple[tuple[str, int], ...] = ()  # userbuffers SMs per GEMM site a recipe tunes (tp_comm_overlap_sms)
     activation_fusion: bool = True  # Megatron's fused bias + FFN activation kernels
     separate_ffn_projections: bool = False  # a gated FFN's gate and value as two linears (ffn_projections)
+    moe_dispatcher: str = "alltoall"  # TrainingOptions.moe_token_dispatcher
+    moe_dispatch_fp8: bool = False  # DeepEP's fp8 dispatch (TrainingOptions.moe_dispatch_fp8)
 
     @property
     def bias_add_kernel(self) -> bool:

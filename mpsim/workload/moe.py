@@ -27,7 +27,11 @@ from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bi
                                    param_tensors)
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.mlp import activation_ops, fc1_gemms, ffn_activation, mlp_items
-from mpsim.workload.ops import Item, collective, memory_op
+from mpsim.workload.ops import Item, Routing, collective, memory_op
+
+# DeepEP's fp8 dispatch carries a float32 scale per 128 elements of each token (DeepSeek-V3's
+# fine-grained 1 x 128 activation quantization, technical report Sec. 3.3.2)
+FP8_SCALE_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class MoEShape:
     shared_ffn: int
     capacity_factor: float | None
     load_imbalance: float
+    router_groups: int = 1  # group-limited routing: groups of experts, of which each token picks
+    router_group_topk: int = 1  # this many (1 and 1: any expert)
 
     @property
     def imbalance(self) -> float:
@@ -66,10 +72,17 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     permute = memory_op("moe.permute", routed * h * e * 2)
     unpermute = memory_op("moe.unpermute", routed * h * e * 2)
     send = tokens * moe.top_k * h * e * moe.imbalance
-    dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", send)
-    combine = collective("moe.combine_all_to_all", "all-to-all", "ep", send)
-    dispatch_grad = collective("moe.dispatch_all_to_all.grad", "all-to-all", "ep", send)
-    combine_grad = collective("moe.combine_all_to_all.grad", "all-to-all", "ep", send)
+    # DeepEP sends a token once per node and GPU it reaches (the routing prices that), and may
+    # dispatch it in fp8 (1 byte per element plus a scale per 128); the combine and both
+    # gradients travel in bf16
+    deduplicated = Routing(moe.num_experts, moe.top_k, moe.router_groups, moe.router_group_topk) \
+        if ctx.moe_dispatcher == "deepep" else None
+    fp8_send = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * moe.imbalance
+    dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", fp8_send if ctx.moe_dispatch_fp8 else send,
+                          deduplicated)
+    combine = collective("moe.combine_all_to_all", "all-to-all", "ep", send, deduplicated)
+    dispatch_grad = collective("moe.dispatch_all_to_all.grad", "all-to-all", "ep", send, deduplicated)
+    combine_grad = collective("moe.combine_all_to_all.grad", "all-to-all", "ep", send, deduplicated)
     gather: list[Item] = []
     scatter: list[Item] = []
     if ctx.etp > 1:

@@ -14,7 +14,20 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 OpKind = Literal["gemm", "attention", "memory", "collective"]
-CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "send-recv"]
+CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a MoE layer picks experts, for a dispatcher that sends each token once to every node
+    and every GPU it reaches (DeepEP), not once per expert: ``top_k`` of ``num_experts``, from
+    ``group_topk`` of the experts' ``groups`` (DeepSeek-V3's node-limited routing; 1 and 1:
+    any expert). ``mpsim/cost/dispatch.py`` prices the traffic this leaves."""
+
+    num_experts: int
+    top_k: int
+    groups: int = 1
+    group_topk: int = 1
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,10 @@ class Op:
     # it reach, where a published sweep of those kernels measured it (benchmarks/memory_kernel_sweep.py);
     # 1: the streaming rate
     bandwidth_share: float = 1.0
+    # MoE all-to-alls of a deduplicating dispatcher: the routing that decides which nodes and GPUs
+    # each token reaches (message_bytes then counts one copy per token and expert, as the plain
+    # all-to-all sends them); None: a plain all-to-all
+    routing: Routing | None = None
 
 
 @dataclass(frozen=True)
@@ -132,9 +149,12 @@ def memory_op(name: str, bytes_moved: float, flops: float = 0.0, launches: int =
               bandwidth_share=bandwidth_share)
 
 
-def collective(name: str, kind: CollectiveKind, group: str, message_bytes: float) -> Op:
-    """A collective over ``group``; ``message_bytes`` is the buffer size nccl-tests would report."""
-    return Op(name, "collective", collective=kind, group=group, message_bytes=float(message_bytes))
+def collective(name: str, kind: CollectiveKind, group: str, message_bytes: float,
+               routing: Routing | None = None) -> Op:
+    """A collective over ``group``; ``message_bytes`` is the buffer size nccl-tests would report
+    (``routing``: a MoE all-to-all that sends each token once per node and GPU it reaches)."""
+    return Op(name, "collective", collective=kind, group=group, message_bytes=float(message_bytes),
+              routing=routing)
 
 
 def compute_ops(items: list[Item] | tuple[Item, ...]) -> list[Op]:

@@ -67,6 +67,8 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         cp_comm=layout.cp_comm,
         ep=layout.ep,
         etp=layout.etp,
+        moe_dispatcher=training.moe_token_dispatcher,
+        moe_dispatch_fp8=training.moe_dispatch_fp8,
     )
 
 
@@ -152,7 +154,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int, unsharding: bo
     moe = None
     if model.moe is not None:
         moe = MoEShape(model.moe.num_experts, model.moe.top_k, model.moe.expert_ffn_hidden_size,
-                       model.moe.shared_ffn, model.moe.capacity_factor, model.moe.load_imbalance)
+                       model.moe.shared_ffn, model.moe.capacity_factor, model.moe.load_imbalance,
+                       model.moe.router_groups or 1, model.moe.router_group_topk or 1)
     mla = None
     if model.mla is not None:
         mla = MLAShape(model.mla.q_lora_rank, model.mla.kv_lora_rank, model.mla.qk_nope_head_dim,
