@@ -7,11 +7,13 @@ docs/architecture.md); this module only wires them together in a fixed order.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 from mpsim.cost.actions import ActionCost, CostModel, stage_costs
 from mpsim.cost.chunk_gathers import window_gathers
+from mpsim.cost.contention import group_sm_share
 from mpsim.cost.pairs import overlapped_cost
 from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
                              param_gather_exposed_s, pipeline_transfer_s, pipeline_transfer_spec,
@@ -316,7 +318,9 @@ def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel,
                 key = duration_key(item)
                 if key not in costs:
                     costs[key] = overlapped_cost(costs[duration_key(item.forward)], costs[duration_key(item.backward)],
-                                                 overlap=model.scenario.training.overlap_paired_passes)
+                                                 overlap=model.scenario.training.overlap_paired_passes,
+                                                 sm_share=partial(group_sm_share, model.scenario.training,
+                                                                  model.system))
     return costs
 
 

@@ -156,3 +156,26 @@ def test_a_deepseek_config_brings_its_group_limits(tmp_path):
     path.write_text(json.dumps({**config, "n_group": 1, "topk_group": 1}))
     moe = load_scenario(DEEPSEEK, [f"model=hf:{path}"]).scenario.model.moe
     assert (moe.router_groups, moe.router_group_topk) == (None, None)
+
+
+def test_a_paired_step_computes_on_the_sms_its_hidden_communication_leaves():
+    from mpsim.cost.actions import ActionCost
+    from mpsim.cost.pairs import overlapped_cost
+    # 2 s of EP all-to-all exposed by the forward, hidden under the pair's 6 s of compute, whose
+    # kernels hold a quarter of the SMs meanwhile: the compute loses a quarter of 2 s
+    forward = ActionCost(4.0, 2.0, 2.0, 2.0, 0.0, (), exposed_by_group=(("ep", 2.0),))
+    backward = ActionCost(4.0, 4.0, 0.0, 0.0, 0.0, ())
+    shares = {"ep": 0.25}
+    assert overlapped_cost(forward, backward, sm_share=shares.get).duration_s == pytest.approx(6.0 + 0.5)
+    assert overlapped_cost(forward, backward).duration_s == pytest.approx(6.0)  # no SMs held: as before
+    assert overlapped_cost(forward, backward, overlap=False, sm_share=shares.get).duration_s == 8.0
+
+
+def test_deepep_sms_slow_the_compute_they_overlap():
+    few = run(DEEPSEEK, "training.moe_dispatch_sms=2")
+    many = run(DEEPSEEK, "training.moe_dispatch_sms=40")
+    assert few.step_time_s < run(DEEPSEEK).step_time_s < many.step_time_s
+    # without the paired overlap nothing computes beside the all-to-alls
+    apart = ("training.overlap_paired_passes=false",)
+    assert run(DEEPSEEK, *apart, "training.moe_dispatch_sms=2").step_time_s == \
+        run(DEEPSEEK, *apart, "training.moe_dispatch_sms=40").step_time_s

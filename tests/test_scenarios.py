@@ -47,7 +47,8 @@ PUBLISHED_TOLERANCE = 0.10
 # -18.3 % (EP all-to-alls over two nodes), DeepSeek-V3 -8.9 %, Llama 3 405B 128K -4.9 %,
 # Llama 3 8B DP 8 -4.5 %, ViT-22B -2.7 %, Grok-1-like -0.8 %.
 # DeepSeek-V3 then sent its tokens as DeepEP does (training.moe_token_dispatcher: deepep, an fp8
-# dispatch, each token to at most 4 of 8 nodes by its group-limited routing): -32.9 %.
+# dispatch, each token to at most 4 of 8 nodes by its group-limited routing): -32.9 %; and its
+# F&B steps computed on the SMs DeepEP's 20 leave while the all-to-alls they hide run: +5.2 %.
 # Then the Llama 3 405B 8K scenario took the paper's FSDP without resharding after the forward,
 # which under its pipeline gathers each chunk once per step at the step's start (Layout.fsdp_whole_step)
 # where the distributed optimizer gathered after the optimizer step: -1.8 %.
@@ -67,7 +68,7 @@ PUBLISHED_TOLERANCE = 0.10
 # (mpsim/workload/norms.py, FUSED_NORM_BANDWIDTH_SHARE): wav2vec 2.0 +1.0 % (the norms of its
 # layer stack), ViT-H/14 and ViT-22B +0.4 %, Deep Speech 2 +0.2 %, the rest within 0.1 %.
 REGRESSION_PIN_S = {
-    "deepseek_v3_2048xh100.yaml": 24.52,
+    "deepseek_v3_2048xh100.yaml": 25.79,
     "deepspeech2_8xa100.yaml": 0.3873,
     "grok1_like_512xh100.yaml": 9.707,
     "llama3_405b_128k_16384xh100.yaml": 11.34,

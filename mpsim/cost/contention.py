@@ -10,7 +10,9 @@ mpsim applies that one rule to every collective that overlaps compute:
 * ZeRO-3 / FSDP parameter gathers, prefetched beside the previous block, and their
   gradient reduce-scatters, beside the blocks after them (``actions.py``);
 * the distributed optimizer's parameter all-gather overlapped with the next step's first
-  forward (``step.py``, ``param_gather_exposed_s``).
+  forward (``step.py``, ``param_gather_exposed_s``);
+* the communication a DualPipe F&B step hides under its other pass's compute (``pairs.py``),
+  where DeepEP's MoE all-to-alls hold the SMs it runs on (``group_sm_share``).
 
 Two collectives in flight at once (an FSDP gather on its stream beside a reduce-scatter on
 another) hold their SMs each. What the rule leaves out is the memory bandwidth and L2 the
@@ -23,9 +25,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from mpsim.specs.parallel import TrainingOptions
+from mpsim.specs.system import SystemSpec
+
 # the slowest compute the rule lets several collectives in flight leave (a floor: with the
 # shares of real systems, 12-27 % each, two at once leave half the SMs or more)
 MIN_SPEED = 0.05
+
+
+def group_sm_share(training: TrainingOptions, system: SystemSpec, group: str) -> float:
+    """Share of the SMs a collective of ``group`` holds while compute runs beside it: NCCL's
+    channels, or DeepEP's own SMs (``training.moe_dispatch_sms``) for the MoE all-to-alls it runs."""
+    if group == "ep" and training.moe_token_dispatcher == "deepep":
+        return min(1.0, training.moe_dispatch_sms / system.accelerator.compute_units)
+    return system.collective_sm_share()
 
 
 def side_by_side_s(compute_s: float, comm_s: float, sm_share: float) -> float:

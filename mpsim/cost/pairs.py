@@ -8,19 +8,25 @@ PyTorch's schedule runtime runs one half after the other (``training.overlap_pai
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mpsim.cost.actions import ActionCost
+from mpsim.cost.contention import side_by_side_s
 from mpsim.cost.segments import Segment
 
 
-def overlapped_cost(forward: ActionCost, backward: ActionCost, overlap: bool = True) -> ActionCost:
+def overlapped_cost(forward: ActionCost, backward: ActionCost, overlap: bool = True,
+                    sm_share: Callable[[str], float] | None = None) -> ActionCost:
     """A forward and a backward run as one step of a DualPipe schedule (its F&B).
 
     With ``overlap`` (DeepSeek's implementation, ``training.overlap_paired_passes``) their
     compute shares the device and adds up, and each one's exposed communication can hide
-    under the other's compute, so only what exceeds the pair's compute shows. Without it
-    (PyTorch's schedule runtime runs the two halves of an OVERLAP_F_B one after the
-    other) the pair lasts a forward plus a backward, each with its own exposed
-    communication.
+    under the other's compute, which meanwhile runs on the SMs the communication's kernels
+    leave it (``sm_share``: the share a group's kernels hold; the one rule of
+    ``contention.py``), so what exceeds the pair's compute shows, and the compute slows
+    by what it hides. Without it (PyTorch's schedule runtime runs the two halves of an
+    OVERLAP_F_B one after the other) the pair lasts a forward plus a backward, each with
+    its own exposed communication.
     """
     compute = forward.compute_s + backward.compute_s
     shift = forward.duration_s
@@ -36,9 +42,13 @@ def overlapped_cost(forward: ActionCost, backward: ActionCost, overlap: bool = T
         return ActionCost(forward.duration_s + backward.duration_s, compute, forward.tp_comm_s + backward.tp_comm_s,
                           forward.tp_exposed_s + backward.tp_exposed_s, forward.flops + backward.flops, segments,
                           dp_wait, _end_to_end(forward, backward), tuple(sorted(groups.items())), host_wait)
-    exposed = max(0.0, forward.tp_exposed_s + backward.tp_exposed_s - compute)
-    # what stays exposed is shared out over the groups in proportion to their own exposure
+    hidden = forward.tp_exposed_s + backward.tp_exposed_s
     total = sum(groups.values())
+    # the communication's SMs, weighted by each group's share of it
+    share = sum(seconds * sm_share(group) for group, seconds in groups.items()) / total \
+        if sm_share is not None and total > 0 else 0.0
+    exposed = side_by_side_s(compute, hidden, share) - compute if hidden > 0 else 0.0
+    # what stays exposed is shared out over the groups in proportion to their own exposure
     share = exposed / total if total > 0 else 0.0
     return ActionCost(compute + exposed + dp_wait + host_wait, compute, forward.tp_comm_s + backward.tp_comm_s,
                       exposed, forward.flops + backward.flops, segments, dp_wait,

@@ -86,6 +86,10 @@ def check_moe_dispatch(scenario: Scenario) -> None:
     if system.scale_up.topology == "torus":
         raise fail("training.moe_token_dispatcher", f"deepep forwards tokens over NVLink and RDMA; {system.name} "
                                                     f"is a torus (use alltoall)")
+    units = system.accelerator.compute_units
+    if training.moe_dispatch_sms > units:
+        raise fail("training.moe_dispatch_sms", f"{training.moe_dispatch_sms} SMs, but the accelerator has {units} "
+                                                f"(compute_units)")
 
 
 def check_context_parallel(scenario: Scenario) -> None:

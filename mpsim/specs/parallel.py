@@ -235,6 +235,12 @@ class TrainingOptions(Spec):
     moe_token_dispatcher: Literal["alltoall", "deepep"] = Field(
         "alltoall", description="alltoall: one copy per token and expert (Megatron-Core's default); deepep: "
                                 "one copy per node over the network, then per GPU over NVLink (DeepEP)")
+    # DeepEP's high-throughput kernels run on Buffer.num_sms SMs, 20 by default (DeepEP's first
+    # release, deep_ep/buffer.py at ebfe47e; DeepSeek-V3 technical report, Sec. 3.2.2: "only 20
+    # SMs are sufficient to fully utilize the bandwidths of IB and NVLink")
+    moe_dispatch_sms: int = Field(
+        20, gt=0, description="SMs DeepEP's dispatch and combine hold from the compute beside them "
+                              "(moe_token_dispatcher: deepep; DeepEP's Buffer.num_sms)")
     moe_dispatch_fp8: bool = Field(
         False, description="dispatch the tokens in fp8 and combine in bf16, as DeepSeek-V3 and DeepEP do "
                            "(needs moe_token_dispatcher: deepep)")
