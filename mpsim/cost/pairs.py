@@ -45,9 +45,9 @@ def overlapped_cost(forward: ActionCost, backward: ActionCost, overlap: bool = T
     hidden = forward.tp_exposed_s + backward.tp_exposed_s
     total = sum(groups.values())
     # the communication's SMs, weighted by each group's share of it
-    share = sum(seconds * sm_share(group) for group, seconds in groups.items()) / total \
+    held = sum(seconds * sm_share(group) for group, seconds in groups.items()) / total \
         if sm_share is not None and total > 0 else 0.0
-    exposed = side_by_side_s(compute, hidden, share) - compute if hidden > 0 else 0.0
+    exposed = side_by_side_s(compute, hidden, held) - compute if hidden > 0 else 0.0
     # what stays exposed is shared out over the groups in proportion to their own exposure
     share = exposed / total if total > 0 else 0.0
     return ActionCost(compute + exposed + dp_wait + host_wait, compute, forward.tp_comm_s + backward.tp_comm_s,
