@@ -179,3 +179,10 @@ def test_deepep_sms_slow_the_compute_they_overlap():
     apart = ("training.overlap_paired_passes=false",)
     assert run(DEEPSEEK, *apart, "training.moe_dispatch_sms=2").step_time_s == \
         run(DEEPSEEK, *apart, "training.moe_dispatch_sms=40").step_time_s
+
+
+def test_one_expert_rank_sends_nothing():
+    # EP 1 holds every expert: the deduplicating dispatch costs what the plain one does, nothing
+    one = ("parallel.ep=1", "parallel.tp=1", "parallel.sequence_parallel=false", "cluster.nodes=1",
+           "parallel.global_batch_size=64")
+    assert run(MIXTRAL, *one, DEEPEP).exposed_ep_comm_s == run(MIXTRAL, *one).exposed_ep_comm_s == 0.0

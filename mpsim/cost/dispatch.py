@@ -76,6 +76,8 @@ def deduplicated_all_to_all_s(op: Op, group: GpuGroup) -> float:
     """Seconds of one dispatch or combine of ``op`` (its ``message_bytes``: one copy per token
     and expert, as the plain all-to-all would send) on ``group``."""
     assert op.routing is not None
+    if group.size <= 1 or op.message_bytes <= 0:
+        return 0.0  # every expert on this rank: nothing travels
     spread = token_spread(op.routing, group.size, group.per_node)
     per_copy = op.message_bytes / op.routing.top_k
     latency = group.base_latency_s + group.intra.step_latency_s + (group.inter.step_latency_s if group.nodes > 1
