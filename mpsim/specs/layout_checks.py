@@ -170,6 +170,9 @@ def check_dtype(scenario: Scenario) -> None:
         raise fail("training.fp8_params", f"keeps the weights in fp8, which needs training.dtype: fp8 "
                                           f"(got {scenario.training.dtype})")
     training = scenario.training
+    if training.fp8_recipe != "delayed" and training.dtype != "fp8":
+        raise fail("training.fp8_recipe", f"{training.fp8_recipe} scaling scales fp8 tensors, which needs "
+                                          f"training.dtype: fp8 (got {training.dtype})")
     if training.transformer_impl in ("local", "pytorch") and (training.dtype == "fp8" or training.tp_comm_overlap):
         needs = "dtype: fp8" if training.dtype == "fp8" else "tp_comm_overlap"
         raise fail("training.transformer_impl", f"{training.transformer_impl} cannot run training.{needs}, which "

@@ -157,6 +157,13 @@ class TrainingOptions(Spec):
     # is left at 2 bytes per weight: the fp8 data and the transposed copy Hopper's fp8 GEMMs need
     fp8_params: bool = Field(False, description="with dtype fp8, keep the weights in fp8: the distributed "
                                                 "optimizer's parameter all-gather moves 1 byte per parameter")
+    # Transformer Engine's fp8 scaling recipes (transformer_engine/common/recipe): DelayedScaling
+    # (its default; the scale from the amax history, reduced at the end of each fp8_autocast) or
+    # Float8CurrentScaling (each tensor's own amax, taken before it is cast; Megatron-Core's
+    # --fp8-recipe tensorwise, Megatron Bridge's "fp8_cs" recipes)
+    fp8_recipe: Literal["delayed", "current"] = Field(
+        "delayed", description="with dtype fp8: delayed scaling (Transformer Engine's default) or current "
+                               "scaling (each tensor's amax taken as it is cast)")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="fused FlashAttention-style kernel, or Megatron's unfused QK^T/softmax/dropout/AV path"
     )

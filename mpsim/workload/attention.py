@@ -196,7 +196,7 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
 
     if mla is None:
         width = (heads + 2 * ctx.kv_local) * d_qk if d_v == d_qk else heads * d_qk + ctx.kv_local * (d_qk + d_v)
-        qkv, qkv_dgrad, qkv_wgrad = linear(ctx, "attn.qkv", t, width, h)
+        qkv, qkv_dgrad, qkv_wgrad = linear(ctx, "attn.qkv", t, width, h, gathered_input=True)
         projections = gathered_gemm(ctx, gather, qkv) + (bias_add(ctx, "attn.qkv", t, width) if bias else [])
         proj_b, proj_i, proj_w = column_backward(ctx, "attn.qkv", qkv_dgrad, qkv_wgrad, gather)
         if bias:

@@ -46,6 +46,7 @@ class LayerContext:
     etp: int = 1
     causal: bool = True  # decoder self-attention masks future keys; encoders (ViT, wav2vec) attend to all
     fp8_attention: bool = False  # an fp8 run's attention core in fp8 too (Transformer Engine's fp8_dpa)
+    fp8_current_scaling: bool = False  # Transformer Engine's Float8CurrentScaling (TrainingOptions.fp8_recipe)
     ffn_activation: str = ""  # gelu, swiglu, squared_relu or relu ("": swiglu when gated, else gelu)
     # whose layers run the model (TrainingOptions.transformer_impl): Megatron's own ("local"),
     # Transformer Engine's, or plain PyTorch modules under autograd ("pytorch")
@@ -168,6 +169,8 @@ def param_tensors(*elements: float) -> tuple[float, ...]:
 # a reduce-scatter fed by a GEMM (proj_fprop, fc2_fprop) is pipelined in 4 pieces on 16
 # SMs set aside from the GEMM; the backward's bulk overlaps (qkv/fc1 dgrad and wgrad) take
 # 16 SMs
+# an amax: one float32
+AMAX_BYTES = 4
 UB_RING_EXCHANGE_SMS = 1
 UB_PIPELINE_SPLITS = 4
 UB_PIPELINE_SMS = 16
@@ -223,14 +226,22 @@ def ub_sms(ctx: LayerContext, layer: str, role: str, default: int) -> int:
 
 def gathered_gemm(ctx: LayerContext, gather: Op | None, gemm_op: Op) -> list[Item]:
     """A GEMM after the all-gather of its input: one after the other, or, with userbuffers,
-    the GEMM on each piece as the ring exchange brings it."""
+    the GEMM on each piece as the ring exchange brings it.
+
+    Under fp8 current scaling the shards are cast with one scale, so their amaxes are first
+    all-reduced over TP (Transformer Engine sets the input quantizer's amax reduction group
+    of a sequence-parallel column-parallel linear, and the output gradient's of a row-parallel
+    one: ``set_quantizer_amax_reduction_group`` in ``module/linear.py``), on the compute
+    stream before the cast."""
     if gather is None:
         return [gemm_op]
+    amax = [collective(f"{gemm_op.name}.amax_all_reduce", "all-reduce", "tp", AMAX_BYTES)] \
+        if ctx.fp8 and ctx.fp8_current_scaling and gemm_op.dtype == "" else []
     if ctx.tp_overlap_forward:
         layer, role = (gemm_op.name[:-6], "dgrad") if gemm_op.name.endswith(".dgrad") else (gemm_op.name, "fprop")
-        return [Overlap(gather, (gemm_op,), chunks=ctx.tp, comm_first=True,
-                        comm_sms=ub_sms(ctx, layer, role, UB_RING_EXCHANGE_SMS))]
-    return [gather, gemm_op]
+        return [*amax, Overlap(gather, (gemm_op,), chunks=ctx.tp, comm_first=True,
+                               comm_sms=ub_sms(ctx, layer, role, UB_RING_EXCHANGE_SMS))]
+    return [*amax, gather, gemm_op]
 
 
 def scattered_gemm(ctx: LayerContext, gemm_op: Op, reduce: Op | None) -> list[Item]:
@@ -292,7 +303,8 @@ def bias_grad(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]
 
 
 def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
-           fp8: bool = True, input_cast: bool = False, gathered_grad: bool = False) -> tuple[Op, Op, Op]:
+           fp8: bool = True, input_cast: bool = False, gathered_grad: bool = False,
+           gathered_input: bool = False) -> tuple[Op, Op, Op]:
     """(forward, input-gradient, weight-gradient) GEMMs of Y[m,n] = X[m,k] W[k,n].
 
     In an fp8 run a layer's linear GEMMs run in fp8 as Transformer Engine runs them, each
@@ -314,6 +326,15 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
     - the weights: cast once per step (Megatron-Core passes ``is_first_microbatch``), left
       out.
 
+    With current scaling (``fp8_current_scaling``, Transformer Engine's Float8CurrentScaling)
+    a cast first reads its bf16 tensor for the amax (``nvte_compute_amax``: 2 bytes per
+    element more for the output gradients and a bf16 input); a norm or activation writes bf16
+    with its amax in the same kernel (``FUSED_NORM_AMAX_FP8``, ``FUSED_ACTIVATION_AMAX_FP8`` in
+    TE's ``normalization.cpp`` and ``activation.cpp``), which the linear then quantizes with its
+    transposed copy (read 2, write 1 + 1), or, where sequence parallelism gathers it
+    (``gathered_input``: the column-parallel QKV and FC1), on the shard (read 2, write 1),
+    transposed whole after the gather.
+
     ``fp8=False`` keeps a GEMM in bf16 (the LM head and the router, which Megatron does
     not run through Transformer Engine).
     """
@@ -327,6 +348,15 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
         split = input_cast and ctx.sequence_parallel and ctx.tp > 1  # cast here, transposed later
         x_cast = (3.0 if split else 4.0) * x_elements if input_cast else 0.0
         x_transpose = 0.0 if input_cast and not split else 2.0 * x_elements
+        if ctx.fp8_current_scaling:
+            sp = ctx.sequence_parallel and ctx.tp > 1
+            dy_cast += 2.0 * batch * m * n / (ctx.tp if gathered_grad and sp else 1)  # its amax pass
+            if input_cast:
+                x_cast += 2.0 * x_elements
+            elif gathered_input and sp:
+                x_cast = 3.0 * x_elements / ctx.tp
+            else:
+                x_cast, x_transpose = 4.0 * x_elements, 0.0
     else:
         e, dtype = (ctx.act_bytes, "bf16") if ctx.fp8 else (ctx.gemm_in_bytes, "")
         x_cast = dy_cast = x_transpose = 0.0

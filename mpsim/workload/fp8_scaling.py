@@ -1,5 +1,9 @@
 """Transformer Engine's delayed scaling: the amax reduction after every fp8 forward and backward.
 
+(Under current scaling, ``training.fp8_recipe: current``, none of this runs: each tensor's amax
+is taken as it is cast, priced with the casts in ``blocks.linear``, and only the shards that
+sequence parallelism gathers have their amaxes all-reduced, in ``blocks.gathered_gemm``.)
+
 An fp8 GEMM needs a scale for each operand, and Transformer Engine's ``DelayedScaling``
 recipe takes it from the largest magnitudes (amaxes) seen in earlier iterations. Every
 rank holding a shard or a replica of a tensor must use the same scale, so the amaxes are
@@ -38,13 +42,12 @@ from __future__ import annotations
 
 from math import ceil
 
-from mpsim.workload.blocks import LayerContext
+from mpsim.workload.blocks import AMAX_BYTES, LayerContext
 from mpsim.workload.ops import Block, Item, Op, Overlap, collective, memory_op
 
 # Transformer Engine 1.11, module/base.py (init_fp8_meta_tensors): amaxes per GEMM
 FORWARD_AMAXES_PER_GEMM = 3  # input, weight, output
 BACKWARD_AMAXES_PER_GEMM = 2  # output gradient, input gradient
-AMAX_BYTES = 4  # float32
 CAT_INPUTS_PER_LAUNCH = 128  # PyTorch's CatArrayBatchedCopy (aten/src/ATen/native/cuda/Shape.cu)
 
 
@@ -70,8 +73,8 @@ def amax_reduction(ctx: LayerContext, category: str, rank_gemms: int, modules: i
     ``rank_gemms``: fp8 GEMMs on the rank, every chunk; ``modules``: the Transformer Engine
     modules holding them (the concatenation's inputs). None outside fp8 runs.
     """
-    if not ctx.fp8 or rank_gemms <= 0:
-        return None
+    if not ctx.fp8 or ctx.fp8_current_scaling or rank_gemms <= 0:
+        return None  # current scaling takes each tensor's amax as it casts it (blocks.linear)
     per_gemm = FORWARD_AMAXES_PER_GEMM if category == "forward" else BACKWARD_AMAXES_PER_GEMM
     amax_bytes = float(rank_gemms * per_gemm * AMAX_BYTES)
     direction = "forward" if category == "forward" else "backward"

@@ -145,7 +145,7 @@ def _linear(env: StackEnv, placed: PlacedLayer, layer: LinearLayer, mode: str) -
     if mode == "column":
         ctx = env.context(tokens, inputs)  # the gathered input: the collectives' payload
         width = outputs // env.tp
-        fwd, dgrad, wgrad = linear(ctx, name, rows, width, inputs)
+        fwd, dgrad, wgrad = linear(ctx, name, rows, width, inputs, gathered_input=True)
         gather, _ = tp_collectives(ctx, name)
         combined, input_only, weight_only = column_backward(ctx, name, dgrad, wgrad, gather)
         if layer.bias:

@@ -124,17 +124,18 @@ def activation_ops(name: str, elements: float, act_bytes: int, activation: FfnAc
                       launches=activation.backward_launches, bandwidth_share=backward_share))
 
 
-def fc1_gemms(ctx: LayerContext, name: str, rows: int, ffn_local: int, activation: FfnActivation, batch: int = 1
-              ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+def fc1_gemms(ctx: LayerContext, name: str, rows: int, ffn_local: int, activation: FfnActivation, batch: int = 1,
+              gathered_input: bool = False) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
     """FC1's (forward, input-gradient, weight-gradient) ops over ``rows`` tokens (each of ``batch``
     experts' grouped GEMMs): one GEMM of the packed width, or, with ``separate_projections``, the
     gate's and the value's on the same input, whose input gradients autograd sums (read both,
-    write one)."""
+    write one). ``gathered_input``: sequence parallelism gathers the input (``blocks.linear``)."""
     h = ctx.hidden
     if not activation.separate_projections:
-        return tuple(zip(linear(ctx, f"{name}.fc1", rows, ffn_local * activation.up_projections, h, batch=batch)))
-    gate = linear(ctx, f"{name}.fc1", rows, ffn_local, h, batch=batch)
-    value = linear(ctx, f"{name}.fc1_up", rows, ffn_local, h, batch=batch)
+        return tuple(zip(linear(ctx, f"{name}.fc1", rows, ffn_local * activation.up_projections, h, batch=batch,
+                                gathered_input=gathered_input)))
+    gate = linear(ctx, f"{name}.fc1", rows, ffn_local, h, batch=batch, gathered_input=gathered_input)
+    value = linear(ctx, f"{name}.fc1_up", rows, ffn_local, h, batch=batch, gathered_input=gathered_input)
     grad_sum = memory_op(f"{name}.fc1.grad_sum", batch * rows * h * ctx.act_bytes * 3)
     return (gate[0], value[0]), (gate[1], value[1], grad_sum), (gate[2], value[2])
 
@@ -157,7 +158,7 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, f"{name}.fc2", t, h, ffn_local, gathered_grad=True)
     act, act_grad = activation_ops(f"{name}.act", t * ffn_local, e, activation)
     # the input gradients (summed where FC1 is two GEMMs) are reduced over TP once
-    fc1s, fc1_dgrads, fc1_wgrads = fc1_gemms(ctx, name, t, ffn_local, activation)
+    fc1s, fc1_dgrads, fc1_wgrads = fc1_gemms(ctx, name, t, ffn_local, activation, gathered_input=True)
     fc1_b, fc1_i, fc1_w = column_backward(ctx, f"{name}.fc1", fc1_dgrads, fc1_wgrads, gather)
     head = ((bias_grad(ctx, f"{name}.fc2", ctx.norm_tokens, h) if bias else [])
             + gathered_gemm(ctx, grad_gather(ctx, f"{name}.fc2"), fc2_dgrad))

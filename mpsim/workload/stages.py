@@ -53,6 +53,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         tp_overlap_backward=training.tp_comm_overlap_backward,
         tp_overlap_forward=training.tp_comm_overlap,
         fp8_attention=training.fp8_attention,
+        fp8_current_scaling=training.fp8_recipe == "current",
         ffn_activation=model.ffn_activation,
         layers_impl=training.layers_impl,
         norm_kernel=training.norm_kernel_for(model.norm),
