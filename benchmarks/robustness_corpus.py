@@ -94,6 +94,8 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("training.transformer_impl", ("megatron", "true")),
     ("training.norm_kernel", ("maybe", "true", "operators")),  # operators: the base model's norm is not RMSNorm
     ("training.ffn_projections", ("maybe", "separate")),  # separate: the base run's layers are Megatron's
+    # current scaling on a bf16 run; no such recipe
+    ("training.fp8_recipe", ("current", "sometimes")),
     # DeepEP on a dense model; an fp8 dispatch without DeepEP
     ("training.moe_token_dispatcher", ("deepep", "nccl")),
     ("training.moe_dispatch_fp8", ("true", "fast")),
