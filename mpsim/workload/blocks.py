@@ -163,14 +163,15 @@ def param_tensors(*elements: float) -> tuple[float, ...]:
     return tuple(float(n) for n in elements if n > 0)
 
 
+# an amax, as Transformer Engine keeps and reduces it: one float32
+AMAX_BYTES = 4
+
 # Transformer Engine's userbuffers defaults (transformer_engine/pytorch/module/base.py,
 # initialize_ub): an all-gather that feeds a GEMM (qkv_fprop, fc1_fprop, proj_dgrad,
 # fc2_dgrad) is a ring exchange in tp pieces on the copy engines (num_sm 1, no SM margin);
 # a reduce-scatter fed by a GEMM (proj_fprop, fc2_fprop) is pipelined in 4 pieces on 16
 # SMs set aside from the GEMM; the backward's bulk overlaps (qkv/fc1 dgrad and wgrad) take
 # 16 SMs
-# an amax: one float32
-AMAX_BYTES = 4
 UB_RING_EXCHANGE_SMS = 1
 UB_PIPELINE_SPLITS = 4
 UB_PIPELINE_SMS = 16
