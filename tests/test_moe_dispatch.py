@@ -186,3 +186,30 @@ def test_one_expert_rank_sends_nothing():
     one = ("parallel.ep=1", "parallel.tp=1", "parallel.sequence_parallel=false", "cluster.nodes=1",
            "parallel.global_batch_size=64")
     assert run(MIXTRAL, *one, DEEPEP).exposed_ep_comm_s == run(MIXTRAL, *one).exposed_ep_comm_s == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(nodes=st.sampled_from([1, 2, 4, 8]), per_node=st.sampled_from([4, 8]),
+       intra=st.floats(1.5, 4.0), inter=st.floats(1.5, 4.0), fp8=st.booleans(), limited=st.booleans())
+def test_a_faster_fabric_or_smaller_message_is_never_slower(nodes, per_node, intra, inter, fp8, limited):
+    import dataclasses
+
+    from mpsim.cost.collectives import gpu_group
+    from mpsim.cost.dispatch import deduplicated_all_to_all_s
+    from mpsim.cost.topology import GroupPlacement
+    from mpsim.specs.catalog import load_system
+    from mpsim.workload.ops import collective
+    group = gpu_group(GroupPlacement(nodes * per_node, nodes, per_node), load_system("dgx-h100"))
+    routing = Routing(256, 8, 8, 4) if limited else Routing(256, 8)
+    token_bytes = 7168 + 4 * 56 if fp8 else 2 * 7168
+    op = collective("dispatch", "all-to-all", "ep", 4096 * 8 * token_bytes, routing)
+    base = deduplicated_all_to_all_s(op, group)
+    faster = dataclasses.replace(group, intra=dataclasses.replace(group.intra, bandwidth=group.intra.bandwidth * intra),
+                                 inter=dataclasses.replace(group.inter, bandwidth=group.inter.bandwidth * inter))
+    assert deduplicated_all_to_all_s(op, faster) <= base
+    smaller = dataclasses.replace(op, message_bytes=op.message_bytes / 2)
+    assert deduplicated_all_to_all_s(smaller, group) <= base
+    # one copy per node and GPU never moves more over the network than a copy per expert does
+    plain_network_bytes = op.message_bytes * (nodes - 1) * per_node / (nodes * per_node)
+    spread = token_spread(routing, nodes * per_node, per_node)
+    assert spread.network * op.message_bytes / 8 <= plain_network_bytes + 1e-6

@@ -83,7 +83,8 @@ def deduplicated_all_to_all_s(op: Op, group: GpuGroup) -> float:
     latency = group.base_latency_s + group.intra.step_latency_s + (group.inter.step_latency_s if group.nodes > 1
                                                                     else 0.0)
     # at the links' peak rates: the size curves of the system file are NCCL's (nccl-tests sweeps),
-    # and DeepEP streams its copies in chunks of its own (at EP 32 and 64 it reached 92 % of the
-    # 48.5 GB/s this prices a CX7 at, where NCCL's all-reduce curve gives 76 %)
+    # and DeepEP streams its copies in chunks of its own; its published runs moved 90-92 % of the
+    # 48.5 GB/s this prices a CX7 at, where NCCL's all-reduce curve gives 76 % (a choice made
+    # after reading them: docs/accuracy.md)
     return latency + max(spread.nvlink * per_copy / group.intra.bandwidth,
                          spread.network * per_copy / group.inter.bandwidth)
