@@ -77,9 +77,9 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     # gradients travel in bf16
     deduplicated = Routing(moe.num_experts, moe.top_k, moe.router_groups, moe.router_group_topk) \
         if ctx.moe_dispatcher == "deepep" else None
-    fp8_send = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * moe.imbalance
-    dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", fp8_send if ctx.moe_dispatch_fp8 else send,
-                          deduplicated)
+    dispatched = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * moe.imbalance \
+        if ctx.moe_dispatch_fp8 else send
+    dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", dispatched, deduplicated)
     combine = collective("moe.combine_all_to_all", "all-to-all", "ep", send, deduplicated)
     dispatch_grad = collective("moe.dispatch_all_to_all.grad", "all-to-all", "ep", send, deduplicated)
     combine_grad = collective("moe.combine_all_to_all.grad", "all-to-all", "ep", send, deduplicated)
