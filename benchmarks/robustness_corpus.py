@@ -99,6 +99,8 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     # DeepEP on a dense model; an fp8 dispatch without DeepEP
     ("training.moe_token_dispatcher", ("deepep", "nccl")),
     ("training.moe_dispatch_fp8", ("true", "fast")),
+    # padding to capacity on a dense model (no capacity); not a switch
+    ("training.moe_pad_to_capacity", ("true", "often")),
     ("cluster.nodes", ("0", "1073741824", "0.5", "1.0")),
     ("cluster.system", ("nope-system",)),
     ("cluster.system.accelerator", ("nope-gpu",)),

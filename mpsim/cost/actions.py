@@ -206,24 +206,16 @@ class CostModel:
     def _price(self, work: Pass, compute_scale: float) -> ActionCost:
         clock = compute = comm = exposed = flops = dp_wait = 0.0
         # The host launches the pass's kernels one after another, host_launch_forward_s apart in a
-        # forward, host_launch_backward_s in the rest. After a
-        # synchronisation (host_sync_between_passes) the pass starts with nothing queued, so no
-        # kernel starts before its launch; otherwise the host is taken to run ahead, and only a
-        # pass whose launches take longer than its kernels is held to the host's pace.
+        # forward, host_launch_backward_s in the rest. After a synchronisation
+        # (host_sync_between_passes) the pass starts with nothing queued, so no kernel starts
+        # before its launch; otherwise the host is taken to run ahead, and only a pass whose
+        # launches take longer than its kernels is held to the host's pace, until the host waits
+        # for a kernel's result (Op.host_waits) and sets the pace from there.
         forward = any(block.category == "forward" for block in work)
-        host_s = self.host_launch_forward_s if forward else self.host_launch_backward_s
-        cold = self.scenario.training.host_sync_between_passes
-        host = host_wait = 0.0
-
-        def launched(at: float, launches: int = 1) -> float:
-            """Start of the next op, due at ``at`` on the GPU, once the host has launched its kernels
-            (its first starts after its last launch: the host pays all before it runs ahead)."""
-            nonlocal host, host_wait
-            host += host_s * launches
-            if cold and host > at:
-                host_wait += host - at
-                return host
-            return at
+        host = _Host(self.host_launch_forward_s if forward else self.host_launch_backward_s,
+                     self.scenario.training.host_sync_between_passes)
+        # such a pass is priced op by op where each block starts, not replayed
+        in_place = host.paced or any(getattr(item, "host_waits", False) for block in work for item in block.items)
 
         by_group: dict[str, float] = {}
         previous_start = 0.0
@@ -243,7 +235,7 @@ class CostModel:
         for position, block in enumerate(work):
             if block.gather is not None:
                 # ZeRO-3 / FSDP: issued when the previous block started (prefetch)
-                host += host_s
+                host.launch_ahead()
                 seconds = gather_s.get(position)
                 if seconds is None:
                     seconds = gather_s[position] = self.collective_s(block.gather)
@@ -256,16 +248,16 @@ class CostModel:
             if share > 0 and following is not None and following.gather is not None:
                 seconds = gather_s[position + 1] = self.collective_s(following.gather)
                 busy.append((clock, clock + seconds))
-            if cold:
+            if in_place:
                 # the host paces each op from where it is: priced in place, not replayed
-                price, starts, clock_after = self._block_ops(block.items, clock, launched, compute_scale)
+                price, starts, clock_after = self._block_ops(block.items, clock, host, compute_scale)
             else:
                 known = priced.get(id(block.items))
                 if known is None or known[0] is not block.items:
-                    known = priced[id(block.items)] = (block.items, self._block_ops(block.items, 0.0, _host_ahead,
+                    known = priced[id(block.items)] = (block.items, self._block_ops(block.items, 0.0, _HOST_AHEAD,
                                                                                      compute_scale)[0])
                 price = known[1]
-                host += host_s * price.launches
+                host.launch_ahead(price.launches)
                 starts = []
                 for step in price.steps:
                     starts.append(clock)
@@ -277,7 +269,7 @@ class CostModel:
                 flops += step.flops
                 if step.group:
                     by_group[step.group] = by_group.get(step.group, 0.0) + step.exposed_s
-            if cold:
+            if in_place:
                 clock = clock_after
             if busy:
                 slowed = end_beside(previous_start, clock - previous_start, busy, share)
@@ -285,16 +277,16 @@ class CostModel:
                 clock = slowed
             parts.append(BlockPart(block.label, block.category, price.template, tuple(starts)))
             if block.release is not None:
-                host += host_s
+                host.launch_ahead()
                 seconds = self.collective_s(block.release)
                 releases.append((clock, seconds, f"{block.label} {block.release.name}"))
                 if share > 0:
                     scatter_free = max(clock, scatter_free) + seconds
                     busy.append((scatter_free - seconds, scatter_free))
-        if not cold and host > clock:
+        if not in_place and host.time_s > clock:
             # launch-bound: the GPU cannot finish the pass faster than the host launches it
-            host_wait += host - clock
-            clock = host
+            host.wait_s += host.time_s - clock
+            clock = host.time_s
         if self.calibration is not None and self.calibration.action_overhead_s > 0:
             # the fitted fixed cost of one action in the framework (autograd, Python, p2p posting)
             overhead_s = self.calibration.action_overhead_s
@@ -304,14 +296,14 @@ class CostModel:
             compute += overhead_s
         async_dp = tuple((end / clock if clock > 0 else 1.0, seconds, label) for end, seconds, label in releases)
         return ActionCost(clock, compute, comm, exposed, flops, Segments(parts), dp_wait, async_dp,
-                          tuple(sorted(by_group.items())), host_wait)
+                          tuple(sorted(by_group.items())), host.wait_s)
 
-    def _block_ops(self, items: tuple, start: float, launched, compute_scale: float
+    def _block_ops(self, items: tuple, start: float, host: "_Host", compute_scale: float
                    ) -> tuple["_BlockPrice", list[float], float]:
         """One block's items run from ``start``: their steps (what each adds to the clock and the
         totals) and segment template, each item's start, and the clock after the last.
 
-        ``launched(at, launches)`` is the host: when an op due at ``at`` can start."""
+        ``host`` launches them: an op due at ``at`` starts at ``host.launch(at, launches)``."""
         clock = start
         steps: list[_Step] = []
         starts: list[float] = []
@@ -319,14 +311,14 @@ class CostModel:
         launches = 0
         for index, item in enumerate(items):
             if isinstance(item, Overlap):
-                clock = launched(clock)
+                clock = host.launch(clock)
                 launches += 1
                 starts.append(clock)
                 comm_s = self.collective_s(item.comm)
                 template.append(("tp", item.comm.name, index, 0.0, comm_s))
                 busy = ops_s = item_flops = 0.0  # busy: the ops and any wait for their launches
                 for op in item.compute:
-                    busy = launched(clock + busy, op.launches) - clock
+                    busy = host.launch(clock + busy, op.launches) - clock
                     launches += op.launches
                     op_s = self.compute.pieces_time(op, item.chunks) * compute_scale
                     template.append(("compute", op.name, index, busy, op_s))
@@ -336,26 +328,71 @@ class CostModel:
                 span = self.overlapped_s(busy, comm_s, item)
                 steps.append(_Step(span, ops_s, comm_s, max(0.0, span - busy), item_flops, item.comm.group))
             elif item.kind == "collective":
-                clock = launched(clock)
+                clock = host.launch(clock)
                 launches += 1
                 starts.append(clock)
                 comm_s = self.collective_s(item)
                 template.append(("tp", item.name, index, 0.0, comm_s))
                 steps.append(_Step(comm_s, 0.0, comm_s, comm_s, 0.0, item.group))
             else:
-                clock = launched(clock, item.launches)
+                clock = host.launch(clock, item.launches)
                 launches += item.launches
                 starts.append(clock)
                 op_s = self.compute.time(item) * compute_scale
                 template.append(("compute", item.name, index, 0.0, op_s))
                 steps.append(_Step(op_s, op_s, 0.0, 0.0, item.flops, ""))
             clock += steps[-1].span_s
+            if not isinstance(item, Overlap) and item.host_waits:
+                host.wait_for(clock)
         return _BlockPrice(tuple(steps), tuple(template), launches), starts, clock
 
 
-def _host_ahead(at: float, launches: int = 1) -> float:
+class _Host:
+    """The CPU thread that launches a pass's kernels, ``launch_s`` apart.
+
+    ``time_s`` is when it has launched everything so far, on the pass's clock. While it runs
+    ahead of the GPU an op starts when the GPU is ready for it; once ``paced`` (the pass began
+    after a synchronisation, or the host waited for a kernel's result) no op starts before
+    its launch, and ``wait_s`` adds up what the GPU idles for them.
+    """
+
+    def __init__(self, launch_s: float, paced: bool):
+        self.launch_s = launch_s
+        self.paced = paced
+        self.time_s = 0.0
+        self.wait_s = 0.0
+
+    def launch(self, at: float, launches: int = 1) -> float:
+        """Start of the next op, due at ``at`` on the GPU, once its ``launches`` kernels are
+        launched (its first starts after its last launch: the host pays all before it runs ahead)."""
+        self.time_s += self.launch_s * launches
+        if self.paced and self.time_s > at:
+            self.wait_s += self.time_s - at
+            return self.time_s
+        return at
+
+    def launch_ahead(self, launches: int = 1) -> None:
+        """Launches that no op on the clock waits for (a prefetched gather, a block replayed)."""
+        self.time_s += self.launch_s * launches
+
+    def wait_for(self, end_s: float) -> None:
+        """The host reads what a kernel ending at ``end_s`` produced: it goes on from there,
+        with nothing queued behind that kernel."""
+        self.time_s = max(self.time_s, end_s)
+        self.paced = True
+
+
+class _HostAhead(_Host):
     """The host when it runs ahead of the GPU: every op starts when it is due."""
-    return at
+
+    def launch(self, at: float, launches: int = 1) -> float:
+        return at
+
+    def wait_for(self, end_s: float) -> None:
+        pass
+
+
+_HOST_AHEAD = _HostAhead(0.0, False)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,13 @@ def check_moe_dispatch(scenario: Scenario) -> None:
     if training.moe_dispatch_fp8 and training.moe_token_dispatcher != "deepep":
         raise fail("training.moe_dispatch_fp8", "dispatches in fp8 through DeepEP's kernels; set "
                                                 "training.moe_token_dispatcher: deepep")
+    if training.moe_pad_to_capacity:
+        if isinstance(model, LayerStackSpec) or model.moe is None or model.moe.capacity_factor is None:
+            raise fail("training.moe_pad_to_capacity", "pads each expert's tokens to its capacity; set "
+                                                       "model.moe.capacity_factor")
+        if training.moe_token_dispatcher != "alltoall" or training.layers_impl == "pytorch":
+            raise fail("training.moe_pad_to_capacity", "only Megatron-Core's alltoall dispatcher pads to capacity; "
+                                                       "set moe_token_dispatcher: alltoall with Megatron's layers")
     if training.moe_token_dispatcher != "deepep":
         return
     if isinstance(model, LayerStackSpec) or model.moe is None:

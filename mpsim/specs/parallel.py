@@ -251,6 +251,14 @@ class TrainingOptions(Spec):
     moe_dispatch_fp8: bool = Field(
         False, description="dispatch the tokens in fp8 and combine in bf16, as DeepSeek-V3 and DeepEP do "
                            "(needs moe_token_dispatcher: deepep)")
+    # Megatron-Core's --moe-pad-expert-input-to-capacity (token_dispatcher.py, drop_and_pad): every
+    # expert's tokens are dropped or padded to its capacity, so the all-to-all's sizes are known
+    # before the router runs and the host never waits for them (its cuda_sync_point stays
+    # "no_sync"); the all-to-alls and the experts' GEMMs carry the full capacity
+    moe_pad_to_capacity: bool = Field(
+        False, description="pad every expert's tokens to its capacity (needs model.moe.capacity_factor and the "
+                           "alltoall dispatcher): fixed sizes, no host wait per MoE layer, capacity_factor x "
+                           "the mean tokens on every rank")
     # Megatron-Core's --cross-entropy-loss-fusion (off unless given; NeMo's recipes turn it on):
     # the vocab-parallel cross entropy's steps as three compiled functions instead of eager ops
     # (megatron/core/fusions/fused_cross_entropy.py)

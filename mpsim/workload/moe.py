@@ -16,18 +16,21 @@ whose input gradients autograd sums.
 Load imbalance is an input: the busiest expert-parallel rank receives
 ``load_imbalance`` times the mean number of tokens (at most ``capacity_factor`` times,
 when a capacity is set and extra tokens are dropped); the busiest rank sets the pace.
+Padded to capacity (Megatron-Core's drop-and-pad), every rank carries ``capacity_factor``
+times the mean. Otherwise the host reads how many tokens go where once in every layer's
+forward, and waits for the GPU to get there (:func:`host_sync`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear,
                                    param_tensors)
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.mlp import activation_ops, fc1_gemms, ffn_activation, mlp_items
-from mpsim.workload.ops import Item, Routing, collective, memory_op
+from mpsim.workload.ops import Item, Op, Routing, collective, memory_op
 
 # DeepEP's fp8 dispatch carries a float32 scale per 128 elements of each token (DeepSeek-V3's
 # fine-grained 1 x 128 activation quantization, technical report Sec. 3.3.2)
@@ -55,12 +58,50 @@ class MoEShape:
         return self.load_imbalance
 
 
+def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op) -> tuple[Op, Op]:
+    """The forward's routing and permutation ops, the one the host waits for marked.
+
+    A dispatch that does not pad every expert to its capacity sends and receives as many tokens as the router picked, a number the
+    host must read before it can size the all-to-all and the experts' GEMMs, so it waits for
+    the GPU once in every MoE layer's forward (and its recompute), and the kernels after run
+    at the host's pace until it gets ahead again. Where each framework waits:
+
+    * Megatron-Core's alltoall dispatcher (``MoEAlltoAllTokenDispatcher.preprocess`` and
+      ``_maybe_dtoh_and_synchronize``, megatron/core/transformer/moe/token_dispatcher.py at
+      d98e8a6): the counts are copied to the host as permutation 1 begins and read before the
+      expert-parallel all-to-all ("before_ep_alltoall") when EP or expert TP is above 1, or at
+      once when a capacity drops tokens ("before_permutation_1"): the host waits for the
+      routing. With neither it reads them when the dispatch returns ("before_finish"), after
+      the permutation.
+    * DeepEP (deep_ep Buffer.dispatch in csrc/legacy/buffer.hpp at dd758ca): the host spins
+      until the notify kernel at the dispatch's start has written the received counts, unless
+      a worst-case size is given, which Megatron-Core does not (fused_a2a.py: "the CPU will
+      wait for GPU's signal to arrive"): the host waits for what precedes the dispatch.
+    * Plain PyTorch (torchtitan's expert parallel ``_token_dispatch``): the split sizes go to the
+      host before the tokens' all-to-all, with EP above 1 only; one rank's experts take their
+      offsets on the GPU.
+    """
+    if ctx.moe_pad_to_capacity:  # sizes fixed by the capacity: nothing to read
+        waits: Op | None = None
+    elif ctx.moe_dispatcher == "deepep":
+        waits = permute
+    elif ctx.layers_impl == "pytorch":
+        waits = permute if ctx.ep > 1 else None
+    elif ctx.ep > 1 or ctx.etp > 1 or moe.capacity_factor is not None:
+        waits = routing
+    else:
+        waits = permute
+    return tuple(replace(op, host_waits=True) if op is waits else op for op in (routing, permute))
+
+
 def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) -> BlockWork:
     """The MoE half of a layer on one rank."""
     h, e = ctx.hidden, ctx.act_bytes
     tokens = ctx.norm_tokens  # routing works on the sequence-parallel shard
     local_experts = moe.num_experts // ctx.ep
-    routed = tokens * moe.top_k * moe.imbalance * ctx.etp  # tokens this rank's experts process
+    # tokens of the busiest rank over the mean; padded to capacity, every rank carries the capacity
+    imbalance = moe.capacity_factor if ctx.moe_pad_to_capacity and moe.capacity_factor else moe.imbalance
+    routed = tokens * moe.top_k * imbalance * ctx.etp  # tokens this rank's experts process
     per_expert = max(1, math.ceil(routed / local_experts))
     activation = ffn_activation(ctx)  # the experts' FFN as the dense FFN's would run
     ffn_local = moe.expert_ffn // ctx.etp
@@ -71,13 +112,13 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     routing_grad = memory_op("moe.topk.grad", tokens * moe.num_experts * 4 * 3)
     permute = memory_op("moe.permute", routed * h * e * 2)
     unpermute = memory_op("moe.unpermute", routed * h * e * 2)
-    send = tokens * moe.top_k * h * e * moe.imbalance
+    send = tokens * moe.top_k * h * e * imbalance
     # DeepEP sends a token once per node and GPU it reaches (the routing prices that), and may
     # dispatch it in fp8 (1 byte per element plus a scale per 128); the combine and both
     # gradients travel in bf16
     deduplicated = Routing(moe.num_experts, moe.top_k, moe.router_groups, moe.router_group_topk) \
         if ctx.moe_dispatcher == "deepep" else None
-    dispatched = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * moe.imbalance \
+    dispatched = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * imbalance \
         if ctx.moe_dispatch_fp8 else send
     dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", dispatched, deduplicated)
     combine = collective("moe.combine_all_to_all", "all-to-all", "ep", send, deduplicated)
@@ -95,7 +136,8 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     fc2, fc2_dgrad, fc2_wgrad = linear(ctx, "moe.experts.fc2", per_expert, h, ffn_local, batch=local_experts)
     act, act_grad = activation_ops("moe.experts.act", gathered_tokens * ffn_local, e, activation)
 
-    routed_fwd: list[Item] = [router, routing, permute, dispatch, *gather, *fc1, act, fc2, *scatter, combine,
+    routing_fwd, permute_fwd = host_sync(ctx, moe, routing, permute)
+    routed_fwd: list[Item] = [router, routing_fwd, permute_fwd, dispatch, *gather, *fc1, act, fc2, *scatter, combine,
                               unpermute]
     routed_in: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, act_grad, *fc1_dgrad, *scatter,
                              dispatch_grad, permute, routing_grad, router_dgrad]
