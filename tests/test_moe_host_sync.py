@@ -36,23 +36,26 @@ def one_layer(*overrides: str):
     return build_stage(ctx, 1, 0, False, False, options), CostModel(scenario, layout)
 
 
-def waits(work) -> list[str]:
-    return [item.name for block in work for item in block.items if getattr(item, "host_waits", False)]
+def waits(work) -> list[tuple[str, str]]:
+    """(op, "start" or "end") for each op the host waits for in ``work``."""
+    return [(item.name, item.host_waits) for block in work for item in block.items
+            if getattr(item, "host_waits", "")]
 
 
 @pytest.mark.parametrize("overrides,waited_for", [
-    # Megatron-Core's alltoall dispatcher with EP > 1: the counts are read before the all-to-all,
-    # copied as permutation 1 begins, so the host waits for the routing
-    ((), ["moe.topk"]),
+    # Megatron-Core's alltoall dispatcher with EP > 1: the counts are copied as permutation 1
+    # begins and read before the all-to-all, the permutation launched: the host waits for its start
+    ((), [("moe.permute", "start")]),
     # one expert rank, no expert TP: read when the dispatch returns, after the permutation
-    (("parallel.ep=1", "parallel.tp=1", "parallel.sequence_parallel=false", "cluster.nodes=1"), ["moe.permute"]),
-    # a capacity that drops tokens: the output size is read at once (before permutation 1)
-    (("parallel.ep=1", "parallel.tp=1", "parallel.sequence_parallel=false", "cluster.nodes=1",
-      "model.moe.capacity_factor=1.25"), ["moe.topk"]),
+    (("parallel.ep=1", "parallel.tp=1", "parallel.sequence_parallel=false", "cluster.nodes=1"),
+     [("moe.permute", "end")]),
+    # a capacity that drops tokens: the output size is read before permutation 1, with EP > 1 too
+    (("model.moe.capacity_factor=1.25",), [("moe.topk", "end")]),
     # DeepEP: the notify kernel at the dispatch's start writes the counts the host spins on
-    (("training.moe_token_dispatcher=deepep",), ["moe.permute"]),
+    (("training.moe_token_dispatcher=deepep",), [("moe.permute", "end")]),
     # plain PyTorch (torchtitan): split sizes to the host before the tokens' all-to-all, EP > 1 only
-    (("training.transformer_impl=pytorch", "parallel.tp=1", "parallel.sequence_parallel=false"), ["moe.permute"]),
+    (("training.transformer_impl=pytorch", "parallel.tp=1", "parallel.sequence_parallel=false"),
+     [("moe.permute", "end")]),
     (("training.transformer_impl=pytorch", "parallel.tp=1", "parallel.sequence_parallel=false", "parallel.ep=1"),
      []),
     # padded to capacity: the sizes are fixed, nothing is read
@@ -69,30 +72,39 @@ def test_the_host_paces_the_kernels_after_the_one_it_waits_for():
     launch_s = 50e-6
     _, model = one_layer(f"training.host_launch_interval={launch_s}")
     long_op = memory_op("long", 4e9)  # milliseconds
+    middle = memory_op("middle", 1.2e9)  # a few launches long
     short = memory_op("short", 1e6)  # well under one launch
     tail = memory_op("tail", 2e6)
-    long_s, short_s, tail_s = (model.compute.time(op) for op in (long_op, short, tail))
-    assert short_s < launch_s < long_s
+    long_s, middle_s, short_s, tail_s = (model.compute.time(op) for op in (long_op, middle, short, tail))
+    assert short_s < launch_s and 3 * launch_s < middle_s < long_s
 
-    def priced(first):
-        return model.price((Block("layer 0", "forward", (first, short, tail)),))
+    def priced(*ops):
+        return model.price((Block("layer 0", "forward", ops),))
 
-    # the host ran ahead: the three kernels back to back
-    ahead = priced(long_op)
+    # the host ran ahead: the kernels back to back
+    ahead = priced(long_op, short, tail)
     assert ahead.duration_s == pytest.approx(long_s + short_s + tail_s, rel=1e-12)
     assert ahead.host_wait_s == 0.0
-    # it waits for the long kernel's result: the short one starts a launch after it ends, the
-    # tail a launch after that, the short one having ended before
-    waited = priced(replace(long_op, host_waits=True))
+    # it waits for the long kernel's end: the short one starts a launch after it, the tail a
+    # launch after that, the short one having ended before
+    waited = priced(replace(long_op, host_waits="end"), short, tail)
     assert waited.duration_s == pytest.approx(long_s + 2 * launch_s + tail_s, rel=1e-12)
     assert waited.host_wait_s == pytest.approx(2 * launch_s - short_s, rel=1e-12)
+    # it launched the middle kernel and waits for the GPU to start it: the next launches go on
+    # while it runs, and nothing idles
+    started = priced(long_op, replace(middle, host_waits="start"), short, tail)
+    assert started.duration_s == pytest.approx(long_s + middle_s + short_s + tail_s, rel=1e-12)
+    assert started.host_wait_s == 0.0
+    # waiting for its end instead, the two short kernels after it wait for their launches
+    ended = priced(long_op, replace(middle, host_waits="end"), short, tail)
+    assert ended.duration_s == pytest.approx(long_s + middle_s + 2 * launch_s + tail_s, rel=1e-12)
 
 
 @settings(max_examples=12, deadline=None)
 @given(st.sampled_from([0.0, 5e-6, 29e-6, 80e-6, 200e-6]), st.sampled_from([(), ("training.moe_token_dispatcher=deepep",)]))
 def test_a_wait_never_speeds_a_pass_and_costs_nothing_with_an_instant_host(launch_s, dispatcher):
     work, model = one_layer(*QWEN3, *dispatcher, f"training.host_launch_interval={launch_s}")
-    unflagged = tuple(replace(block, items=tuple(replace(item, host_waits=False) if hasattr(item, "host_waits")
+    unflagged = tuple(replace(block, items=tuple(replace(item, host_waits="") if hasattr(item, "host_waits")
                                                  else item for item in block.items)) for block in work.forward)
     waited, free = model.price(work.forward), model.price(unflagged)
     assert waited.duration_s >= free.duration_s - 1e-15
@@ -128,7 +140,7 @@ def test_padding_to_capacity_carries_the_capacity_and_drops_the_wait():
     # full capacity on every rank when padded
     assert expert_rows(padded) == math.ceil(expert_rows(dropped) * capacity)
     assert dispatch_bytes(padded) == pytest.approx(dispatch_bytes(dropped) * capacity, rel=1e-12)
-    assert waits(dropped.forward) == ["moe.topk"] and waits(padded.forward) == []
+    assert waits(dropped.forward) == [("moe.topk", "end")] and waits(padded.forward) == []
 
 
 @pytest.mark.parametrize("overrides", [

@@ -68,18 +68,18 @@ PUBLISHED_TOLERANCE = 0.10
 # (mpsim/workload/norms.py, FUSED_NORM_BANDWIDTH_SHARE): wav2vec 2.0 +1.0 % (the norms of its
 # layer stack), ViT-H/14 and ViT-22B +0.4 %, Deep Speech 2 +0.2 %, the rest within 0.1 %.
 # Then the host waited for the GPU once in every MoE layer's forward, where the dropless dispatch
-# reads its token counts (mpsim/workload/moe.py, host_sync): Grok-1-like +0.2 %, Mixtral +0.2 %,
-# DeepSeek-V3 +0.1 %.
+# reads its token counts (mpsim/workload/moe.py, host_sync): DeepSeek-V3 (DeepEP) +0.1 %,
+# Grok-1-like +0.06 %, Mixtral unchanged (its permutation outlasts the launches after the wait).
 REGRESSION_PIN_S = {
     "deepseek_v3_2048xh100.yaml": 25.82,
     "deepspeech2_8xa100.yaml": 0.3873,
-    "grok1_like_512xh100.yaml": 9.729,
+    "grok1_like_512xh100.yaml": 9.713,
     "llama3_405b_128k_16384xh100.yaml": 11.34,
     "llama3_405b_16384xh100.yaml": 5.647,
     "llama3_70b_32xh100.yaml": 5.037,
     "llama3_8b_64xh100_dp8.yaml": 1.424,
     "megatron_1t_3072xa100.yaml": 17.06,
-    "mixtral_8x7b_64xh100.yaml": 3.599,
+    "mixtral_8x7b_64xh100.yaml": 3.592,
     "validation_2xcpu.yaml": 0.7389,
     "vit_22b_512xh100.yaml": 0.9290,
     "vit_h14_32xa100.yaml": 0.7806,

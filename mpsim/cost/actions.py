@@ -215,7 +215,7 @@ class CostModel:
         host = _Host(self.host_launch_forward_s if forward else self.host_launch_backward_s,
                      self.scenario.training.host_sync_between_passes)
         # such a pass is priced op by op where each block starts, not replayed
-        in_place = host.paced or any(getattr(item, "host_waits", False) for block in work for item in block.items)
+        in_place = host.paced or any(getattr(item, "host_waits", "") for block in work for item in block.items)
 
         by_group: dict[str, float] = {}
         previous_start = 0.0
@@ -341,8 +341,11 @@ class CostModel:
                 op_s = self.compute.time(item) * compute_scale
                 template.append(("compute", item.name, index, 0.0, op_s))
                 steps.append(_Step(op_s, op_s, 0.0, 0.0, item.flops, ""))
+            waits = "" if isinstance(item, Overlap) else item.host_waits
+            if waits == "start":
+                host.wait_for(clock)
             clock += steps[-1].span_s
-            if not isinstance(item, Overlap) and item.host_waits:
+            if waits == "end":
                 host.wait_for(clock)
         return _BlockPrice(tuple(steps), tuple(template), launches), starts, clock
 
@@ -375,10 +378,10 @@ class _Host:
         """Launches that no op on the clock waits for (a prefetched gather, a block replayed)."""
         self.time_s += self.launch_s * launches
 
-    def wait_for(self, end_s: float) -> None:
-        """The host reads what a kernel ending at ``end_s`` produced: it goes on from there,
-        with nothing queued behind that kernel."""
-        self.time_s = max(self.time_s, end_s)
+    def wait_for(self, gpu_s: float) -> None:
+        """The host waits until the GPU reaches ``gpu_s`` on the pass's clock (``Op.host_waits``)
+        and goes on from there, with nothing queued beyond what it had launched."""
+        self.time_s = max(self.time_s, gpu_s)
         self.paced = True
 
 
@@ -388,7 +391,7 @@ class _HostAhead(_Host):
     def launch(self, at: float, launches: int = 1) -> float:
         return at
 
-    def wait_for(self, end_s: float) -> None:
+    def wait_for(self, gpu_s: float) -> None:
         pass
 
 

@@ -59,39 +59,46 @@ class MoEShape:
 
 
 def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op) -> tuple[Op, Op]:
-    """The forward's routing and permutation ops, the one the host waits for marked.
+    """The forward's routing and permutation ops, the host's wait for the token counts marked.
 
-    A dispatch that does not pad every expert to its capacity sends and receives as many tokens as the router picked, a number the
-    host must read before it can size the all-to-all and the experts' GEMMs, so it waits for
-    the GPU once in every MoE layer's forward (and its recompute), and the kernels after run
-    at the host's pace until it gets ahead again. Where each framework waits:
+    A dispatch that does not pad every expert to its capacity sends and receives as many
+    tokens as the router picked, a number the host must read before it can size the
+    all-to-all and the experts' GEMMs. So it waits for the GPU once in every MoE layer's
+    forward (and its recompute), and the kernels after run at the host's pace until it gets
+    ahead again (``Op.host_waits``). Where each framework waits:
 
     * Megatron-Core's alltoall dispatcher (``MoEAlltoAllTokenDispatcher.preprocess`` and
       ``_maybe_dtoh_and_synchronize``, megatron/core/transformer/moe/token_dispatcher.py at
-      d98e8a6): the counts are copied to the host as permutation 1 begins and read before the
-      expert-parallel all-to-all ("before_ep_alltoall") when EP or expert TP is above 1, or at
-      once when a capacity drops tokens ("before_permutation_1"): the host waits for the
-      routing. With neither it reads them when the dispatch returns ("before_finish"), after
-      the permutation.
+      d98e8a6). With EP or expert TP above 1 the counts are copied as permutation 1 begins
+      and read before the all-to-all ("before_ep_alltoall"): the host, having launched the
+      permutation, waits for the GPU to start it. A capacity that drops tokens makes it read
+      them before the permutation ("before_permutation_1"), and with one rank and no
+      capacity it reads them when the dispatch returns ("before_finish"): the host waits for
+      the routing's or the permutation's end.
     * DeepEP (deep_ep Buffer.dispatch in csrc/legacy/buffer.hpp at dd758ca): the host spins
       until the notify kernel at the dispatch's start has written the received counts, unless
       a worst-case size is given, which Megatron-Core does not (fused_a2a.py: "the CPU will
-      wait for GPU's signal to arrive"): the host waits for what precedes the dispatch.
-    * Plain PyTorch (torchtitan's expert parallel ``_token_dispatch``): the split sizes go to the
-      host before the tokens' all-to-all, with EP above 1 only; one rank's experts take their
-      offsets on the GPU.
+      wait for GPU's signal to arrive"), then launches the dispatch itself: it waits for the
+      end of what precedes it.
+    * Plain PyTorch (torchtitan's expert parallel ``_token_dispatch``): the split sizes go to
+      the host before the tokens' all-to-all, after the local sort, with EP above 1 only; one
+      rank's experts take their offsets on the GPU.
     """
+    marked: tuple[Op | None, str] = (None, "")
     if ctx.moe_pad_to_capacity:  # sizes fixed by the capacity: nothing to read
-        waits: Op | None = None
-    elif ctx.moe_dispatcher == "deepep":
-        waits = permute
-    elif ctx.layers_impl == "pytorch":
-        waits = permute if ctx.ep > 1 else None
-    elif ctx.ep > 1 or ctx.etp > 1 or moe.capacity_factor is not None:
-        waits = routing
+        pass
+    elif ctx.moe_dispatcher == "deepep" or ctx.layers_impl == "pytorch":
+        if ctx.moe_dispatcher == "deepep" or ctx.ep > 1:
+            marked = (permute, "end")
+    elif moe.capacity_factor is not None:
+        marked = (routing, "end")
+    elif ctx.ep > 1 or ctx.etp > 1:
+        marked = (permute, "start")
     else:
-        waits = permute
-    return tuple(replace(op, host_waits=True) if op is waits else op for op in (routing, permute))
+        marked = (permute, "end")
+    op, when = marked
+    return (replace(routing, host_waits=when) if op is routing else routing,
+            replace(permute, host_waits=when) if op is permute else permute)
 
 
 def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) -> BlockWork:

@@ -79,11 +79,13 @@ class Op:
     # each token reaches (message_bytes then counts one copy per token and expert, as the plain
     # all-to-all sends them); None: a plain all-to-all
     routing: Routing | None = None
-    # the host reads a result of this op (a device-to-host copy it waits for) before it launches
-    # the next: the GPU's queue is empty once the op ends, and what follows runs at the host's pace
-    # until the host gets ahead again (a dropless MoE dispatch, which must know how many tokens
-    # each rank receives: mpsim/workload/moe.py)
-    host_waits: bool = False
+    # the host waits for the GPU at this op (a device-to-host copy it reads): "end", before it
+    # launches the next op, until this one has ended; "start", having launched this one, until
+    # the GPU starts it (what it reads was copied just before). Either way the GPU's queue runs
+    # dry there, and what follows runs at the host's pace until the host gets ahead again (a
+    # dropless MoE dispatch, which must know how many tokens each rank receives:
+    # mpsim/workload/moe.py); "": the host does not wait
+    host_waits: Literal["", "start", "end"] = ""
 
 
 @dataclass(frozen=True)
