@@ -71,23 +71,30 @@ ZB_FRAMEWORK = [
     "training.pp_scatter_gather=true",  # Megatron's default (no TP here)
 ]
 # paper's name -> (mpsim schedule, chunks per rank: None = one layer per chunk as the paper's
-# 1F1B-I runs (--num-layers-per-virtual-pipeline-stage 1), blocking pipeline sends)
+# 1F1B-I runs (--num-layers-per-virtual-pipeline-stage 1), training.pp_send_blocking, whether the
+# host synchronizes after each batched p2p)
 ZB_SCHEDULES = {
     # Megatron's non-interleaved 1F1B waits for its batched isend/irecv (p2p_communication),
     # then calls torch.cuda.synchronize() (batch_p2p_sync; the fork's arguments.py turns
     # overlap_p2p_comm off for non-interleaved schedules, so batch_p2p_comm is on)
-    "1F1B": ("1f1b", 1, True),
+    "1F1B": ("1f1b", 1, "true", True),
     # the fork's Megatron overlaps the interleaved schedule's p2p (--no-overlap-p2p-communication
-    # not passed: overlap_p2p_comm defaults to true)
-    "1F1B-I": ("interleaved-1f1b", None, False),
-    # the fork's zb_schedules.py waits for a receive only before the pass that uses it, and for
-    # its sends at the end of the iteration; --zero-bubble-max-pending-backward p (ZB-1p) or 2p
-    # (ZB-2p) is what mpsim's zb-1p / zb-2p limit (mpsim/schedules/zb_search.py)
-    "ZB-1p": ("zb-1p", 1, False),
-    "ZB-2p": ("zb-2p", 1, False),
+    # not passed: overlap_p2p_comm defaults to true): a forward's send is waited for before the
+    # next forward, a backward's before the next backward (fwd_wait_handles, bwd_wait_handles in
+    # schedules.py), the action between them hiding it
+    "1F1B-I": ("interleaved-1f1b", None, "false", False),
+    # the fork's zb_schedules.py gathers the sends after a pass and the receive the next pass
+    # consumes into one batch_isend_irecv (add_communication flushes when the next compute node
+    # consumes a receive) and waits for the whole batch before that pass (schedule_f and
+    # schedule_b wait on the batch's requests); a weight-gradient pass receives nothing and waits
+    # for nothing, and the sends flushed alone are waited for at the end of the iteration.
+    # --zero-bubble-max-pending-backward p (ZB-1p) or 2p (ZB-2p) is what mpsim's zb-1p / zb-2p
+    # limit (mpsim/schedules/zb_search.py)
+    "ZB-1p": ("zb-1p", 1, "with-receive", False),
+    "ZB-2p": ("zb-2p", 1, "with-receive", False),
     # --zero-bubble-v-schedule: two chunks per rank in a V (Section 6 of the paper), the pattern
-    # mpsim's zbv runs; its passes wait for their inputs as the other zero-bubble schedules do
-    "ZB-V": ("zbv", 2, False),
+    # mpsim's zbv runs; its scheduler (ZeroBubbleVPipeScheduler) batches and waits the same way
+    "ZB-V": ("zbv", 2, "with-receive", False),
 }
 
 
@@ -124,7 +131,7 @@ def zero_bubble_overrides(model: str, shape: dict[str, int], pp: int, dp: int, m
     """The ``--set`` overrides of ``ZB_BASE`` that run ``schedule`` (a key of ``ZB_SCHEDULES``) on
     ``model`` over ``pp`` x ``dp`` GPUs as the fork ran it (``post_validation``: with the fork's
     --enable-optimizer-post-validation)."""
-    name, chunks, blocking = ZB_SCHEDULES[schedule]
+    name, chunks, blocking, host_sync = ZB_SCHEDULES[schedule]
     layers, tp = shape["layers"], shape["tp"]
     gpus = tp * pp * dp
     if gpus % 8:
@@ -141,9 +148,8 @@ def zero_bubble_overrides(model: str, shape: dict[str, int], pp: int, dp: int, m
         f"parallel.schedule={name}",
         f"parallel.microbatch_size={microbatch}", f"parallel.global_batch_size={microbatch * count * dp}",
         f"parallel.layers_per_stage={zero_bubble_split(layers, pp, vpp)}",
-        f"training.pp_send_blocking={str(blocking).lower()}",
-        # the blocking batched p2p is the one followed by torch.cuda.synchronize()
-        f"training.host_sync_between_passes={str(blocking).lower()}",
+        f"training.pp_send_blocking={blocking}",
+        f"training.host_sync_between_passes={str(host_sync).lower()}",
         f"training.optimizer_post_validation={str(post_validation).lower()}",
         *ZB_FRAMEWORK,
     ]

@@ -71,7 +71,7 @@ def engine_inputs(draw):
         pair_syncs = ((0, ranks - 1, draw(st.floats(0, 1)), "tied embedding"),)
     return EngineInput(schedule, action_s, transfer_s, buckets, draw(st.booleans()), pair_syncs,
                        tuple(draw(st.floats(0, 1)) for _ in range(ranks)), draw(st.booleans()),
-                       action_buckets=action_buckets)
+                       send_blocking_with_receive=draw(st.booleans()), action_buckets=action_buckets)
 
 
 def close(a: float, b: float) -> bool:

@@ -43,7 +43,7 @@ from itertools import repeat
 import numpy as np
 
 from mpsim.engine.compiled_steady import RowPeriod, _evaluate_steady_py, row_period
-from mpsim.engine.core import EngineInput, finish_step
+from mpsim.engine.core import EngineInput, blocking_mode, finish_step
 from mpsim.engine.dpstream import DPStreams
 from mpsim.engine.longest_path import _plan, simulate_fast
 from mpsim.engine.steady import SteadyTimeline, _Layers, _layers
@@ -219,7 +219,7 @@ def _evaluate_py(rank, key, needs, gives, link, transfer, duration_s, transfer_s
     for row in range(rows):
         r = rank[row]
         now = clock[r]
-        if blocking and sends_done[r] > now:
+        if blocking > 0 and sends_done[r] > now and (blocking == 1 or needs[row, 0] >= 0 or needs[row, 1] >= 0):
             wait_from[row] = now
             now = sends_done[r]
         ready[row] = now
@@ -290,7 +290,7 @@ def simulate_compiled(inp: EngineInput, records: bool = True) -> Timeline:
         return _without_records(inp, c, duration_s, transfer_s, feeds, read_rows)
     ready, start, end, input_sent, wait_from, tx_start, tx_end, clock, sends_done = evaluate(
         c.rank, c.key, c.needs, c.gives, c.link, c.transfer, duration_s, transfer_s, num_ranks,
-        c.num_links, c.slots, bool(inp.send_blocking))
+        c.num_links, c.slots, blocking_mode(inp))
     timeline = Timeline(num_ranks, actions=[[] for _ in range(num_ranks)])
     _records(timeline, c, ready, start, end, input_sent, tx_start, tx_end)
     if inp.send_blocking:
@@ -322,7 +322,7 @@ def _without_records(inp: EngineInput, c: _Compiled, duration_s: np.ndarray, tra
         duration_s, transfer_s = _on_exact_grid(c, duration_s, transfer_s)
     start, end, clock, sends_done, skipped, cycle_s = _kernel(_evaluate_steady_py)(
         c.rank, c.key, c.needs, c.gives, c.link, c.transfer, c.link_source, duration_s, transfer_s, num_ranks,
-        c.slots, bool(inp.send_blocking), first_row, period_rows, boundaries, shift, live)
+        c.slots, blocking_mode(inp), first_row, period_rows, boundaries, shift, live)
     timeline = SteadyTimeline(num_ranks, actions=[[] for _ in range(num_ranks)])
     if skipped:
         timeline.skipped.append((skipped, shift, cycle_s, period.rank_rows))

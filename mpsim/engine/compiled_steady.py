@@ -230,7 +230,7 @@ def _evaluate_steady_py(rank, key, needs, gives, link, transfer, link_source, du
             boundary = first_row + k * period_rows if k <= boundaries else -1
         r = rank[row]
         now = clock[r]
-        if blocking and sends_done[r] > now:
+        if blocking > 0 and sends_done[r] > now and (blocking == 1 or needs[row, 0] >= 0 or needs[row, 1] >= 0):
             now = sends_done[r]
         for j in range(2):
             slot = needs[row, j]

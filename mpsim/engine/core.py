@@ -5,7 +5,8 @@ Each process walks its rank's action list. Before an action it waits for its inp
 then holds the rank's compute stream for the action's duration, then hands its output
 to the link towards the consumer. A link carries one transfer at a time; with blocking
 sends (Megatron's batched isend/irecv + wait) the rank does not start its next action
-until its sends have arrived.
+until its sends have arrived, or, as the Zero Bubble fork batches them with the receive
+the next pass consumes, its next action that receives an input.
 
 Data-parallel gradient buckets go on a separate stream per rank as soon as the last
 backward of their stage has produced them, overlapping the rest of the backward pass;
@@ -57,6 +58,10 @@ class EngineInput:
     pair_syncs: tuple[tuple[int, int, float, str], ...] = ()
     finalize_s: tuple[float, ...] = ()  # per rank, after all syncs (optimizer step)
     send_blocking: bool = False
+    # with send_blocking, only an action that receives an input from another rank waits for the
+    # rank's sends (the Zero Bubble fork fuses a pass's sends with the receive the next pass
+    # consumes and waits for the batch; a pass that receives nothing does not wait)
+    send_blocking_with_receive: bool = False
     # reductions an action starts on the DP stream every time it runs (ZeRO-2/3), by duration key
     action_buckets: Mapping[tuple, tuple[GradBucket, ...]] = field(default_factory=dict)
     # with contention: (from_stage, to_stage) -> the transfer's links; transfers and DP buckets
@@ -235,7 +240,7 @@ class _Run:
                 sent = sent_at[key] if sent is None else max(sent, sent_at[key])
             # own sends: a blocking send holds the rank until it has landed
             ready = end
-            if blocking:
+            if blocking and (inputs or not self.inp.send_blocking_with_receive):
                 if shared is not None:
                     while sending:  # the flow's own callback lands it before this rank resumes
                         yield sending[-1].timer
@@ -389,3 +394,11 @@ def simulate_sharing(inp: EngineInput) -> tuple[Timeline, float]:
     run = _Run(inp)
     timeline = run.execute()
     return timeline, run.shared.first_shared_s if run.shared is not None else float("inf")
+
+
+def blocking_mode(inp: EngineInput) -> int:
+    """``inp``'s blocking sends as the compiled loops take them: 0 none, 1 before every action,
+    2 before an action that receives an input (``EngineInput.send_blocking_with_receive``)."""
+    if not inp.send_blocking:
+        return 0
+    return 2 if inp.send_blocking_with_receive else 1

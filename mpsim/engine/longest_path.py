@@ -6,7 +6,8 @@ simultaneous events fire:
 
 * a rank's compute stream runs its own list in order, so an item (an action, or an
   overlapped forward+backward pair) starts at
-  ``max(previous end, own blocking sends done, arrival of each remote input)``;
+  ``max(previous end, own blocking sends done, arrival of each remote input)`` (with
+  ``send_blocking_with_receive`` only an item with a remote input waits for the sends);
 * a link ``(src, dst)`` carries only ``src``'s sends, in ``src``'s program order, so a
   transfer starts at ``max(producer end, link free)``;
 * a rank's DP stream reduces its own buckets in order: ``max(bucket ready, stream free)``,
@@ -50,8 +51,8 @@ from mpsim.schedules.actions import Action, Overlapped, Schedule, flat, parts
 # EngineInput fields whose meaning this module reproduces; a field added later is unknown
 # to it, and an input that sets such a field to a non-default value goes to the engine.
 MODELLED_FIELDS = frozenset({"schedule", "action_s", "transfer_s", "grad_buckets", "overlap_grad_sync",
-                             "pair_syncs", "finalize_s", "send_blocking", "action_buckets", "optimizer_chain",
-                             "optimizer_barrier"})
+                             "pair_syncs", "finalize_s", "send_blocking", "send_blocking_with_receive",
+                             "action_buckets", "optimizer_chain", "optimizer_barrier"})
 KINDS = frozenset({"F", "B", "I", "W"})
 
 
@@ -191,6 +192,7 @@ class Walk:
         action_s, transfer_s = inp.action_s, inp.transfer_s
         action_buckets, dp = inp.action_buckets, self.dp
         blocking, overlap = inp.send_blocking, inp.overlap_grad_sync
+        with_receive = inp.send_blocking_with_receive
         position, clock_s, sends_done_s = self.position, self.clock_s, self.sends_done_s
         num_ranks = len(plan)
         # ranks ready to advance; a rank that needs an input not yet produced parks on its slot
@@ -213,7 +215,7 @@ class Walk:
                     if missing >= 0:
                         parked[missing] = rank  # another rank must produce it first
                         break
-                if blocking and sends_done > now:
+                if blocking and sends_done > now and (needs or not with_receive):
                     send_waits.append((rank, now, sends_done))
                     now = sends_done
                 ready = now

@@ -313,8 +313,15 @@ class TrainingOptions(Spec):
     pp_scatter_gather: bool = Field(
         True, description="each TP rank sends 1/tp of the activation between stages (Megatron default)"
     )
-    pp_send_blocking: bool = Field(
-        True, description="a rank waits for its pipeline sends to finish before its next action (Megatron)"
+    # Megatron's batched p2p (non-interleaved 1F1B) waits for every send before it goes on (true);
+    # the Zero Bubble fork (zb_schedules.py, flush and schedule_f/schedule_b) fuses a pass's sends
+    # with the receive the next pass consumes into one batch_isend_irecv and waits for the whole
+    # batch before that pass, while a pass that receives nothing (a weight-gradient pass) goes on
+    # at once ("with-receive"); false: the next action never waits for the rank's sends
+    pp_send_blocking: bool | Literal["with-receive"] = Field(
+        True, description="a rank waits for its pipeline sends to finish before its next action (true, Megatron's "
+                          "batched p2p), before its next action that receives an input (with-receive: the Zero "
+                          "Bubble fork's fused batches), or never (false)"
     )
     # Eager PyTorch launches every kernel from a CPU thread (framework Python, the dispatcher, the
     # CUDA runtime call). Measured: the median interval between consecutive kernel launches of
@@ -374,6 +381,14 @@ class TrainingOptions(Spec):
     def grad_bytes(self) -> int:
         """Bytes of one gradient element as accumulated and reduced: fp32 main grads, or bf16."""
         return 4 if self.fp32_grad_accumulation else 2
+
+    @field_validator("pp_send_blocking", mode="before")
+    @classmethod
+    def _send_blocking(cls, value: object) -> object:
+        """true, false or with-receive, nothing else (not 1, not "yes")."""
+        if isinstance(value, bool) or value == "with-receive":
+            return value
+        raise ValueError(f"expected true, false or with-receive, got {value!r}")
 
     @field_validator("memory_reserved", mode="before")
     @classmethod
