@@ -101,6 +101,8 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("training.moe_dispatch_fp8", ("true", "fast")),
     # padding to capacity on a dense model (no capacity); not a switch
     ("training.moe_pad_to_capacity", ("true", "often")),
+    # not one of true, false and with-receive
+    ("training.pp_send_blocking", ("maybe", "2")),
     ("cluster.nodes", ("0", "1073741824", "0.5", "1.0")),
     ("cluster.system", ("nope-system",)),
     ("cluster.system.accelerator", ("nope-gpu",)),
