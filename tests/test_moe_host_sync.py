@@ -101,7 +101,8 @@ def test_the_host_paces_the_kernels_after_the_one_it_waits_for():
 
 
 @settings(max_examples=12, deadline=None)
-@given(st.sampled_from([0.0, 5e-6, 29e-6, 80e-6, 200e-6]), st.sampled_from([(), ("training.moe_token_dispatcher=deepep",)]))
+@given(st.sampled_from([0.0, 5e-6, 29e-6, 80e-6, 200e-6]),
+       st.sampled_from([(), ("training.moe_token_dispatcher=deepep",)]))
 def test_a_wait_never_speeds_a_pass_and_costs_nothing_with_an_instant_host(launch_s, dispatcher):
     work, model = one_layer(*QWEN3, *dispatcher, f"training.host_launch_interval={launch_s}")
     unflagged = tuple(replace(block, items=tuple(replace(item, host_waits="") if hasattr(item, "host_waits")
