@@ -26,7 +26,7 @@ def modes(inp):
             dataclasses.replace(inp, send_blocking=True, send_blocking_with_receive=False))
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(engine_inputs())
 def test_waiting_for_fewer_sends_is_never_slower(inp):
     # delays only add in a max-plus system: each mode waits at a subset of the next one's points
@@ -35,7 +35,7 @@ def test_waiting_for_fewer_sends_is_never_slower(inp):
     assert with_receive <= always * (1 + SLACK) + 1e-12
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(engine_inputs())
 def test_only_an_action_that_receives_waits_for_the_sends(inp):
     _, with_receive, _ = modes(inp)
