@@ -220,6 +220,7 @@ class _Run:
         env, arrival, sent_at = self.env, self.arrival, self.sent_at
         records, send_waits = self.timeline.actions[rank], self.timeline.send_waits
         shared, blocking, sending, dp = self.shared, self.inp.send_blocking, self.sending[rank], self.dp
+        with_receive = self.inp.send_blocking_with_receive
         not_before = self.inp.not_before_s
         gathered_after, gather_waits = self.inp.gathered_after, self.timeline.gather_waits
         sends_done = 0.0  # when the rank's sends so far have landed (without contention: known when sent)
@@ -240,7 +241,7 @@ class _Run:
                 sent = sent_at[key] if sent is None else max(sent, sent_at[key])
             # own sends: a blocking send holds the rank until it has landed
             ready = end
-            if blocking and (inputs or not self.inp.send_blocking_with_receive):
+            if blocking and (inputs or not with_receive):
                 if shared is not None:
                     while sending:  # the flow's own callback lands it before this rank resumes
                         yield sending[-1].timer

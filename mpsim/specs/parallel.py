@@ -385,7 +385,7 @@ class TrainingOptions(Spec):
     @field_validator("pp_send_blocking", mode="before")
     @classmethod
     def _send_blocking(cls, value: object) -> object:
-        """true, false or with-receive, nothing else (not 1, not "yes")."""
+        """true, false or with-receive, nothing else (not 1 or 2)."""
         if isinstance(value, bool) or value == "with-receive":
             return value
         raise ValueError(f"expected true, false or with-receive, got {value!r}")

@@ -63,7 +63,6 @@ class LayerContext:
     separate_ffn_projections: bool = False  # a gated FFN's gate and value as two linears (ffn_projections)
     moe_dispatcher: str = "alltoall"  # TrainingOptions.moe_token_dispatcher
     moe_dispatch_fp8: bool = False  # DeepEP's fp8 dispatch (TrainingOptions.moe_dispatch_fp8)
-    moe_pad_to_capacity: bool = False  # every expert padded to its capacity (TrainingOptions.moe_pad_to_capacity)
 
     @property
     def bias_add_kernel(self) -> bool:

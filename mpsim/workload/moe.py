@@ -49,12 +49,14 @@ class MoEShape:
     load_imbalance: float
     router_groups: int = 1  # group-limited routing: groups of experts, of which each token picks
     router_group_topk: int = 1  # this many (1 and 1: any expert)
+    padded: bool = False  # every expert's tokens padded to its capacity (TrainingOptions.moe_pad_to_capacity)
 
     @property
     def imbalance(self) -> float:
-        """Tokens of the busiest rank over the mean, after capacity drops."""
+        """Tokens of the busiest rank over the mean, after capacity drops; padded, every rank's
+        experts carry their whole capacity."""
         if self.capacity_factor is not None:
-            return min(self.load_imbalance, self.capacity_factor)
+            return self.capacity_factor if self.padded else min(self.load_imbalance, self.capacity_factor)
         return self.load_imbalance
 
 
@@ -84,21 +86,15 @@ def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op) -> tup
       the host before the tokens' all-to-all, after the local sort, with EP above 1 only; one
       rank's experts take their offsets on the GPU.
     """
-    marked: tuple[Op | None, str] = (None, "")
-    if ctx.moe_pad_to_capacity:  # sizes fixed by the capacity: nothing to read
-        pass
-    elif ctx.moe_dispatcher == "deepep" or ctx.layers_impl == "pytorch":
-        if ctx.moe_dispatcher == "deepep" or ctx.ep > 1:
-            marked = (permute, "end")
-    elif moe.capacity_factor is not None:
-        marked = (routing, "end")
-    elif ctx.ep > 1 or ctx.etp > 1:
-        marked = (permute, "start")
-    else:
-        marked = (permute, "end")
-    op, when = marked
-    return (replace(routing, host_waits=when) if op is routing else routing,
-            replace(permute, host_waits=when) if op is permute else permute)
+    if moe.padded or (ctx.layers_impl == "pytorch" and ctx.moe_dispatcher != "deepep" and ctx.ep == 1):
+        return routing, permute  # sizes fixed by the capacity, or kept on the GPU: nothing to read
+    if ctx.moe_dispatcher == "deepep" or ctx.layers_impl == "pytorch":
+        return routing, replace(permute, host_waits="end")
+    if moe.capacity_factor is not None:
+        return replace(routing, host_waits="end"), permute
+    if ctx.ep > 1 or ctx.etp > 1:
+        return routing, replace(permute, host_waits="start")
+    return routing, replace(permute, host_waits="end")
 
 
 def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) -> BlockWork:
@@ -106,9 +102,7 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     h, e = ctx.hidden, ctx.act_bytes
     tokens = ctx.norm_tokens  # routing works on the sequence-parallel shard
     local_experts = moe.num_experts // ctx.ep
-    # tokens of the busiest rank over the mean; padded to capacity, every rank carries the capacity
-    imbalance = moe.capacity_factor if ctx.moe_pad_to_capacity and moe.capacity_factor else moe.imbalance
-    routed = tokens * moe.top_k * imbalance * ctx.etp  # tokens this rank's experts process
+    routed = tokens * moe.top_k * moe.imbalance * ctx.etp  # tokens this rank's experts process
     per_expert = max(1, math.ceil(routed / local_experts))
     activation = ffn_activation(ctx)  # the experts' FFN as the dense FFN's would run
     ffn_local = moe.expert_ffn // ctx.etp
@@ -119,13 +113,13 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     routing_grad = memory_op("moe.topk.grad", tokens * moe.num_experts * 4 * 3)
     permute = memory_op("moe.permute", routed * h * e * 2)
     unpermute = memory_op("moe.unpermute", routed * h * e * 2)
-    send = tokens * moe.top_k * h * e * imbalance
+    send = tokens * moe.top_k * h * e * moe.imbalance
     # DeepEP sends a token once per node and GPU it reaches (the routing prices that), and may
     # dispatch it in fp8 (1 byte per element plus a scale per 128); the combine and both
     # gradients travel in bf16
     deduplicated = Routing(moe.num_experts, moe.top_k, moe.router_groups, moe.router_group_topk) \
         if ctx.moe_dispatcher == "deepep" else None
-    dispatched = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * imbalance \
+    dispatched = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * moe.imbalance \
         if ctx.moe_dispatch_fp8 else send
     dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", dispatched, deduplicated)
     combine = collective("moe.combine_all_to_all", "all-to-all", "ep", send, deduplicated)

@@ -70,7 +70,6 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         etp=layout.etp,
         moe_dispatcher=training.moe_token_dispatcher,
         moe_dispatch_fp8=training.moe_dispatch_fp8,
-        moe_pad_to_capacity=training.moe_pad_to_capacity,
     )
 
 
@@ -157,7 +156,8 @@ def stage_options(scenario: Scenario, layout: Layout, vocab: int, unsharding: bo
     if model.moe is not None:
         moe = MoEShape(model.moe.num_experts, model.moe.top_k, model.moe.expert_ffn_hidden_size,
                        model.moe.shared_ffn, model.moe.capacity_factor, model.moe.load_imbalance,
-                       model.moe.router_groups or 1, model.moe.router_group_topk or 1)
+                       model.moe.router_groups or 1, model.moe.router_group_topk or 1,
+                       training.moe_pad_to_capacity)
     mla = None
     if model.mla is not None:
         mla = MLAShape(model.mla.q_lora_rank, model.mla.kv_lora_rank, model.mla.qk_nope_head_dim,
