@@ -1,7 +1,6 @@
 """The real thing: calibrate and validate on this machine with PyTorch (2 ranks x 1 thread).
 
-One measurement job (module fixture, about two minutes on 2 quiet cores, up to four on
-a noisy one): the validation scenario's ops and links, GPipe, 1F1B, interleaved 1F1B,
+One measurement job (module fixture, two and a half minutes on 2 cores): the validation scenario's ops and links, GPipe, 1F1B, interleaved 1F1B,
 ZB-V and DualPipeV with 7 measured steps each, and the DTensor MLP check. Seven rather than five because a
 zero-bubble schedule has no idle time to absorb an action the machine slowed: its
 steps scatter the most (up to 35 % here), and its median needs the extra steps.
@@ -11,9 +10,8 @@ The profile is fitted on 1F1B only; every check of prediction quality is on the 
 schedules, which the fit never saw.
 
 A busy machine never skips these tests. The job starts at once (``allow_busy`` skips
-the wait before it), waits a bounded time for the machine to quiet down in pauses
-between tries of a disturbed measurement, then measures anyway: a step none of whose tries was quiet keeps its
-least disturbed try, marked, so every schedule yields steps. The profile's conditions
+the wait before it) and does not pause for quiet inside it: a disturbed measurement is
+kept as it is, a step marked, so every schedule yields steps. The profile's conditions
 record how noisy the kept measurements were; when noise was over the job's limits the
 bounds below are loosened by the amount that noise can move a step, stated in a
 warning (``NoisyMeasurementWarning``) that names the measured noise. A held-out step
@@ -54,12 +52,13 @@ QUIET_TP_LIMIT_PCT = 15.0
 # slowdown (multiplier 0.70 at a canary of 1.22, against 0.82-0.86 on quiet runs).
 QUIET_CANARY = 1.05
 
-# Bounded waits for quiet, so a busy CI machine costs at most half a minute of waiting
-# on top of the job: 30 s of pauses inside it (allow_busy skips the wait before it). A
-# noisy machine spends all of it, and what it then keeps disturbed loosens the bounds
-# by what the kept steps show; more pausing would buy quieter numbers with suite time.
+# No pauses for quiet inside the job (allow_busy skips the wait before it). On the 2-core
+# virtual machines the suite runs on, the speed canary scatters to 1.25-1.6x its fastest
+# time with other processes under 2 % of the CPU, and 30 s of pauses with their retries
+# (45 s in all, a twelfth of the suite) did not bring it back under the job's limit: they
+# bought no quieter numbers. What the kept measurements show loosens the bounds instead.
 WAIT_BEFORE_S = 60.0
-WAIT_INSIDE_S = 30.0
+WAIT_INSIDE_S = 0.0
 # The whole test suite must stay under 10 minutes; a job that runs past 8 fails the
 # tests (JobError) rather than skipping them or running CI out of time.
 JOB_TIMEOUT_S = 480.0
