@@ -1,7 +1,8 @@
 """The real thing: calibrate and validate on this machine with PyTorch (2 ranks x 1 thread).
 
-One measurement job (module fixture, two and a half minutes on 2 cores): the validation scenario's ops and links, GPipe, 1F1B, interleaved 1F1B,
-ZB-V and DualPipeV with 7 measured steps each, and the DTensor MLP check. Seven rather than five because a
+One measurement job (module fixture, two and a half minutes on 2 cores): the validation
+scenario's ops and links, GPipe, 1F1B, interleaved 1F1B, ZB-V and DualPipeV with 7
+measured steps each, and the DTensor MLP check. Seven rather than five because a
 zero-bubble schedule has no idle time to absorb an action the machine slowed: its
 steps scatter the most (up to 35 % here), and its median needs the extra steps.
 Skipped without torch (CI installs it).
