@@ -136,10 +136,30 @@ def per_receiving_pass() -> list[tuple[str, int, str, float, float]]:
     return rows
 
 
+def print_spans(rows: list[tuple[str, str, float, float | None]], digits: int) -> None:
+    """One line per schedule: each model's range of a value over its microbatch counts, and of
+    the paper's T_comm beside it where a row carries one."""
+    for schedule in dict.fromkeys(name for _, name, _, _ in rows):
+        spans: dict[str, list[tuple[float, float | None]]] = {}
+        for model, name, value, tcomm in rows:
+            if name == schedule:
+                spans.setdefault(model, []).append((value, tcomm))
+        parts = []
+        for model, pairs in spans.items():
+            values = [value for value, _ in pairs]
+            text = f"{model} {min(values):.{digits}f}-{max(values):.{digits}f}"
+            times = [tcomm for _, tcomm in pairs if tcomm is not None]
+            if times:
+                text += f" (T_comm {min(times):.2f}-{max(times):.2f})"
+            parts.append(text)
+        print(f"  {schedule:7s} " + "  ".join(parts))
+
+
 def main() -> None:
     rows, skipped = compare()
     searched = compare_searched()
-    print(f"{'table':8s} {'model':6s} {'p':>3s} {'m':>4s} {'schedule':8s} {'paper':>7s} {'mpsim':>7s} {'error (pp)':>10s}")
+    print(f"{'table':8s} {'model':6s} {'p':>3s} {'m':>4s} {'schedule':8s} {'paper':>7s} {'mpsim':>7s} "
+          f"{'error (pp)':>10s}")
     for table, (model, p, m), schedule, paper, ours in rows + searched:
         print(f"{table[:8]:8s} {model:6s} {p:3d} {m:4d} {schedule:8s} {paper:7.4f} {ours:7.4f} "
               f"{100 * (ours - paper):+10.2f}")
@@ -148,26 +168,12 @@ def main() -> None:
     print(f"searched ZB-1p / ZB-2p: as good as the paper's search in {as_good} of {len(searched)} rows; "
           f"largest excess {worst:+.2f} pp")
     print(f"skipped {skipped} rows without profiled times (Table 8 setups of 6.2B at p=16 and 14.6B at p=24)")
-    beyond = beyond_paper_cost()
     print("measured steps (Table 4) beyond the paper's own cost (Table 5 bubble rate, Table 9 passes), "
           "ms per microbatch, per model over its microbatch counts:")
-    for schedule in dict.fromkeys(name for _, _, name, _, _ in beyond):
-        spans = {}
-        for model, _, name, _, extra in beyond:
-            if name == schedule:
-                spans.setdefault(model, []).append(extra)
-        print(f"  {schedule:7s} " + "  ".join(f"{model} {min(v):.1f}-{max(v):.1f}" for model, v in spans.items()))
+    print_spans([(model, name, extra, None) for model, _, name, _, extra in beyond_paper_cost()], 1)
     print("the same per pass that waits for a receive (forwards and input-gradient backwards of a middle "
           "stage), against the paper's T_comm, ms:")
-    per_pass = per_receiving_pass()
-    for schedule in dict.fromkeys(name for _, _, name, _, _ in per_pass):
-        spans = {}
-        for model, _, name, extra, tcomm in per_pass:
-            if name == schedule:
-                spans.setdefault(model, []).append((extra, tcomm))
-        print(f"  {schedule:7s} " + "  ".join(
-            f"{model} {min(e for e, _ in v):.2f}-{max(e for e, _ in v):.2f} (T_comm {min(t for _, t in v):.2f}-"
-            f"{max(t for _, t in v):.2f})" for model, v in spans.items()))
+    print_spans([(model, name, extra, tcomm) for model, _, name, extra, tcomm in per_receiving_pass()], 2)
     worst = max(abs(100 * (ours - paper)) for *_, paper, ours in rows)
     print(f"max_abs_error_pp={worst:.2f} rows={len(rows)}")
 
