@@ -16,9 +16,11 @@ It then holds the paper's own cost against the paper's own measurements: for eve
 Table 4 throughput row, the step the run took (microbatches x microbatch size / GPUs /
 samples per second per GPU) against the cost the paper's Table 5 bubble rate implies
 (m (T_F + T_B + T_W) / (1 - bubble rate), the profiled passes and transfers of Table 9),
-as milliseconds per microbatch the run spent beyond that cost, per schedule. Nothing here
-is mpsim's: it says how much of each run no schedule model built on the passes' profiled
-times can hold, and how it grows with the pass boundaries a schedule has.
+as milliseconds per microbatch the run spent beyond that cost, per schedule, and the same
+per pass that waits for a receive (a middle stage's forwards and input-gradient backwards,
+once per chunk) beside the paper's T_comm. Nothing here is mpsim's: it says how much of
+each run no schedule model built on the passes' profiled times can hold, and how it grows
+with the pass boundaries a schedule has.
 
 Usage: python benchmarks/zero_bubble_tables.py
 """
