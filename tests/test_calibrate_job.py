@@ -341,5 +341,12 @@ def test_report_ends_with_the_summary_line_and_the_plot_is_written(outcome, tmp_
     assert re.fullmatch(r"median_abs_error_pct=\d+\.\d\d max_abs_error_pct=\d+\.\d\d schedules=\d+", last)
     assert f"schedules={sum(c.held_out for c in outcome.checks)}" in last
     assert "machine load" in report and "efficiency multiplier" in report
+    # where each schedule's step differs, per rank: the three parts add up to the ends' difference
+    assert "where the step differs, per rank" in report
+    for check in outcome.checks:
+        for rank, miss in enumerate(check.miss_by_rank()):
+            measured_end = statistics.median(s.actions[rank][-1].end_s for s in check.steps)
+            predicted_end = check.result.timeline.actions[rank][-1].end_s
+            assert sum(miss) == pytest.approx(measured_end - predicted_end, abs=1e-9), (check.name, rank)
     plot_validation(outcome.checks, str(tmp_path / "timelines.png"))
     assert (tmp_path / "timelines.png").stat().st_size > 10_000

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mpsim.calibrate.fit.fitting import fit_actions
 from mpsim.calibrate.check.measured import (MeasuredStep, framework_gaps, item_duration, median_step, order_mismatch)
@@ -109,6 +110,14 @@ class ActionError:
         return 100 * (self.predicted_s - self.measured_s) / self.measured_s
 
 
+class RankMiss(NamedTuple):
+    """Measured minus predicted, seconds, of one rank's step: where a step-time error lies."""
+
+    actions_s: float  # the rank's actions, summed
+    receive_waits_s: float  # blocked waiting for an input from another rank
+    rest_s: float  # the rest of the time to its last action's end
+
+
 @dataclass
 class ScheduleCheck:
     """One schedule: measured against predicted."""
@@ -162,6 +171,24 @@ class ScheduleCheck:
     def disturbed_steps(self) -> int:
         """Kept steps none of whose tries was quiet (only with ``--allow-busy``)."""
         return sum(s.disturbed for s in self.steps)
+
+    def miss_by_rank(self) -> list[RankMiss]:
+        """Per rank, where the measured time to its last action's end differs from the predicted:
+        inside its actions, in its waits for a receive, and in the rest (framework time between
+        actions, own sends, waiting to start). Measured figures are medians over the kept steps;
+        the rest is what the end leaves of each side's actions and waits, so the three add up to
+        the difference of the ends."""
+        misses = []
+        for rank, records in enumerate(self.result.timeline.actions):
+            end = statistics.median(max((a.end_s for a in s.actions[rank]), default=0.0) for s in self.steps)
+            busy = statistics.median(sum(a.duration_s for a in s.actions[rank]) for s in self.steps)
+            waits = statistics.median(sum(e - b for b, e in s.waits[rank]) for s in self.steps)
+            predicted_end = records[-1].end_s if records else 0.0
+            predicted_busy = sum(r.end_s - r.start_s for r in records)
+            predicted_waits = sum(r.start_s - r.ready_s for r in records)
+            misses.append(RankMiss(busy - predicted_busy, waits - predicted_waits,
+                                   (end - busy - waits) - (predicted_end - predicted_busy - predicted_waits)))
+        return misses
 
     def action_error_summary(self) -> tuple[float, float]:
         """(median, max) absolute per-action error in percent."""

@@ -90,6 +90,17 @@ def schedule_table(outcome) -> list[str]:
     return lines
 
 
+def miss_lines(outcome) -> list[str]:
+    """Per schedule and rank: where the measured step differs from the predicted one."""
+    lines = ["where the step differs, per rank, measured - predicted: inside its actions / in its waits for a "
+             "receive / the rest (framework time between actions, own sends):"]
+    for check in outcome.checks:
+        parts = [f"rank {rank} {miss.actions_s * 1e3:+.1f} / {miss.receive_waits_s * 1e3:+.1f} / "
+                 f"{miss.rest_s * 1e3:+.1f} ms" for rank, miss in enumerate(check.miss_by_rank())]
+        lines.append(f"  {check.name:<16} " + "; ".join(parts))
+    return lines
+
+
 def action_lines(outcome, limit: int = 4) -> list[str]:
     """Per schedule and action kind: median predicted vs measured, and the worst actions."""
     lines = ["per-action error by kind (median predicted / measured; worst action):"]
@@ -136,7 +147,7 @@ def format_validation(outcome) -> str:
     lines += ["", "step time = first rank's start of schedule.step() to the last action's end (no optimizer); "
                   "error = (predicted - measured) / measured"]
     lines += schedule_table(outcome)
-    lines += [""] + action_lines(outcome) + [""] + tp_lines(outcome.tp_widths)
+    lines += [""] + miss_lines(outcome) + [""] + action_lines(outcome) + [""] + tp_lines(outcome.tp_widths)
     med, worst, count = step_errors(outcome.checks)
     lines.append(f"median_abs_error_pct={med:.2f} max_abs_error_pct={worst:.2f} schedules={count}")
     return "\n".join(lines)
