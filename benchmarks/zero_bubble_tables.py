@@ -82,6 +82,12 @@ def compare_searched() -> list[tuple[str, tuple, str, float, float]]:
     return rows
 
 
+def interleaved_chunks(layers: int, pp: int) -> int:
+    """Chunks per rank of the paper's 1F1B-I, one transformer layer each: the first and last
+    stage hold one layer fewer (Table 3 note), so the layers and those two make whole stages."""
+    return (layers + 2) // pp
+
+
 def compare() -> tuple[list[tuple[str, tuple, str, float, float]], int]:
     """(table, setup, schedule, paper, mpsim) rows of the five fixed schedules, and how many
     rows had no profiled times."""
@@ -98,7 +104,7 @@ def compare() -> tuple[list[tuple[str, tuple, str, float, float]], int]:
         name, v = SCHEDULES[row["schedule"]]
         p, m = key[1], key[2]
         if v is None:
-            v = (layers + 2) // p  # first and last stage hold one layer fewer (Table 3 note)
+            v = interleaved_chunks(layers, p)
         rows.append((row["table_ref"], key, row["schedule"], float(row["bubble_rate"]),
                      bubble_rate(build_schedule(name, p, v, m, check=True), v, tf, tb, tw, tcomm)))
     return rows, skipped
@@ -119,10 +125,8 @@ def beyond_paper_cost() -> list[tuple[str, int, str, float, float]]:
 
 def receiving_passes(schedule: str, layers: int, pp: int) -> int:
     """Passes per microbatch of a middle stage that wait for a receive: every forward and every
-    input-gradient backward (a weight-gradient pass receives nothing), once per chunk; the
-    paper's 1F1B-I has one transformer layer per chunk, its layers padded to a multiple of p."""
-    chunks = (layers + (-layers) % pp) // pp if schedule == "1F1B-I" else 1
-    return 2 * chunks
+    input-gradient backward (a weight-gradient pass receives nothing), once per chunk."""
+    return 2 * (interleaved_chunks(layers, pp) if schedule == "1F1B-I" else 1)
 
 
 def per_receiving_pass() -> list[tuple[str, int, str, float, float]]:
