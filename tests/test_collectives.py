@@ -76,6 +76,19 @@ def test_busbw_of_published_sweeps_from_16_mib(setup, within, points):
     assert checked >= points
 
 
+def test_alps_large_all_reduces_hold_out_of_sample_inside_one_cabinet():
+    # BLINK-ALPS (De Sensi et al., SC24: their released runs, 2 to 512 nodes of 4 GH200): mpsim's Alps
+    # network, set from one 2-node sweep of one GPU per node, predicts the 1 GiB plateau of every
+    # job up to 64 nodes; from 128 nodes, jobs that spanned two cabinets, the runs fell to about
+    # 55 GB/s, which the non-blocking fabric of the file does not price (docs/accuracy.md, not checked here)
+    plateau = {int(row["nodes"]): (measured, predicted) for row, size, measured, predicted in measured_rows()
+               if row["setup"].endswith("GH200 (Alps; Blink)") and size == GiB}
+    assert sorted(plateau) == [2, 4, 8, 16, 32, 64, 128, 256, 512]
+    for nodes, (measured, predicted) in plateau.items():
+        if nodes <= 64:
+            assert predicted == pytest.approx(measured, rel=0.05), nodes
+
+
 def test_busbw_follows_the_measured_shape_below_16_mib():
     by_setup: dict[str, list[tuple[float, float, float]]] = {}
     for row, size, measured, predicted in measured_rows():
