@@ -14,9 +14,10 @@ each); what the page leaves out is listed in the assumptions.
 torchtitan's ``layer`` policy of selective activation checkpointing recomputes every second
 block whole (``selective_ac_option`` 2, the page does not print the number): priced as that
 many blocks fully recomputed (``parallel.recompute_num_layers``, half the layers; with one
-chunk per rank only the count matters). Left out: the rows with its ``op`` policy, which keeps
-the outputs of every other matmul and of attention and recomputes the rest; mpsim's
-``selective`` is Megatron's (the attention core only). The later page (H100 rows, January
+chunk per rank only the count matters). Its ``op`` policy, which keeps the outputs of every
+other matmul and of attention and recomputes the rest, is ``parallel.recompute:
+selective-op`` (``mpsim/workload/op_recompute.py``; its three rows were left out until it
+was). The later page (H100 rows, January
 2025) ran on Grand Teton H100s with 96 GB of HBM2e at a 500 W limit, whose peak its authors
 say they do not know; no hardware file here describes that part.
 """
@@ -36,9 +37,9 @@ TORCHTITAN_BASE = SCENARIOS / "published" / "torchtitan_a100.yaml"
 # the page's models: Llama 3 as shipped; Llama 2 as the NeMo rows write it (Touvron et al. 2023)
 MODELS = {"Llama 3 8B": ("llama3-8b", ()), "Llama 3 70B": ("llama3-70b", ()),
           "Llama 2 13B": LLAMA2["LLAMA2-13B"], "Llama 2 70B": LLAMA2["LLAMA2-70B"]}
-# the page's activation checkpointing -> (mpsim's recompute, share of the layers recomputed);
-# None: not expressible
-RECOMPUTE = {"none": ("none", 1), "full": ("full", 1), "selective op": None, "selective layer": ("full", 2)}
+# the page's activation checkpointing -> (mpsim's recompute, share of the layers recomputed)
+RECOMPUTE = {"none": ("none", 1), "full": ("full", 1), "selective op": ("selective-op", 1),
+             "selective layer": ("full", 2)}
 # train_configs' norm_type: rmsnorm is torchtitan's RMSNorm module (PyTorch operators, eager);
 # fused_rmsnorm its Triton kernel, one each way (torchtitan/models/norms.py)
 NORM_KERNEL = {"rmsnorm": "operators", "fused_rmsnorm": "fused"}
@@ -52,15 +53,11 @@ ASSUMPTIONS = (
     "selective layer checkpointing every second block (the page does not print the frequency): half the "
     "layers fully recomputed",
 )
-LEFT_OUT = ("3 rows", "left out: torchtitan's selective op checkpointing (every other matmul's output and "
-                      "attention's kept, the rest recomputed), which mpsim's Megatron-style selective recompute "
-                      "does not express")
 
 
 def torchtitan_table(_data: Path) -> list[Case]:
     cases = []
-    rows = [row for row in read_csv(CSV) if RECOMPUTE[row["activation_checkpointing"]] is not None]
-    for row in rows:
+    for row in read_csv(CSV):
         gpus, batch, seq = (number(row[k]) for k in ("num_gpus", "local_batch", "seq_len"))
         model, settings = MODELS[row["model"]]
         recompute, every = RECOMPUTE[row["activation_checkpointing"]]

@@ -102,8 +102,7 @@ from published_cudnn_llama import (ASSUMPTIONS as CUDNN_LLAMA_ASSUMPTIONS, LEFT_
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
 from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, nemo_table  # noqa: E402
-from published_torchtitan import (ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, LEFT_OUT as TORCHTITAN_LEFT_OUT,  # noqa: E402
-                                  torchtitan_table)
+from published_torchtitan import ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, torchtitan_table  # noqa: E402
 from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_ASSUMPTIONS,  # noqa: E402
                                    ZB_T11_LEFT_OUT, zero_bubble_table4, zero_bubble_table6,
                                    zero_bubble_table7, zero_bubble_table9, zero_bubble_table10, zero_bubble_table11,
@@ -128,7 +127,6 @@ TABLE_GAPS: dict[str, list[tuple[str, str]]] = {
     "zero_bubble_table10": [ZB_CLUSTER_GAP],
     "zero_bubble_table11": [ZB_CLUSTER_GAP, ZB_T11_LEFT_OUT],
     "zero_bubble_table12": [ZB_CLUSTER_GAP],
-    "torchtitan_a100": [TORCHTITAN_LEFT_OUT],
     "cudnn_llama1b": [CUDNN_LLAMA_LEFT_OUT],
 }
 

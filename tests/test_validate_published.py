@@ -221,7 +221,7 @@ def test_torchtitan_rows_reproduce_the_printed_mfu(harness):
     # the page prints MFU beside tokens/s, from torchtitan's own count (torchtitan/utils.py at
     # 157a12c: 6 x every parameter + 12 x layers x heads x head dim x sequence per token, over
     # A100's 312 TFLOP/s): each row's model shape and tokens/s give the printed MFU, so neither
-    # was copied wrong (every row of the CSV, the left-out ones too)
+    # was copied wrong
     import csv
 
     from mpsim.specs import load_scenario
@@ -241,8 +241,9 @@ def test_torchtitan_rows_reproduce_the_printed_mfu(harness):
         mfu = 100 * per_token * float(row["wps_per_gpu"]) / 312e12
         assert mfu == pytest.approx(float(row["mfu_pct"]), abs=0.15), row["model"]
     assert [c.label for c in harness.cases_of(["torchtitan_a100"])] == [
-        "Llama 3 8B batch 1 AC selective layer", "Llama 3 70B batch 1 AC full", "Llama 2 13B batch 2 AC none",
-        "Llama 2 13B batch 2 AC selective layer", "Llama 2 70B batch 2 AC full"]
+        "Llama 3 8B batch 1 AC selective layer", "Llama 3 8B batch 1 AC selective op", "Llama 3 70B batch 1 AC full",
+        "Llama 2 13B batch 2 AC none", "Llama 2 13B batch 2 AC selective layer", "Llama 2 13B batch 2 AC selective op",
+        "Llama 2 70B batch 1 AC selective op", "Llama 2 70B batch 2 AC full"]
 
 
 def test_cudnn_llama_rows_run_on_one_gpu_with_the_kernel_their_backend_names(harness):

@@ -24,7 +24,7 @@ from mpsim.schedules.registry import stage_chains
 from mpsim.schedules.unshard import TORCH_GATHERED_CHUNKS, Gathering
 from mpsim.specs.layout_checks import (check_context_parallel, check_deferred_head_wgrad, check_dtype,
                                        check_microbatch_groups, check_moe_dispatch, check_tensor_parallel,
-                                       check_userbuffers_sms, fail)
+                                       check_op_recompute, check_userbuffers_sms, fail)
 from mpsim.specs.pipeline_split import layers_per_chunk
 from mpsim.specs.scenario import Scenario
 
@@ -181,6 +181,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     check_context_parallel(scenario)
     check_deferred_head_wgrad(scenario)
     check_userbuffers_sms(scenario)
+    check_op_recompute(scenario)
     check_moe_dispatch(scenario)
     dp = _data_parallel_size(scenario)
     ep, etp = _expert_parallel_sizes(scenario, dp)

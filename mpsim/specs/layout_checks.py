@@ -141,6 +141,28 @@ def check_deferred_head_wgrad(scenario: Scenario) -> None:
                           f"reduced once per step (zero_stage 0 or 1)")
 
 
+def check_op_recompute(scenario: Scenario) -> None:
+    """PyTorch's per-operator checkpointing (``recompute: selective-op``) as torchtitan's policy
+    runs it counts and keeps ``aten.mm`` outputs: a dense transformer whose projections have
+    no bias (an ``addmm`` it neither counts nor keeps) and whose attention is the standard one
+    (``mpsim/workload/op_recompute.py``)."""
+    if scenario.parallel.recompute != "selective-op":
+        return
+    model, field = scenario.model, "parallel.recompute"
+    if isinstance(model, LayerStackSpec):
+        raise fail(field, "selective-op follows the matmuls of a transformer block (query, key, value, output, "
+                          "FFN); a layer stack takes none, selective or full")
+    problem = ("its projections have biases (model.linear_bias), which run as addmm, an op the policy neither "
+               "counts nor keeps" if model.linear_bias else
+               "its layers are mixture-of-experts (model.moe), whose grouped matmuls the policy does not count"
+               if model.moe is not None else
+               "its attention is multi-head latent attention (model.mla), with matmuls of another pattern"
+               if model.mla is not None else None)
+    if problem:
+        raise fail(field, f"selective-op is torchtitan's per-op policy for dense Llama-style layers; {problem}; "
+                          f"use selective or full")
+
+
 def check_userbuffers_sms(scenario: Scenario) -> None:
     """Userbuffers SMs fewer than the accelerator has (they take effect with training.tp_comm_overlap;
     without it NeMo ignores its ub_tp_comm_overlap_cfg, and so does mpsim)."""

@@ -72,7 +72,10 @@ class ParallelPlan(Spec):
                                 "to the microbatches per pipeline; default pp, or where pp does not divide the "
                                 "microbatches, the count split evenly into microbatches // pp rounds (torch's)")
     sequence_parallel: bool = False
-    recompute: Literal["none", "selective", "full"] = "none"
+    # none; selective: Megatron's (the attention core's softmax, dropout and matmuls); full: every
+    # layer's forward; selective-op: PyTorch's per-operator checkpointing as torchtitan's
+    # selective_ac_option "op" runs it (mpsim/workload/op_recompute.py)
+    recompute: Literal["none", "selective", "full", "selective-op"] = "none"
     # Megatron's --recompute-granularity full --recompute-method block --recompute-num-layers N: the
     # first N transformer layers of each model chunk recompute their forward, the rest keep their
     # activations (megatron/core/transformer/transformer_block.py, _checkpointed_forward)

@@ -22,6 +22,7 @@ from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropo
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.context_parallel import context_parallel
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
+from mpsim.workload.op_recompute import attention_op_recompute
 
 # A fused kernel under a causal mask computes the s (s + 1) / 2 query-key pairs of the lower
 # triangle, diagonal included, and its published rates count exactly those (cuDNN's benchmark
@@ -263,10 +264,12 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     saved = ctx.norm_tokens * h * e + saved_proj + core_saved + context
     # output projection: its input and its output gradient as it arrives (gathered again for the weight pass)
     wbuf += (t * heads * d_v + ctx.norm_tokens * h) * e
+    op_redo, op_saved = (None, 0.0) if mla is not None else attention_op_recompute(
+        ctx, gather, reduce, rope, core_fwd, core_saved, context, proj)
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
                      recompute_selective=tuple(core_fwd), params=float(params), saved_bytes=float(saved),
                      selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf),
-                     param_tensors=param_tensors(*tensors))
+                     param_tensors=param_tensors(*tensors), recompute_op=op_redo, op_saved_bytes=op_saved)
 
 
 def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_params: int) -> BlockWork:
@@ -277,9 +280,13 @@ def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_pa
     (norm_in, norm_w), after_grad = norm_grad(ctx, "attn.norm"), bias_dropout_add_grad(ctx, "attn.bda")
     # the norm's input and the residual's dropout mask, beside what self-attention keeps
     saved = inner.saved_bytes + local * h * e + local * h * mask + norm_saved_bytes(ctx)
+    # op-level recompute: the checkpoint keeps the layer's input and runs the norm and the
+    # residual add again (the next norm reads the sum)
+    op_redo = None if inner.recompute_op is None else (before, *inner.recompute_op, after)
     return BlockWork((before, *inner.forward, after), (*after_grad, *inner.backward, *norm_in, *norm_w),
                      (*after_grad, *inner.backward_input, *norm_in), (*inner.backward_weight, *norm_w),
                      recompute_selective=inner.recompute_selective, params=inner.params + norm_params * h,
                      saved_bytes=saved, selective_saved_bytes=inner.selective_saved_bytes,
                      weight_grad_buffer_bytes=inner.weight_grad_buffer_bytes,
-                     param_tensors=inner.param_tensors + (float(h),) * norm_params)
+                     param_tensors=inner.param_tensors + (float(h),) * norm_params,
+                     recompute_op=op_redo, op_saved_bytes=inner.op_saved_bytes + local * h * e)

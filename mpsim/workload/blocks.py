@@ -151,6 +151,11 @@ class BlockWork:
     expert_params: float = 0.0  # expert parameters on this rank (reduced over the expert-DP group)
     saved_bytes: float = 0.0  # tensors kept from forward to backward
     selective_saved_bytes: float = 0.0  # of which selective recompute drops
+    # op-level selective recompute (``parallel.recompute: selective-op``): what the backward runs
+    # again, and what the forward keeps; None where the block's matmuls do not follow
+    # torchtitan's pattern (mpsim/workload/op_recompute.py)
+    recompute_op: tuple[Item, ...] | None = None
+    op_saved_bytes: float = 0.0
     weight_grad_buffer_bytes: float = 0.0  # kept from I until W by a split backward
     notes: tuple[str, ...] = field(default_factory=tuple)
     # elements of each parameter tensor on this rank (dense and expert): plain PyTorch adds

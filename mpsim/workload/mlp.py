@@ -20,6 +20,7 @@ from mpsim.workload.blocks import (BlockWork, LayerContext, bias_add, bias_dropo
                                    present, scattered_gemm, tp_collectives, weight_pass_regather)
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.ops import Item, Op, memory_op
+from mpsim.workload.op_recompute import mlp_op_recompute
 
 
 @dataclass(frozen=True)
@@ -195,10 +196,14 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
                *(h,) * norm_params)
     saved += 2 * local * h * e + local * h * mask + norm_saved_bytes(ctx)  # norm input, FC1 input, dropout mask
     norm_in, norm_w = norm_grad(ctx, "mlp.norm")
+    gather, reduce = tp_collectives(ctx, "mlp")
+    fc1s = fc1_gemms(ctx, "mlp", ctx.tokens, ctx.ffn_local, activation, gathered_input=True)[0]
+    act = activation_ops("mlp.act", ctx.tokens * ctx.ffn_local, e, activation)[0]
+    op_redo, op_saved = mlp_op_recompute(ctx, gather, reduce, fc1s, act, fc1_width)
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),
         backward=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward, *norm_in, *norm_w),
         backward_input=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward_input, *norm_in),
         backward_weight=(*backward_weight, *norm_w),
         params=params, saved_bytes=saved, weight_grad_buffer_bytes=wbuf,
-        param_tensors=param_tensors(*tensors))
+        param_tensors=param_tensors(*tensors), recompute_op=(norm(ctx, "mlp.norm"), *op_redo), op_saved_bytes=op_saved)

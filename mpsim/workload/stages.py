@@ -105,6 +105,8 @@ def build_stage(ctx: LayerContext, layers: int, dense_layers: int, has_embedding
         recompute = options.layer_recompute(layer_index) if is_layer else "none"
         layer_index += is_layer
         redo = {"full": work.forward, "selective": work.recompute_selective}.get(recompute, ())
+        if recompute == "selective-op":
+            redo = work.recompute_op
         unit = replace(options, reshard_after_forward=False) if label == last_layer else options
         fwd, bwd, bwd_in, bwd_w = unit_blocks(label, work.params + work.expert_params, work.forward, work.backward,
                                           work.backward_input, work.backward_weight, redo, unit,

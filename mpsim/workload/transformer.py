@@ -41,6 +41,14 @@ class LayerWork:
     def recompute_selective(self) -> tuple[Item, ...]:
         return self.attention.recompute_selective
 
+    @cached_property  # one tuple per layer, as the passes
+    def recompute_op(self) -> tuple[Item, ...]:
+        """What op-level selective recompute runs again (``mpsim/workload/op_recompute.py``)."""
+        if self.attention.recompute_op is None or self.ffn.recompute_op is None:
+            raise ValueError("op-level selective recompute needs dense layers with standard attention "
+                             "(specs/layout_checks.py refuses the others)")
+        return self.attention.recompute_op + self.ffn.recompute_op
+
     @cached_property  # one tuple per layer: its twins in a stage share it (and its price)
     def backward(self) -> tuple[Item, ...]:
         return self.ffn.backward + self.attention.backward
@@ -74,6 +82,8 @@ class LayerWork:
         """Bytes kept from this layer's forward until its backward, per microbatch."""
         if recompute == "full":
             return self.layer_input_bytes
+        if recompute == "selective-op":
+            return self.attention.op_saved_bytes + self.ffn.op_saved_bytes
         saved = self.attention.saved_bytes + self.ffn.saved_bytes
         if recompute == "selective":
             saved -= self.attention.selective_saved_bytes
