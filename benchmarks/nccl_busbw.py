@@ -50,6 +50,11 @@ FABRIC_SYSTEMS = {"NVLink 3 ring": "dgx-a100", "NVLink 4 NVLS": "hgx-h200", "NVL
                   "400G per GPU network": "hgx-b200", "Infinity Fabric ring": "mi300x-platform"}
 
 
+# the multi-node sweeps below 1 MiB, by the tool column: nccl-tests on H100 (NCCL-T309), and the
+# Alps runs of De Sensi et al. (BLINK-ALPS: 8 B to 32 KiB on 2 to 512 nodes, median times)
+LATENCY_SWEEPS = {"nccl-tests": "nccl-tests", "blink": "Blink on Alps, medians"}
+
+
 def in_sample(row: dict[str, str]) -> bool:
     """Whether a measured point set a curve (from 16 MiB) or a peak of the file that predicts it."""
     if float(row["size_bytes"]) < fit_busbw_curves.MIN_SIZE:
@@ -91,6 +96,8 @@ def predict(row: dict[str, str], systems: dict) -> tuple[float, str]:
 
 
 def size_label(size: float) -> str:
+    if size < 2**10:
+        return f"{size:g} B"
     if size % 1e6 == 0:
         return f"{size / 1e9:g} GB"
     for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -111,8 +118,8 @@ def measured_against_predicted(systems: dict | None = None, trained: set[str] | 
     worst = {True: 0.0, False: 0.0}
     count = {True: 0, False: 0}
     shape_factor = 1.0  # worst ratio either way between 1 MiB and 16 MiB
-    # nccl-tests sweeps across nodes below 1 MiB: where latency sets the time (NCCL's LL protocol)
-    latency_bound: list[float] = []
+    # sweeps across nodes below 1 MiB, by tool: where latency sets the time (NCCL's LL protocol)
+    latency_bound: dict[str, list[float]] = {}
     print(f"{'setup':28s} {'op':14s} {'size':>8s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'fit':>3s}  "
           f"algorithm")
     for row in csv.DictReader(DATA.open()):
@@ -126,8 +133,8 @@ def measured_against_predicted(systems: dict | None = None, trained: set[str] | 
               f"{error:+6.1f}% {'in' if sample else 'out':>3s}  {algorithm}{flag}")
         if 2**20 <= size < MIN_SIZE:
             shape_factor = max(shape_factor, predicted / measured, measured / predicted)
-        if size < 2**20 and int(row["nodes"]) > 1 and row["tool"] == "nccl-tests":
-            latency_bound.append(error)
+        if size < 2**20 and int(row["nodes"]) > 1 and row["tool"] in LATENCY_SWEEPS:
+            latency_bound.setdefault(row["tool"], []).append(error)
         if size >= MIN_SIZE:
             key = f"{row['setup']} {row['op']}"
             worst_by_setup[key] = max(worst_by_setup.get(key, 0.0), abs(error))
@@ -137,9 +144,10 @@ def measured_against_predicted(systems: dict | None = None, trained: set[str] | 
     for key, value in worst_by_setup.items():
         print(f"max |error| >= 16 MB  {key:42s} {value:5.1f} %")
     print(f"below 16 MB (1 MiB up) the prediction is within a factor {shape_factor:.2f} of the measurement")
-    if latency_bound:
-        print(f"below 1 MiB across nodes (nccl-tests): mean |error| {sum(map(abs, latency_bound)) / len(latency_bound):.1f} %, "
-              f"from {min(latency_bound):+.1f} to {max(latency_bound):+.1f} % over {len(latency_bound)} points")
+    for tool, errors in latency_bound.items():
+        print(f"below 1 MiB across nodes ({LATENCY_SWEEPS[tool]}): mean |error| "
+              f"{sum(map(abs, errors)) / len(errors):.1f} %, from {min(errors):+.1f} to {max(errors):+.1f} % over "
+              f"{len(errors)} points")
     what = "fitted on, or a peak read from" if trained is None else f"of {', '.join(sorted(trained))}"
     print(f"in-sample      max |error| >= 16 MB {worst[True]:5.1f} % over {count[True]} points ({what})")
     print(f"out-of-sample  max |error| >= 16 MB {worst[False]:5.1f} % over {count[False]} points (the others)")
