@@ -20,7 +20,7 @@ import argparse
 import resource
 import time
 
-from mpsim.explore.layouts import RECOMPUTE_MODES
+from mpsim.explore.layouts import RECOMPUTE_ORDER
 from mpsim.explore.planbase import base_scenario
 from mpsim.explore.planner import PlanEvaluator, layout_label, plan, plan_identity
 from mpsim.explore.planreport import format_plan, loss_reason, matching, ranked
@@ -68,7 +68,7 @@ def exhaustive(scenario, result, workers: int | None) -> None:
     def twin_fits(record: dict) -> bool:
         mode = record["point"].get("parallel.recompute")
         rest = canonical_json({k: v for k, v in record["point"].items() if k != "parallel.recompute"})
-        return any(rest + lighter in fitting for lighter in RECOMPUTE_MODES[:RECOMPUTE_MODES.index(mode)])
+        return any(rest + lighter in fitting for lighter in RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(mode)])
 
     undominated = [r for r in everything if not twin_fits(r)]
     top_plan = [r["key"] for r in ranked(result)[:10]]

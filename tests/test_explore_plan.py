@@ -51,6 +51,19 @@ def test_pinned_fields_are_not_enumerated(tiny):
     assert {layout["parallel.recompute"] for layout in layouts} == {"full"}
 
 
+@pytest.mark.parametrize("fields,expected", [
+    ({}, {"none", "selective", "full"}),  # Megatron's layers: its core-attention recompute
+    # plain PyTorch layers (torchtitan's kind): torchtitan's per-op policy instead, which Megatron lacks
+    ({"training.transformer_impl": "pytorch", "model.linear_bias": False}, {"none", "selective-op", "full"}),
+    # ... and neither where the projections have biases (addmm, which the policy does not keep)
+    ({"training.transformer_impl": "pytorch"}, {"none", "full"}),
+])
+def test_the_plan_offers_the_recompute_modes_of_the_runs_framework(tiny, fields, expected):
+    base = apply_fields(tiny, fields)
+    layouts = list(enumerate_layouts(PlanContext(base, max_microbatch_size=1, schedules=("1f1b",))))
+    assert {layout["parallel.recompute"] for layout in layouts} == expected
+
+
 def test_memory_check_agrees_with_the_report(tiny):
     fields = {"parallel.tp": 2, "parallel.pp": 2, "parallel.vpp": 1, "parallel.layers_per_stage": None,
               "parallel.microbatch_size": 2, "parallel.sequence_parallel": True,

@@ -28,10 +28,26 @@ from mpsim.errors import InputError
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.zb_search import SEARCHED
 from mpsim.specs.scenario import Scenario
+from mpsim.specs.stack import LayerStackSpec
 from mpsim.specs.stack_tp import plan_tensor_parallel
 
 Choice = dict[str, Any]  # field -> value chosen by one axis
-RECOMPUTE_MODES = ("none", "selective", "full")
+# lightest first: a heavier mode of a layout is dominated where a lighter one fits (planner.py);
+# "selective" and "selective-op" are never enumerated together, so their order does not matter
+RECOMPUTE_ORDER = ("none", "selective", "selective-op", "full")
+
+
+def recompute_modes(scenario: Scenario) -> tuple[str, ...]:
+    """The recompute modes the scenario's framework offers, lightest first: Megatron's (none,
+    its core-attention ``selective``, full) for its layers and Transformer Engine's, and for plain
+    PyTorch layers (``transformer_impl: pytorch``, torchtitan's kind) none, full and, where the
+    model's matmuls follow the pattern, torchtitan's per-op policy; Megatron's selective
+    recompute is not a PyTorch option, so a plan for such a run does not offer it."""
+    model = scenario.model
+    if scenario.training.layers_impl != "pytorch" or isinstance(model, LayerStackSpec):
+        return ("none", "selective", "full")
+    per_op = not model.linear_bias and model.moe is None and model.mla is None
+    return ("none", "selective-op", "full") if per_op else ("none", "full")
 
 
 @dataclass(frozen=True)
@@ -191,7 +207,7 @@ def _microbatch(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
 
 
 def _recompute(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
-    for mode in RECOMPUTE_MODES:
+    for mode in recompute_modes(ctx.scenario):
         yield {"parallel.recompute": mode}
 
 

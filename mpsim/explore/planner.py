@@ -53,7 +53,7 @@ from mpsim.errors import InputError
 from mpsim.explore.axes import Point
 from mpsim.explore.bounds import step_lower_bound
 from mpsim.explore.evaluate import error_text, failure, schedule_for, summary_metrics
-from mpsim.explore.layouts import RECOMPUTE_MODES, PlanContext, enumerate_layouts
+from mpsim.explore.layouts import RECOMPUTE_ORDER, PlanContext, enumerate_layouts
 from mpsim.explore.planbase import apply_fields
 from mpsim.explore.plancache import COLLECTIVES, MEMORY, PREPARED, PRICES, Prepared, remember, short_schedule
 from mpsim.explore.progress import Progress
@@ -95,7 +95,7 @@ class PlanEvaluator:
     identity: str = ""
     # the recompute modes the plan enumerates: a lighter mode dominates a heavier one only when
     # it is among them (a --set parallel.recompute pin leaves one, which nothing dominates)
-    recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
+    recompute_modes: tuple[str, ...] = RECOMPUTE_ORDER
 
     def _scenario(self, fields: dict[str, Any]) -> tuple[Scenario, Prepared]:
         group = self._key(fields, SCHEDULE_FIELD)
@@ -130,7 +130,7 @@ class PlanEvaluator:
             return known
         state_key = self._key(fields, RECOMPUTE_FIELD)
         state = MEMORY.get(state_key)
-        if state is not None and state[0] > state[1] and fields.get(RECOMPUTE_FIELD) in RECOMPUTE_MODES:
+        if state is not None and state[0] > state[1] and fields.get(RECOMPUTE_FIELD) in RECOMPUTE_ORDER:
             # the state overflows whatever the recompute; and since it was computed, the same
             # layout with another mode passed the rules and got its schedule, which no rule
             # or schedule ties to the mode: this layout would too, and end here the same way
@@ -158,9 +158,9 @@ class PlanEvaluator:
     def _lighter_fits(self, fields: dict[str, Any]) -> str | None:
         """A lighter recompute mode that fits too, if any (the heavier one is then dominated)."""
         mode = fields.get(RECOMPUTE_FIELD)
-        if mode not in RECOMPUTE_MODES:
+        if mode not in RECOMPUTE_ORDER:
             return None
-        for lighter in RECOMPUTE_MODES[:RECOMPUTE_MODES.index(mode)]:
+        for lighter in RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(mode)]:
             if lighter not in self.recompute_modes:
                 continue
             try:
@@ -336,7 +336,7 @@ def plan(scenario: Scenario, *, top: int = 10, pinned: Sequence[str] = (), max_m
     identity = plan_identity(scenario)
     keep = max(1, top)
     with Session(backend, workers, ray_address) as session:
-        modes = tuple(m for m in RECOMPUTE_MODES if any(dict(p).get(RECOMPUTE_FIELD) == m for p in points))
+        modes = tuple(m for m in RECOMPUTE_ORDER if any(dict(p).get(RECOMPUTE_FIELD) == m for p in points))
         checked = run_points(PlanEvaluator(scenario, "check", engine, identity, modes), points, session,
                              RunControl(out=out, progress=progress, label="plan: check"))
         result = PlanResult(scenario, points, list(checked.records), keep, workers=checked.workers,
