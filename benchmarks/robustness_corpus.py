@@ -138,6 +138,9 @@ def _set_cases() -> list[Case]:
     # a layer count of full recompute where the scenario recomputes only the attention core
     cases.append(_run_set("set recompute_num_layers with selective recompute", "parallel.recompute_num_layers=2",
                           "recompute_num_layers", base=BASE.replace("recompute: full", "recompute: selective")))
+    # torchtitan's per-op policy on a GPT layer, whose biased projections run as addmm
+    cases.append(_run_set("set selective-op recompute on biased projections", "parallel.recompute=selective-op",
+                          "parallel.recompute", "linear_bias"))
     return cases
 
 
