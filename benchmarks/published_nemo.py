@@ -82,9 +82,25 @@ ASSUMPTIONS = (
     "FP8 as the dgxc recipes run it (Transformer Engine, fp8 parameters); the summaries do not say "
     "which scaling recipe each release used",
 )
+# NeMo 25.11's summary (Megatron-Bridge) names its recipe: FP8-CS, current scaling
+ASSUMPTIONS_25_11 = (
+    ASSUMPTIONS[0],
+    "FP8 with current scaling as the summary names it (FP8-CS), with fp8 parameters as the dgxc recipes; "
+    "the summary's Megatron-Bridge recipes are not read",
+)
+
+
+# the same models as Megatron-Bridge's summaries (NeMo 25.09 on) name them
+RENAMED = {"LLAMA3_8B": "LLAMA3-8B", "LLAMA3_70B": "LLAMA3-70B", "LLAMA3.1_405B": "LLAMA3-405B"}
+# the summaries' precisions: FP8 (NeMo 24.07, 25.02: as the dgxc recipes run it, delayed
+# scaling) and FP8-CS (NeMo 25.11: Transformer Engine's current scaling, one amax per tensor
+# taken as it is cast)
+PRECISIONS = {"FP8": ("training.dtype=fp8", "training.fp8_params=true"),
+              "FP8-CS": ("training.dtype=fp8", "training.fp8_params=true", "training.fp8_recipe=current")}
 
 
 def _model_settings(model: str) -> tuple[str, tuple[str, ...]]:
+    model = RENAMED.get(model, model)
     for table in (LLAMA2, GPT3, DGXC_MODELS):
         if model in table:
             return table[model]
@@ -116,7 +132,7 @@ def nemo_table(name: str, release: str, system: str):
                 f"training.pp_send_blocking={str(vp == 1).lower()}",
                 "training.grad_reduce_bucket_bytes=75 MiB",
                 *settings,
-                "training.dtype=fp8", "training.fp8_params=true",
+                *PRECISIONS[row["precision"]],
             ]
             step_s = gbs * seq / (float(row["tokens_per_s_per_gpu"]) * gpus)
 

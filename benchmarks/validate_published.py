@@ -101,7 +101,7 @@ from published_cudnn_llama import (ASSUMPTIONS as CUDNN_LLAMA_ASSUMPTIONS, LEFT_
                                    cudnn_llama_table)
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
-from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, nemo_table  # noqa: E402
+from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, ASSUMPTIONS_25_11 as NEMO_25_11_ASSUMPTIONS, nemo_table  # noqa: E402,E501
 from published_torchtitan import ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, torchtitan_table  # noqa: E402
 from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_ASSUMPTIONS,  # noqa: E402
                                    ZB_T11_LEFT_OUT, zero_bubble_table4, zero_bubble_table6,
@@ -183,6 +183,13 @@ OUT_OF_SAMPLE: dict[str, Table] = {
     "nemo_b200_25.02": Table("NeMo performance summary, NeMo 25.02 on DGX B200, FP8 (out of sample)", "step time",
                              "s", "s", nemo_table("nemo_b200_25.02", "NeMo 25.02", "DGX-B200"),
                              assumptions=NEMO_ASSUMPTIONS),
+    # Megatron-Bridge's summary of NeMo 25.11: its data-parallel Llama rows (its FSDP rows left out)
+    "nemo_h100_25.11": Table("NeMo performance summary, NeMo 25.11 on DGX H100, FP8 current scaling (out of sample)",
+                             "step time", "s", "s", nemo_table("nemo_h100_25.11", "NeMo 25.11", "DGX-H100"),
+                             assumptions=NEMO_25_11_ASSUMPTIONS),
+    "nemo_b200_25.11": Table("NeMo performance summary, NeMo 25.11 on DGX B200, FP8 current scaling (out of sample)",
+                             "step time", "s", "s", nemo_table("nemo_b200_25.11", "NeMo 25.11", "DGX-B200"),
+                             assumptions=NEMO_25_11_ASSUMPTIONS),
     "torchtitan_a100": Table("torchtitan performance page (April 2024): FSDP2 on 64 A100, eager PyTorch "
                              "(out of sample)", "step time", "s", "s", torchtitan_table,
                              assumptions=TORCHTITAN_ASSUMPTIONS),
