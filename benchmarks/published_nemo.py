@@ -16,7 +16,7 @@ for the GPT-3 rows. So these tables check mpsim less tightly than the shared one
 each row's recipe is known; what they add is other software releases, other models and a
 second accelerator, B200. Left out: Nemotron 8B, 22B and 340B (no model file here), the MoE
 rows, GPT-3 20B (its launcher configuration was not read); of 25.11, the rows trained with
-Megatron's FSDP and the GB200 tables (jobs of 8 to 256 GPUs on 72-GPU racks).
+Megatron's FSDP.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from published_dgxc import DGXC_BASE, DGXC_FRAMEWORK
 CSV = Path(__file__).resolve().parent / "data" / "nemo_performance_summary.csv"
 
 # the summaries' systems: DGX H100 is the dgxc base's own system; DGX B200 is eight B200 per
-# node, NVLink 5 and eight 400 Gb/s NICs (hgx-b200)
-SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "hgx-b200"}
+# node, NVLink 5 and eight 400 Gb/s NICs (hgx-b200); DGX GB200 is NVL72 racks (gb200-nvl72),
+# a job's GPUs filling racks in order
+SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "hgx-b200", "DGX-GB200": "gb200-nvl72"}
 
 # Llama 2 (Touvron et al. 2023, Table 1 and the released configs): RMSNorm, SwiGLU, RoPE, no
 # biases, untied embeddings like Llama 3, a 32,000-token vocabulary; multi-head attention at 7B
@@ -123,7 +124,8 @@ def nemo_table(name: str, release: str, system: str):
             tensor = tp > 1
             overrides = [
                 f"cluster.system={SYSTEMS[system]}",  # first: the framework's settings below edit this system
-                f"model={model}", f"model.seq_length={seq}", f"cluster.nodes={gpus // 8}",
+                # the job's GPUs, filling the system's nodes in order (an NVL72 rack holds 72)
+                f"model={model}", f"model.seq_length={seq}", "cluster.nodes=null", f"cluster.num_devices={gpus}",
                 f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.cp={cp}", f"parallel.vpp={vp}",
                 f"parallel.ep={ep}", f"parallel.schedule={'interleaved-1f1b' if vp > 1 else '1f1b'}",
                 f"parallel.microbatch_size={mbs}", f"parallel.global_batch_size={gbs}",

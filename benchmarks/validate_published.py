@@ -190,6 +190,10 @@ OUT_OF_SAMPLE: dict[str, Table] = {
     "nemo_b200_25.11": Table("NeMo performance summary, NeMo 25.11 on DGX B200, FP8 current scaling (out of sample)",
                              "step time", "s", "s", nemo_table("nemo_b200_25.11", "NeMo 25.11", "DGX-B200"),
                              assumptions=NEMO_25_11_ASSUMPTIONS),
+    "nemo_gb200_25.11": Table("NeMo performance summary, NeMo 25.11 on DGX GB200, FP8 current scaling "
+                              "(out of sample)", "step time", "s", "s",
+                              nemo_table("nemo_gb200_25.11", "NeMo 25.11", "DGX-GB200"),
+                              assumptions=NEMO_25_11_ASSUMPTIONS),
     "torchtitan_a100": Table("torchtitan performance page (April 2024): FSDP2 on 64 A100, eager PyTorch "
                              "(out of sample)", "step time", "s", "s", torchtitan_table,
                              assumptions=TORCHTITAN_ASSUMPTIONS),

@@ -195,25 +195,28 @@ def test_out_of_sample_rows_reproduce_the_printed_model_flops(harness):
     with open(harness.published_nemo.CSV, newline="") as handle:
         for row in csv.DictReader(handle):
             if row["model_tflops_per_gpu"]:
-                printed[(row["release"], row["model"], int(row["num_gpus"]))] = float(row["model_tflops_per_gpu"])
-    releases = {"nemo_h100_24.07": "NeMo 24.07", "nemo_b200_25.02": "NeMo 25.02", "nemo_h100_25.11": "NeMo 25.11",
-                "nemo_b200_25.11": "NeMo 25.11"}
-    cases = harness.cases_of(list(releases))
-    assert len(printed) == len(cases) == 17
+                key = (row["release"], row["system"], row["model"], int(row["num_gpus"]))
+                printed[key] = float(row["model_tflops_per_gpu"])
+    tables = {"nemo_h100_24.07": ("NeMo 24.07", "DGX-H100"), "nemo_b200_25.02": ("NeMo 25.02", "DGX-B200"),
+              "nemo_h100_25.11": ("NeMo 25.11", "DGX-H100"), "nemo_b200_25.11": ("NeMo 25.11", "DGX-B200"),
+              "nemo_gb200_25.11": ("NeMo 25.11", "DGX-GB200")}
+    cases = harness.cases_of(list(tables))
+    assert len(printed) == len(cases) == 19
     for case in cases:
         model, _, gpus, _ = case.label.split()
         base, overrides = case.predict.args
         assert base == DGXC_BASE
         summary = simulate_step(base, overrides)
-        if releases[case.table] == "NeMo 25.11":
+        expected = printed[(*tables[case.table], model, int(gpus))]
+        if tables[case.table][0] == "NeMo 25.11":
             # Megatron-Bridge's count (src/megatron/bridge/training/utils/flop_utils.py) takes the
             # causal half of attention's scores: the FLOPs the kernels run (no recompute here),
             # which also hold the norms' and the rotary embedding's few
             rate = summary.hardware_flops_per_step / case.measured / int(gpus) / 1e12
-            assert rate == pytest.approx(printed[(releases[case.table], model, int(gpus))], rel=0.025), case.label
+            assert rate == pytest.approx(expected, rel=0.025), case.label
             continue
         rate = summary.model_flops_per_step / case.measured / int(gpus) / 1e12
-        assert rate == pytest.approx(printed[(releases[case.table], model, int(gpus))], rel=0.015), case.label
+        assert rate == pytest.approx(expected, rel=0.015), case.label
 
 
 def test_out_of_sample_quick_rows_run_on_their_own_system(harness):
