@@ -3,8 +3,8 @@
 ``python benchmarks/validate_published.py --out-of-sample`` adds tables that are not in
 the shared validation data and that nothing in mpsim was ever compared with before its
 parameters were set: the FP8 pre-training rows NVIDIA published for NeMo 24.07 on DGX H100
-and for NeMo 25.02 on DGX B200, and the data-parallel Llama rows of NeMo 25.11 on both
-(Megatron-Bridge's summary, FP8 with current scaling), tokens per second per GPU turned into
+and for NeMo 25.02 on DGX B200, and the data-parallel Llama rows of NeMo 25.11 on DGX H100,
+B200 and GB200 (Megatron-Bridge's summary, FP8 with current scaling), tokens per second per GPU turned into
 a step time (global batch x sequence / tokens per second per GPU / GPUs). The rows are in
 ``benchmarks/data/nemo_performance_summary.csv`` with their source.
 
@@ -13,8 +13,8 @@ nothing else. The framework settings are those of the nearest recipes whose sett
 published, named beside each: the DGX Cloud recipes of NeMo 24.09 (``published_dgxc.py``)
 for the Llama and Nemotron rows, the NeMo launcher's GPT-3 FP8 performance configurations
 for the GPT-3 rows. So these tables check mpsim less tightly than the shared ones, where
-each row's recipe is known; what they add is other software releases, other models and a
-second accelerator, B200. Left out: Nemotron 8B, 22B and 340B (no model file here), the MoE
+each row's recipe is known; what they add is other software releases, other models and
+Blackwell, B200 and GB200. Left out: Nemotron 8B, 22B and 340B (no model file here), the MoE
 rows, GPT-3 20B (its launcher configuration was not read); of 25.11, the rows trained with
 Megatron's FSDP.
 """
