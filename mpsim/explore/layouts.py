@@ -27,6 +27,7 @@ from mpsim.engine import rank_spans
 from mpsim.errors import InputError
 from mpsim.schedules import SCHEDULES, ScheduleError, build_schedule
 from mpsim.schedules.zb_search import SEARCHED
+from mpsim.specs.layout_checks import op_recompute_problem
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.stack import LayerStackSpec
 from mpsim.specs.stack_tp import plan_tensor_parallel
@@ -43,11 +44,9 @@ def recompute_modes(scenario: Scenario) -> tuple[str, ...]:
     PyTorch layers (``transformer_impl: pytorch``, torchtitan's kind) none, full and, where the
     model's matmuls follow the pattern, torchtitan's per-op policy; Megatron's selective
     recompute is not a PyTorch option, so a plan for such a run does not offer it."""
-    model = scenario.model
-    if scenario.training.layers_impl != "pytorch" or isinstance(model, LayerStackSpec):
+    if scenario.training.layers_impl != "pytorch" or isinstance(scenario.model, LayerStackSpec):
         return ("none", "selective", "full")
-    per_op = not model.linear_bias and model.moe is None and model.mla is None
-    return ("none", "selective-op", "full") if per_op else ("none", "full")
+    return ("none", "full") if op_recompute_problem(scenario.model) else ("none", "selective-op", "full")
 
 
 @dataclass(frozen=True)

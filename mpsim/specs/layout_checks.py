@@ -141,26 +141,31 @@ def check_deferred_head_wgrad(scenario: Scenario) -> None:
                           f"reduced once per step (zero_stage 0 or 1)")
 
 
+def op_recompute_problem(model) -> str | None:
+    """Why PyTorch's per-operator checkpointing as torchtitan's policy runs it (``recompute:
+    selective-op``, which counts and keeps ``aten.mm`` outputs) does not fit ``model``, or None:
+    it needs a dense transformer whose projections have no bias (an ``addmm`` it neither counts
+    nor keeps) and whose attention is the standard one (``mpsim/workload/op_recompute.py``)."""
+    if isinstance(model, LayerStackSpec):
+        return "it follows the matmuls of a transformer block (query, key, value, output, FFN), not a layer stack's"
+    if model.linear_bias:
+        return "the model's projections have biases (model.linear_bias), which run as addmm, an op it neither " \
+               "counts nor keeps"
+    if model.moe is not None:
+        return "the model's layers are mixture-of-experts (model.moe), whose grouped matmuls it does not count"
+    if model.mla is not None:
+        return "the model's attention is multi-head latent attention (model.mla), with matmuls of another pattern"
+    return None
+
+
 def check_op_recompute(scenario: Scenario) -> None:
-    """PyTorch's per-operator checkpointing (``recompute: selective-op``) as torchtitan's policy
-    runs it counts and keeps ``aten.mm`` outputs: a dense transformer whose projections have
-    no bias (an ``addmm`` it neither counts nor keeps) and whose attention is the standard one
-    (``mpsim/workload/op_recompute.py``)."""
+    """``recompute: selective-op`` only where its pattern holds (:func:`op_recompute_problem`)."""
     if scenario.parallel.recompute != "selective-op":
         return
-    model, field = scenario.model, "parallel.recompute"
-    if isinstance(model, LayerStackSpec):
-        raise fail(field, "selective-op follows the matmuls of a transformer block (query, key, value, output, "
-                          "FFN); a layer stack takes none, selective or full")
-    problem = ("its projections have biases (model.linear_bias), which run as addmm, an op the policy neither "
-               "counts nor keeps" if model.linear_bias else
-               "its layers are mixture-of-experts (model.moe), whose grouped matmuls the policy does not count"
-               if model.moe is not None else
-               "its attention is multi-head latent attention (model.mla), with matmuls of another pattern"
-               if model.mla is not None else None)
+    problem = op_recompute_problem(scenario.model)
     if problem:
-        raise fail(field, f"selective-op is torchtitan's per-op policy for dense Llama-style layers; {problem}; "
-                          f"use selective or full")
+        raise fail("parallel.recompute", f"selective-op is torchtitan's per-op policy for dense Llama-style layers; "
+                                         f"{problem}; use selective or full")
 
 
 def check_userbuffers_sms(scenario: Scenario) -> None:

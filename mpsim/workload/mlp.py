@@ -142,7 +142,8 @@ def fc1_gemms(ctx: LayerContext, name: str, rows: int, ffn_local: int, activatio
 
 
 def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None = None, bias: bool = False
-              ) -> tuple[list[Item], list[Item], list[Item], list[Item], float, float, float]:
+              ) -> tuple[list[Item], list[Item], list[Item], list[Item], float, float, float,
+                         tuple[tuple[Item, ...], float]]:
     """FC1 -> activation -> FC2 of width ``ffn_local`` per rank, with its TP collectives.
 
     With ``bias`` the backward sums both biases' gradients (FC1's after the fused
@@ -150,7 +151,8 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     tokens) where the framework runs those sums as kernels of their own.
 
     Returns (forward, combined backward, input-gradient, weight-gradient items, params,
-    saved bytes, weight-gradient buffer bytes), without the norm and residual around it.
+    saved bytes, weight-gradient buffer bytes, and what op-level selective recompute runs
+    again and keeps), without the norm and residual around it.
     """
     t, h, e = tokens or ctx.tokens, ctx.hidden, ctx.act_bytes
     activation = ffn_activation(ctx)
@@ -179,13 +181,14 @@ def mlp_items(ctx: LayerContext, name: str, ffn_local: int, tokens: int | None =
     # parallelism; both are gathered again for the weight pass)
     arriving = ctx.norm_tokens if tokens is None else t
     wbuf = (arriving * h + t * ffn_local) * e + (t * fc1_width + arriving * h) * e
-    return forward, backward, backward_input, backward_weight, float(params), float(saved), float(wbuf)
+    op_recompute = mlp_op_recompute(ctx, gather, reduce, fc1s, act, fc1_width)
+    return forward, backward, backward_input, backward_weight, float(params), float(saved), float(wbuf), op_recompute
 
 
 def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     """The dense MLP half of a layer on one rank."""
-    forward, backward, backward_input, backward_weight, params, saved, wbuf = mlp_items(ctx, "mlp", ctx.ffn_local,
-                                                                                        bias=bias)
+    forward, backward, backward_input, backward_weight, params, saved, wbuf, (op_redo, op_saved) = mlp_items(
+        ctx, "mlp", ctx.ffn_local, bias=bias)
     h, local, e = ctx.hidden, ctx.norm_tokens, ctx.act_bytes
     mask = 1 if ctx.dropout else 0
     activation = ffn_activation(ctx)
@@ -196,10 +199,6 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
                *(h,) * norm_params)
     saved += 2 * local * h * e + local * h * mask + norm_saved_bytes(ctx)  # norm input, FC1 input, dropout mask
     norm_in, norm_w = norm_grad(ctx, "mlp.norm")
-    gather, reduce = tp_collectives(ctx, "mlp")
-    fc1s = fc1_gemms(ctx, "mlp", ctx.tokens, ctx.ffn_local, activation, gathered_input=True)[0]
-    act = activation_ops("mlp.act", ctx.tokens * ctx.ffn_local, e, activation)[0]
-    op_redo, op_saved = mlp_op_recompute(ctx, gather, reduce, fc1s, act, fc1_width)
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),
         backward=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward, *norm_in, *norm_w),

@@ -152,7 +152,7 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     shared_w: list[Item] = []
     shared_params = shared_saved = shared_wbuf = 0.0
     if moe.shared_ffn:
-        shared_f, shared_b, shared_i, shared_w, shared_params, shared_saved, shared_wbuf = mlp_items(
+        shared_f, shared_b, shared_i, shared_w, shared_params, shared_saved, shared_wbuf, _ = mlp_items(
             ctx, "moe.shared", moe.shared_ffn // ctx.tp)
 
     head = [norm(ctx, "moe.norm")]
