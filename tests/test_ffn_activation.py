@@ -86,7 +86,7 @@ def torch_ffn_flops(square: str) -> tuple[float, float]:
 @pytest.mark.parametrize("square", ["pow", "torch.square"])
 def test_squared_relu_flops_equal_pytorchs_counter_on_meta(square):
     counted_forward, counted_total = torch_ffn_flops(square)
-    forward, backward, _, _, _, _, _ = mlp_items(context("squared_relu"), "mlp", F)
+    forward, backward, *_ = mlp_items(context("squared_relu"), "mlp", F)
     assert flops(forward) == counted_forward  # two GEMMs; the activation itself counts nothing
     assert flops(forward) + flops(backward) == counted_total  # input- and weight-gradient GEMMs of both
     # the model-FLOPs formula (the MFU numerator) counts the same per token
@@ -106,7 +106,7 @@ def test_a_non_gated_ffn_has_one_up_projection():
 
 def test_activation_kernel_traffic_and_saved_tensors():
     def act(activation):
-        forward, backward, _, _, _, saved, _ = mlp_items(context(activation), "mlp", F)
+        forward, backward, _, _, _, saved, *_ = mlp_items(context(activation), "mlp", F)
         fwd = next(op for op in ops(forward) if op.name == "mlp.act")
         bwd = next(op for op in ops(backward) if op.name == "mlp.act.grad")
         return fwd.bytes, bwd.bytes, saved
