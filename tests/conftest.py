@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import io
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -181,6 +183,61 @@ def _working_folder_kept():
     if after != before:
         os.chdir(before)
         pytest.fail(f"the test left the working folder at {after}, not {before}")
+
+
+def _machine_lock_paths() -> tuple[Path, Path] | None:
+    """(gate, lock) files shared by the workers of one parallel run; None in a serial run."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None or "PYTEST_XDIST_WORKER" not in os.environ:
+        return None
+    stem = Path(tempfile.gettempdir()) / f"mpsim-tests-{run}"
+    return stem.with_suffix(".gate"), stem.with_suffix(".lock")
+
+
+@contextlib.contextmanager
+def _machine_share(alone: bool):
+    """Hold this worker's share of the machine: all of it for a test marked ``alone``.
+
+    The suite runs on several workers (pytest-xdist, ``-n auto``), but a test that times
+    this machine (the calibration job measures ops and training steps for minutes) must
+    run with the other workers idle, or it measures them. Every test holds a shared lock
+    while it runs, a test marked ``alone`` the exclusive one. Before its shared lock a
+    test passes through a gate that the exclusive holder closes first, so a waiting
+    ``alone`` test is not starved by the tests of other workers starting one after another.
+    """
+    paths = _machine_lock_paths()
+    if paths is None:
+        yield
+        return
+    gate_path, lock_path = paths
+    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if alone:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the tests running now finish; the gate holds back the rest
+        else:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test, with its fixtures' setup and teardown, under its share of the machine
+    (``_machine_share``): a module's fixture that measures runs inside its first test's share.
+    Outermost (``tryfirst``), so the wait for a share is not counted against the test's time limit."""
+    with _machine_share(alone=item.get_closest_marker("alone") is not None):
+        yield
+
+
+def pytest_unconfigure(config):
+    paths = _machine_lock_paths()
+    for path in paths or ():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a worker still running reopens them by name; alone, it needs no lock
 
 
 @pytest.fixture

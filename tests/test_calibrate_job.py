@@ -64,7 +64,8 @@ WAIT_INSIDE_S = 0.0
 # tests (JobError) rather than skipping them or running CI out of time.
 JOB_TIMEOUT_S = 480.0
 # the suite's per-test limit (pyproject.toml) is shorter than the job may take with its waits
-pytestmark = pytest.mark.timeout(JOB_TIMEOUT_S + WAIT_BEFORE_S + WAIT_INSIDE_S + 300)
+# alone: the job times this machine, so the suite's other workers wait while it runs (tests/conftest.py)
+pytestmark = [pytest.mark.timeout(JOB_TIMEOUT_S + WAIT_BEFORE_S + WAIT_INSIDE_S + 300), pytest.mark.alone]
 STEPS = 7
 
 

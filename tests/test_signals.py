@@ -19,7 +19,8 @@ import pytest
 
 from tests.conftest import SCENARIOS
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+# alone: a stop is timed to the second, which the suite's other workers would stretch (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.alone]
 
 
 def _processes_naming(text: str) -> list[int]:
