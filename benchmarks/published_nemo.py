@@ -4,7 +4,8 @@
 the shared validation data and that nothing in mpsim was ever compared with before its
 parameters were set: the FP8 pre-training rows NVIDIA published for NeMo 24.07 on DGX H100
 and for NeMo 25.02 on DGX B200, and the data-parallel Llama rows of NeMo 25.11 on DGX H100,
-B200 and GB200 (Megatron-Bridge's summary, FP8 with current scaling), tokens per second per GPU turned into
+B200 and GB200 and of NeMo 26.04.01 on DGX H100 and GB200 (Megatron-Bridge's summaries, FP8 with
+current scaling), tokens per second per GPU turned into
 a step time (global batch x sequence / tokens per second per GPU / GPUs). The rows are in
 ``benchmarks/data/nemo_performance_summary.csv`` with their source.
 
@@ -16,7 +17,9 @@ for the GPT-3 rows. So these tables check mpsim less tightly than the shared one
 each row's recipe is known; what they add is other software releases, other models and
 Blackwell, B200 and GB200. Left out: Nemotron 8B, 22B and 340B (no model file here), the MoE
 rows, GPT-3 20B (its launcher configuration was not read); of 25.11, the rows trained with
-Megatron's FSDP.
+Megatron's FSDP; of the later releases, every row but 26.04.01's data-parallel Llama rows in FP8
+(the newest release that still prints the 70B on DGX H100: H100 70B and 405B, GB200 405B, chosen
+before any was predicted; MXFP8 and NVFP4 have no recipe in mpsim).
 """
 
 from __future__ import annotations
@@ -91,6 +94,12 @@ ASSUMPTIONS_25_11 = (
     "FP8 with current scaling as the summary names it (FP8-CS), with fp8 parameters as the dgxc recipes; "
     "the summary's Megatron-Bridge recipes are not read",
 )
+# NeMo 26.04.01's prints FP8, which its scripts run as fp8_cs (CURRENT_SCALING_FP8 below)
+ASSUMPTIONS_26_04 = (
+    ASSUMPTIONS[0],
+    "FP8 with current scaling, the recipes' fp8_cs (the summary prints FP8), with fp8 parameters as the dgxc "
+    "recipes; the summary's Megatron-Bridge recipes are not read",
+)
 
 
 # the same models as Megatron-Bridge's summaries (NeMo 25.09 on) name them
@@ -100,6 +109,16 @@ RENAMED = {"LLAMA3_8B": "LLAMA3-8B", "LLAMA3_70B": "LLAMA3-70B", "LLAMA3.1_405B"
 # taken as it is cast)
 PRECISIONS = {"FP8": ("training.dtype=fp8", "training.fp8_params=true"),
               "FP8-CS": ("training.dtype=fp8", "training.fp8_params=true", "training.fp8_recipe=current")}
+# From 26.02 the summaries print FP8 for the recipes' fp8_cs: Megatron-Bridge's performance
+# scripts offer bf16, fp8_cs, fp8_mx, fp8_sc and nvfp4, and list fp8_cs for these Llama layouts
+# (scripts/performance/dump_perf_configs.py at 4ab94df); MXFP8 and NVFP4 are printed by name
+CURRENT_SCALING_FP8 = {"NeMo 26.04.01"}
+
+
+def _precision_settings(release: str, precision: str) -> tuple[str, ...]:
+    if precision == "FP8" and release in CURRENT_SCALING_FP8:
+        return PRECISIONS["FP8-CS"]
+    return PRECISIONS[precision]
 
 
 def _model_settings(model: str) -> tuple[str, tuple[str, ...]]:
@@ -136,7 +155,7 @@ def nemo_table(name: str, release: str, system: str):
                 f"training.pp_send_blocking={str(vp == 1).lower()}",
                 "training.grad_reduce_bucket_bytes=75 MiB",
                 *settings,
-                *PRECISIONS[row["precision"]],
+                *_precision_settings(release, row["precision"]),
             ]
             step_s = gbs * seq / (float(row["tokens_per_s_per_gpu"]) * gpus)
 

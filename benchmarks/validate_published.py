@@ -34,10 +34,11 @@ written as an mpsim scenario the way its framework ran it (a base scenario file 
   optimizer's post-validation (8), 1F1B and ZB-1p at ZB-2p's memory (30 of 36; six print
   an ambiguous microbatch count and are left out), fewer microbatches than stages (18).
 
-With ``--out-of-sample`` four more tables follow, from outside the shared data and not part of
+With ``--out-of-sample`` nine more tables follow, from outside the shared data and not part of
 the published check's last line unless asked for: NVIDIA's NeMo performance summaries, NeMo
-24.07 on DGX H100 and NeMo 25.02 on DGX B200, FP8 (``published_nemo.py``, which says what
-their framework settings are taken from), torchtitan's FSDP2 runs on 64 A100
+24.07 on DGX H100 and NeMo 25.02 on DGX B200, FP8, NeMo 25.11 on DGX H100, B200 and GB200 and
+NeMo 26.04.01 on DGX H100 and GB200, FP8 with current scaling (``published_nemo.py``, which says
+what their framework settings are taken from), torchtitan's FSDP2 runs on 64 A100
 (``published_torchtitan.py``) and cuDNN Frontend's Llama 3.2 1B training loop on one H200
 and one B200 (``published_cudnn_llama.py``).
 
@@ -101,7 +102,8 @@ from published_cudnn_llama import (ASSUMPTIONS as CUDNN_LLAMA_ASSUMPTIONS, LEFT_
                                    cudnn_llama_table)
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
-from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, ASSUMPTIONS_25_11 as NEMO_25_11_ASSUMPTIONS, nemo_table  # noqa: E402,E501
+from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, ASSUMPTIONS_25_11 as NEMO_25_11_ASSUMPTIONS  # noqa: E402
+from published_nemo import ASSUMPTIONS_26_04 as NEMO_26_04_ASSUMPTIONS, nemo_table  # noqa: E402
 from published_torchtitan import ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, torchtitan_table  # noqa: E402
 from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_ASSUMPTIONS,  # noqa: E402
                                    ZB_T11_LEFT_OUT, zero_bubble_table4, zero_bubble_table6,
@@ -194,6 +196,15 @@ OUT_OF_SAMPLE: dict[str, Table] = {
                               "(out of sample)", "step time", "s", "s",
                               nemo_table("nemo_gb200_25.11", "NeMo 25.11", "DGX-GB200"),
                               assumptions=NEMO_25_11_ASSUMPTIONS),
+    # and of NeMo 26.04.01 (Megatron-Bridge's archive): the same kind of rows, larger batches
+    "nemo_h100_26.04.01": Table("NeMo performance summary, NeMo 26.04.01 on DGX H100, FP8 current scaling "
+                                "(out of sample)", "step time", "s", "s",
+                                nemo_table("nemo_h100_26.04.01", "NeMo 26.04.01", "DGX-H100"),
+                                assumptions=NEMO_26_04_ASSUMPTIONS),
+    "nemo_gb200_26.04.01": Table("NeMo performance summary, NeMo 26.04.01 on DGX GB200, FP8 current scaling "
+                                 "(out of sample)", "step time", "s", "s",
+                                 nemo_table("nemo_gb200_26.04.01", "NeMo 26.04.01", "DGX-GB200"),
+                                 assumptions=NEMO_26_04_ASSUMPTIONS),
     "torchtitan_a100": Table("torchtitan performance page (April 2024): FSDP2 on 64 A100, eager PyTorch "
                              "(out of sample)", "step time", "s", "s", torchtitan_table,
                              assumptions=TORCHTITAN_ASSUMPTIONS),

@@ -199,21 +199,26 @@ def test_out_of_sample_rows_reproduce_the_printed_model_flops(harness):
                 printed[key] = float(row["model_tflops_per_gpu"])
     tables = {"nemo_h100_24.07": ("NeMo 24.07", "DGX-H100"), "nemo_b200_25.02": ("NeMo 25.02", "DGX-B200"),
               "nemo_h100_25.11": ("NeMo 25.11", "DGX-H100"), "nemo_b200_25.11": ("NeMo 25.11", "DGX-B200"),
-              "nemo_gb200_25.11": ("NeMo 25.11", "DGX-GB200")}
+              "nemo_gb200_25.11": ("NeMo 25.11", "DGX-GB200"), "nemo_h100_26.04.01": ("NeMo 26.04.01", "DGX-H100"),
+              "nemo_gb200_26.04.01": ("NeMo 26.04.01", "DGX-GB200")}
     cases = harness.cases_of(list(tables))
-    assert len(printed) == len(cases) == 19
+    assert len(printed) == len(cases) == 22
     for case in cases:
         model, _, gpus, _ = case.label.split()
         base, overrides = case.predict.args
         assert base == DGXC_BASE
         summary = simulate_step(base, overrides)
         expected = printed[(*tables[case.table], model, int(gpus))]
-        if tables[case.table][0] == "NeMo 25.11":
+        if tables[case.table][0] in ("NeMo 25.11", "NeMo 26.04.01"):
             # Megatron-Bridge's count (src/megatron/bridge/training/utils/flop_utils.py) takes the
             # causal half of attention's scores: the FLOPs the kernels run (no recompute here),
-            # which also hold the norms' and the rotary embedding's few
+            # which also hold the norms' and the rotary embedding's few. 26.04.01's pairs agree
+            # less: its revision (21d102f) moved the 70B's TFLOP/s from 735 to 731 and left its
+            # tokens/s at 1664: 0.439 TFLOP a token where the same model and sequence
+            # in 25.11 print 0.449 (mpsim counts 0.455)
             rate = summary.hardware_flops_per_step / case.measured / int(gpus) / 1e12
-            assert rate == pytest.approx(expected, rel=0.025), case.label
+            tolerance = 0.04 if tables[case.table][0] == "NeMo 26.04.01" else 0.025
+            assert rate == pytest.approx(expected, rel=tolerance), case.label
             continue
         rate = summary.model_flops_per_step / case.measured / int(gpus) / 1e12
         assert rate == pytest.approx(expected, rel=0.015), case.label
