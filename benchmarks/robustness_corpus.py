@@ -77,6 +77,9 @@ SET_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("parallel.vpp", ("0", "3")),
     ("parallel.recompute", ("sometimes", "1")),
     ("parallel.recompute_num_layers", ("0", "-2", "abc", "1.5")),
+    # Megatron-Core's layout strings: a stray letter, the loss not last, a chunk count or layer
+    # sum that does not match the base run's one chunk of its layers
+    ("parallel.layers_per_stage", ("'Et*2|x|L'", "'Et*4|L|t'", "'Et*2|t*2L'", "'Et*3L'", "atuo")),
     # Megatron-Core's microbatch groups: not a size, and a size on a schedule that has none (1f1b)
     ("parallel.microbatch_group_size", ("0", "-4", "big", "8")),
     ("parallel.cp", ("0", "5")),

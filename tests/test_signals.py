@@ -41,11 +41,32 @@ def _sweep(out: Path) -> list[str]:
             "--no-progress"]
 
 
-def _start_and_wait_for_points(command: list[str], out: Path) -> subprocess.Popen:
+def _as_a_shell_starts_it() -> None:
     # a shell that starts a job in the background without job control (as CI runners do)
-    # leaves SIGINT ignored, and the child would inherit that: give it the default back
+    # leaves SIGINT ignored, and the child would inherit that: give it the default back. A
+    # child also inherits its parent's blocked signals, which a library loaded into the test
+    # process by an earlier test may have left blocked; a user's shell starts with none
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def _stopped(process: subprocess.Popen) -> int:
+    """The exit code of a process that was sent a signal, or a failure that says what its signals were."""
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        try:
+            with open(f"/proc/{process.pid}/status") as handle:
+                masks = " ".join(line.strip() for line in handle if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+        except OSError:
+            masks = "its /proc entry unreadable"
+        process.kill()
+        pytest.fail(f"still running 30 s after the signal ({masks})")
+
+
+def _start_and_wait_for_points(command: list[str], out: Path) -> subprocess.Popen:
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               preexec_fn=_as_a_shell_starts_it)
     deadline = time.monotonic() + 120
     while (not out.exists() or out.stat().st_size == 0) and time.monotonic() < deadline:
         if process.poll() is not None:
@@ -67,7 +88,7 @@ def test_an_interrupted_sweep_stops_within_a_second_keeps_its_points_and_resumes
     process = _start_and_wait_for_points(_sweep(out), out)
     sent = time.monotonic()
     process.send_signal(signum)
-    assert process.wait(timeout=30) == 130
+    assert _stopped(process) == 130
     assert time.monotonic() - sent < 1.5
     assert "rerun the same command to continue" in process.stderr.read()
     assert _gone(out) == []
@@ -96,5 +117,5 @@ def test_a_terminated_plan_stops_and_leaves_no_worker_behind(tmp_path):
                "--global-batch", "1536", "--workers", "2", "--out", str(out), "--no-progress", "--no-prune"]
     process = _start_and_wait_for_points(command, out)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 130
+    assert _stopped(process) == 130
     assert _gone(out) == []

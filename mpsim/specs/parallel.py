@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 
 from mpsim.specs.accelerator import DType
 from mpsim.specs.base import Spec
+from mpsim.specs.megatron_layout import layers_from_layout
 from mpsim.units import Bytes, Seconds, parse_quantity
 
 
@@ -85,7 +86,8 @@ class ParallelPlan(Spec):
                                 "default: every layer")
     layers_per_stage: list[int] | Literal["auto"] | None = Field(
         None, description="layers (transformer layers, or layer-stack units) of each model chunk, pp*vpp entries in "
-                          "stage order; 'auto' balances the slowest stage within the memory limit; even by default"
+                          "stage order; or Megatron-Core's layout string (e.g. 'Et*2|(t*2|)*38|tL'); 'auto' "
+                          "balances the slowest stage within the memory limit; even by default"
     )
     order: str = Field("tp-cp-dp-pp", description="rank order, innermost first (Megatron's default is tp-cp-dp-pp)")
     # Megatron-Core's options of the same names (TransformerConfig; applied in get_num_layers_to_build,
@@ -103,7 +105,10 @@ class ParallelPlan(Spec):
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str) and value != "auto":
-            raise ValueError(f"expected a list of layer counts, one per model chunk, or auto (got {value!r})")
+            if not set(value) & set("EL|"):  # no layout string has none of these (a mistyped auto, say)
+                raise ValueError(f"expected a list of layer counts, one per model chunk, Megatron-Core's layout "
+                                 f"string or auto (got {value!r})")
+            return layers_from_layout(value)  # Megatron-Core's layout string (mpsim/specs/megatron_layout.py)
         return value
 
 
