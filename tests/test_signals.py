@@ -44,8 +44,8 @@ def _sweep(out: Path) -> list[str]:
 def _as_a_shell_starts_it() -> None:
     # a shell that starts a job in the background without job control (as CI runners do)
     # leaves SIGINT ignored, and the child would inherit that: give it the default back. A
-    # child also inherits its parent's blocked signals, which a library loaded into the test
-    # process by an earlier test may have left blocked; a user's shell starts with none
+    # child also inherits its parent's blocked signals; a user's shell starts it with none,
+    # so it starts with none here too, whatever the test process has blocked
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
@@ -61,7 +61,7 @@ def _stopped(process: subprocess.Popen) -> int:
         except OSError:
             masks = "its /proc entry unreadable"
         process.kill()
-        pytest.fail(f"still running 30 s after the signal ({masks})")
+        pytest.fail(f"still running 30 s after the signal ({masks}); its stderr ended: {process.stderr.read()[-400:]}")
 
 
 def _start_and_wait_for_points(command: list[str], out: Path) -> subprocess.Popen:

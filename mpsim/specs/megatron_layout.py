@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-LETTERS = {"E": "the embedding", "t": "a transformer layer", "L": "the loss", "m": "a multi-token prediction layer"}
+LETTERS = "EtLm"  # embedding, transformer layer, loss, multi-token prediction layer
 _GROUP = re.compile(r"\(([^()]+)\)\*(\d+)")
 _LETTER = re.compile(r"([EtLm])\*(\d+)")
 

@@ -86,7 +86,7 @@ class ParallelPlan(Spec):
                                 "default: every layer")
     layers_per_stage: list[int] | Literal["auto"] | None = Field(
         None, description="layers (transformer layers, or layer-stack units) of each model chunk, pp*vpp entries in "
-                          "stage order; or Megatron-Core's layout string (e.g. 'Et*2|(t*2|)*38|tL'); 'auto' "
+                          "stage order; or Megatron-Core's layout string (e.g. 'Et|(t*2|)*38,t*3L'); 'auto' "
                           "balances the slowest stage within the memory limit; even by default"
     )
     order: str = Field("tp-cp-dp-pp", description="rank order, innermost first (Megatron's default is tp-cp-dp-pp)")
