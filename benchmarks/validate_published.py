@@ -178,33 +178,22 @@ TABLES: dict[str, Table] = {
 # summaries (published_nemo.py), whose framework settings are those of the nearest published
 # recipes, torchtitan's runs and cuDNN Frontend's one-GPU training loop; their rows stay out of
 # the published check's last line unless asked for
+def _nemo(release: str, system: str, precision: str, assumptions) -> tuple[str, Table]:
+    """(name, table) of one NeMo summary's rows of one release on one system (published_nemo.py)."""
+    name = f"nemo_{system.split('-')[1].lower()}_{release.split()[1]}"
+    title = f"NeMo performance summary, {release} on {system.replace('-', ' ')}, {precision} (out of sample)"
+    return name, Table(title, "step time", "s", "s", nemo_table(name, release, system), assumptions=assumptions)
+
+
 OUT_OF_SAMPLE: dict[str, Table] = {
-    "nemo_h100_24.07": Table("NeMo performance summary, NeMo 24.07 on DGX H100, FP8 (out of sample)", "step time",
-                             "s", "s", nemo_table("nemo_h100_24.07", "NeMo 24.07", "DGX-H100"),
-                             assumptions=NEMO_ASSUMPTIONS),
-    "nemo_b200_25.02": Table("NeMo performance summary, NeMo 25.02 on DGX B200, FP8 (out of sample)", "step time",
-                             "s", "s", nemo_table("nemo_b200_25.02", "NeMo 25.02", "DGX-B200"),
-                             assumptions=NEMO_ASSUMPTIONS),
-    # Megatron-Bridge's summary of NeMo 25.11: its data-parallel Llama rows (its FSDP rows left out)
-    "nemo_h100_25.11": Table("NeMo performance summary, NeMo 25.11 on DGX H100, FP8 current scaling (out of sample)",
-                             "step time", "s", "s", nemo_table("nemo_h100_25.11", "NeMo 25.11", "DGX-H100"),
-                             assumptions=NEMO_25_11_ASSUMPTIONS),
-    "nemo_b200_25.11": Table("NeMo performance summary, NeMo 25.11 on DGX B200, FP8 current scaling (out of sample)",
-                             "step time", "s", "s", nemo_table("nemo_b200_25.11", "NeMo 25.11", "DGX-B200"),
-                             assumptions=NEMO_25_11_ASSUMPTIONS),
-    "nemo_gb200_25.11": Table("NeMo performance summary, NeMo 25.11 on DGX GB200, FP8 current scaling "
-                              "(out of sample)", "step time", "s", "s",
-                              nemo_table("nemo_gb200_25.11", "NeMo 25.11", "DGX-GB200"),
-                              assumptions=NEMO_25_11_ASSUMPTIONS),
-    # and of NeMo 26.04.01 (Megatron-Bridge's archive): the same kind of rows, larger batches
-    "nemo_h100_26.04.01": Table("NeMo performance summary, NeMo 26.04.01 on DGX H100, FP8 current scaling "
-                                "(out of sample)", "step time", "s", "s",
-                                nemo_table("nemo_h100_26.04.01", "NeMo 26.04.01", "DGX-H100"),
-                                assumptions=NEMO_26_04_ASSUMPTIONS),
-    "nemo_gb200_26.04.01": Table("NeMo performance summary, NeMo 26.04.01 on DGX GB200, FP8 current scaling "
-                                 "(out of sample)", "step time", "s", "s",
-                                 nemo_table("nemo_gb200_26.04.01", "NeMo 26.04.01", "DGX-GB200"),
-                                 assumptions=NEMO_26_04_ASSUMPTIONS),
+    **dict([_nemo("NeMo 24.07", "DGX-H100", "FP8", NEMO_ASSUMPTIONS),
+            _nemo("NeMo 25.02", "DGX-B200", "FP8", NEMO_ASSUMPTIONS)]),
+    # Megatron-Bridge's summaries of NeMo 25.11 and 26.04.01 (26.04.01: larger batches): their
+    # data-parallel Llama rows (their FSDP rows left out)
+    **dict(_nemo("NeMo 25.11", system, "FP8 current scaling", NEMO_25_11_ASSUMPTIONS)
+           for system in ("DGX-H100", "DGX-B200", "DGX-GB200")),
+    **dict(_nemo("NeMo 26.04.01", system, "FP8 current scaling", NEMO_26_04_ASSUMPTIONS)
+           for system in ("DGX-H100", "DGX-GB200")),
     "torchtitan_a100": Table("torchtitan performance page (April 2024): FSDP2 on 64 A100, eager PyTorch "
                              "(out of sample)", "step time", "s", "s", torchtitan_table,
                              assumptions=TORCHTITAN_ASSUMPTIONS),
