@@ -30,8 +30,8 @@ def parallel_run(monkeypatch, tmp_path):
         path.unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("first_alone,then_alone", [(False, True), (True, False), (True, True)])
-def test_a_share_waits_while_the_machine_is_held_alone(parallel_run, first_alone, then_alone):
+def _taken_and_released(first_alone: bool, then_alone: bool) -> tuple[float, float]:
+    """(when this process got its share, when another process that held one first let go)."""
     context = multiprocessing.get_context("fork")
     held, times = context.Event(), context.Queue()
     other = context.Process(target=_hold, args=(first_alone, held, times))
@@ -41,19 +41,17 @@ def test_a_share_waits_while_the_machine_is_held_alone(parallel_run, first_alone
         taken = time.monotonic()
     released = times.get(timeout=30)
     other.join(timeout=30)
+    return taken, released
+
+
+@pytest.mark.parametrize("first_alone,then_alone", [(False, True), (True, False), (True, True)])
+def test_a_share_waits_while_the_machine_is_held_alone(parallel_run, first_alone, then_alone):
+    taken, released = _taken_and_released(first_alone, then_alone)
     assert taken >= released  # no overlap: the second waited for the first to let go
 
 
 def test_shared_holders_run_together(parallel_run):
-    context = multiprocessing.get_context("fork")
-    held, times = context.Event(), context.Queue()
-    other = context.Process(target=_hold, args=(False, held, times))
-    other.start()
-    assert held.wait(timeout=30)
-    with _machine_share(alone=False):
-        taken = time.monotonic()
-    released = times.get(timeout=30)
-    other.join(timeout=30)
+    taken, released = _taken_and_released(False, False)
     assert taken < released  # two ordinary tests on two workers do not wait for each other
 
 
