@@ -6,15 +6,17 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 
 import pytest
 
-from mpsim.explore.pools import (FORK_UNSAFE_MODULES, YOUNG_COLLECTION_ALLOCATIONS, Session, evaluate_chunk,
-                                 fewer_collections, process_context)
+from mpsim.explore.pools import (FORK_UNSAFE_MODULES, YOUNG_COLLECTION_ALLOCATIONS, Session, _stops_deferred,
+                                 evaluate_chunk, fewer_collections, process_context)
 from mpsim.paths import display_path
 from tests.conftest import ROOT, SCENARIOS, child_processes
 
@@ -150,3 +152,69 @@ def test_a_file_is_named_even_where_the_working_folder_was_removed(tmp_path):
         assert display_path(SCENARIOS / "megatron_22b_8xa100.yaml") == "scenarios/megatron_22b_8xa100.yaml"
     finally:
         os.chdir(before)
+
+
+def _noting(calls):
+    return lambda signum, frame: calls.append(signum)
+
+
+def test_a_stop_during_the_pools_calls_is_taken_once_they_return():
+    calls: list[int] = []
+    before = signal.signal(signal.SIGTERM, _noting(calls))
+    try:
+        with _stops_deferred() as noted:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs between bytecodes: give it many
+            assert calls == [] and noted == [signal.SIGTERM]
+        assert calls == [signal.SIGTERM]  # the handler in place, once, on leaving
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert calls == [signal.SIGTERM, signal.SIGTERM]  # and in place again afterwards
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_an_ignored_signal_stays_ignored_and_other_threads_are_left_alone():
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with _stops_deferred():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    seen = []
+
+    def off_the_main_thread():
+        with _stops_deferred() as noted:
+            seen.append((signal.getsignal(signal.SIGINT), noted))
+
+    thread = threading.Thread(target=off_the_main_thread)
+    thread.start()
+    thread.join()
+    assert seen == [(signal.getsignal(signal.SIGINT), [])]
+
+
+class _SigtermProbe:
+    identity = "sigterm probe"
+
+    def evaluate(self, point):
+        return {"status": "ok", "metrics": {"ends": signal.getsignal(signal.SIGTERM) is signal.SIG_DFL}}
+
+
+def test_a_worker_started_while_stops_are_noted_still_ends_on_sigterm():
+    before = signal.signal(signal.SIGTERM, _noting([]))  # a handler of its own, as the command line has
+    try:
+        with Session(workers=2) as session:
+            pool = session.open(points=2)
+            # the first submit forks the workers, inside the pool's own deferral of stops
+            pending = [pool.submit(_SigtermProbe(), [(index, ())]) for index in range(4)]
+            results = []
+            while pending:
+                for token, records in pool.wait(pending):
+                    pending.remove(token)
+                    results += [body["metrics"]["ends"] for _, body in records]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert results == [True] * 4

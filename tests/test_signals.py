@@ -8,6 +8,7 @@ by the results file's path in their command line (forked workers share it).
 
 from __future__ import annotations
 
+import concurrent.futures._base
 import json
 import signal
 import subprocess
@@ -100,6 +101,40 @@ def test_an_interrupted_sweep_stops_within_a_second_keeps_its_points_and_resumes
     assert rerun.returncode == 0, rerun.stderr
     assert f"{len(saved)} reused from the results file" in rerun.stdout
     assert len(out.read_text().splitlines()) == 120  # every point once: nothing lost, nothing twice
+
+
+# A stop that lands while concurrent.futures holds some of its futures' locks: futures.wait
+# takes them one by one, and here the signal comes after the first of them, on the first wait
+# for results once points are saved. Raised there, the stop left that lock held; the
+# executor's thread waited for it forever, and so did the interpreter's exit.
+_STOP_INSIDE_THE_LIBRARY = """
+import os, signal, sys
+import concurrent.futures._base as base
+out = sys.argv[sys.argv.index("--out") + 1]
+sent = []
+def enter(self):
+    for position, future in enumerate(self.futures):
+        future._condition.acquire()
+        if position == 0 and len(self.futures) > 1 and not sent and os.path.exists(out) and os.path.getsize(out):
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+base._AcquireFutures.__enter__ = enter
+from mpsim.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(concurrent.futures._base, "_AcquireFutures"), reason="this Python waits otherwise")
+def test_a_stop_inside_the_pools_library_still_ends_the_sweep(tmp_path):
+    out = tmp_path / "results.jsonl"
+    command = [sys.executable, "-c", _STOP_INSIDE_THE_LIBRARY, *_sweep(out)[3:]]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_as_a_shell_starts_it)
+    assert _stopped(process) == 130
+    assert "rerun the same command to continue" in process.stderr.read()
+    assert _gone(out) == []
+    saved = [json.loads(line) for line in out.read_text().splitlines()]
+    assert saved and all(record["status"] == "ok" for record in saved)
 
 
 def test_a_killed_sweep_leaves_no_worker_behind(tmp_path):

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, Protocol, Sequence
@@ -35,6 +36,10 @@ RAY_INSTALL_HINT = "--backend ray needs Ray: pip install 'mpsim[ray]' (or pip in
 CHUNKS_IN_FLIGHT_PER_WORKER = 2
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal the kernel sends when the parent dies
 PARENT_POLL_S = 1.0
+# a wait for a local pool's results is cut in slices this long; a stop (SIGINT, SIGTERM) that
+# arrives during one is taken at its end (``_stops_deferred``)
+STOP_CHECK_S = 0.05
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Python's cycle collector looks at the young objects every 700 net allocations by default, and
 # walks everything a process holds each time the objects that survived two such looks have
 # grown the old generation by a quarter. Evaluating points makes millions of objects that live
@@ -115,16 +120,52 @@ class _SerialPool:
         self._pace.__exit__(None, None, None)
 
 
+@contextmanager
+def _stops_deferred() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM, while ``concurrent.futures`` runs, noted instead of acted on, and
+    acted on when it has returned.
+
+    Both stop a sweep by raising KeyboardInterrupt wherever the main thread stands (Python's
+    SIGINT handler, and ``cli.main``'s for SIGTERM). Inside the library that can be halfway
+    through ``futures.wait``, which takes the futures' locks one by one in a loop that an
+    exception leaves with some still held. The executor's own thread then waits for one of
+    them forever (it cancels or completes that future), and so does the interpreter at exit,
+    which joins that thread: the sweep said "interrupted" and never ended. Here a signal is
+    only written down (the yielded list); on leaving, the handler that was in place is called
+    with it, from this code, where no lock of the library is held. A handler that is not a
+    Python function (the signal ignored, or the default that ends the process) is left in
+    place, and so is everything off the main thread, where handlers cannot be set."""
+    noted: list[int] = []
+    replaced: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for number in STOP_SIGNALS:
+            handler = signal.getsignal(number)
+            if callable(handler):
+                replaced[number] = handler
+                signal.signal(number, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        for number, handler in replaced.items():
+            signal.signal(number, handler)
+        if noted:
+            replaced[noted[0]](noted[0], None)
+
+
 def _worker_start(parent: int, start_method: str) -> None:
     """Set up a pool worker: Ctrl-C is the main process's to handle (it saves what is done
-    and stops the workers), and the worker dies with its parent, however the parent ends
-    (SIGKILL included), instead of waiting forever for work that will not come.
+    and stops the workers), SIGTERM ends the worker, and the worker dies with its parent,
+    however the parent ends (SIGKILL included), instead of waiting forever for work that will
+    not come.
 
     ``parent`` is the pool's process. A forked worker asks the kernel to kill it when its
     parent dies. A worker from a fork server is the server's child, and the server lives as
     long as any of its children does (each holds the pipe whose end it waits for), so such a
     worker watches ``parent`` itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a forked worker inherits whatever handler the caller had: the caller's KeyboardInterrupt,
+    # or the note ``_stops_deferred`` takes while the pool starts; a worker told to end, ends
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     global _IN_WORKER
     _IN_WORKER = True
     if start_method != "fork" or not sys.platform.startswith("linux"):
@@ -159,8 +200,6 @@ def _alive(pid: int) -> bool:
 
 def _watch(parent: int) -> None:
     """Where the kernel cannot be asked: a thread that ends the worker once ``parent`` is gone."""
-    import threading
-
     def watch() -> None:
         while _alive(parent):
             time.sleep(PARENT_POLL_S)
@@ -205,25 +244,30 @@ class _LocalPool:
                                                     initargs=(os.getpid(), context.get_start_method()))
 
     def submit(self, evaluator: Evaluator, chunk: Chunk) -> Any:
-        return self.executor.submit(evaluate_chunk, evaluator, chunk)
+        with _stops_deferred():
+            return self.executor.submit(evaluate_chunk, evaluator, chunk)
 
     def wait(self, pending: Sequence[Any]) -> list[tuple[Any, list]]:
-        done, _ = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
-        # report in submission order, so ties resolve the same way every run
-        return [(f, f.result()) for f in pending if f in done]
+        with _stops_deferred() as stops:
+            done: set = set()
+            while not done and not stops:
+                done, _ = futures.wait(pending, timeout=STOP_CHECK_S, return_when=futures.FIRST_COMPLETED)
+            # report in submission order, so ties resolve the same way every run
+            return [(f, f.result()) for f in pending if f in done]
 
     def close(self, cancel: bool) -> None:
-        if not cancel:
-            self.executor.shutdown(wait=True)
-            return
-        # interrupted: the points in flight are lost either way, so stop their workers now
-        # rather than wait for them (seconds per chunk); finished points are already saved
-        processes = list(getattr(self.executor, "_processes", {}).values())
-        for process in processes:
-            process.kill()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.join(timeout=1.0)
+        with _stops_deferred():  # a second Ctrl-C waits until the pool is down
+            if not cancel:
+                self.executor.shutdown(wait=True)
+                return
+            # interrupted: the points in flight are lost either way, so stop their workers now
+            # rather than wait for them (seconds per chunk); finished points are already saved
+            processes = list(getattr(self.executor, "_processes", {}).values())
+            for process in processes:
+                process.kill()
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.join(timeout=1.0)
 
 
 class _RayPool:
