@@ -175,9 +175,27 @@ def test_multi_node_ring_runs_at_the_nodes_nic_bandwidth():
     assert busbw("all-reduce", 64 * GiB, block(4, 8, 8), b200, "ring") == pytest.approx(8 * 50 * 0.97, rel=0.02)
     # one rank per node (a DP group with TP 8 inside) has one NIC's share
     assert busbw("all-reduce", 64 * GiB, block(4, 1, 8), b200, "ring") == pytest.approx(50 * 0.97, rel=0.02)
-    # on H100 the NVLink ring (0.824 x 450 GB/s) is slower than the node's NICs and sets the pace
+    # on H100 the NVLink ring (0.824 x 450 GB/s) is slower than the node's NICs inside one node; across
+    # nodes each channel leaves a node from one of its ranks, through that rank's NIC, so a rank's NVLink
+    # carries 7/8 of the ring's bytes (0.824 x 450 x 8/7 = 424 GB/s) and the NICs set the pace
     h100 = load_system("dgx-h100")
-    assert busbw("all-reduce", 64 * GiB, block(4, 8, 8), h100, "ring") == pytest.approx(0.824 * 450, rel=0.02)
+    assert busbw("all-reduce", 64 * GiB, block(1, 8, 8), h100, "ring") == pytest.approx(0.824 * 450, rel=0.02)
+    assert busbw("all-reduce", 64 * GiB, block(4, 8, 8), h100, "ring") == pytest.approx(8 * 50 * 0.97, rel=0.02)
+
+
+def test_a_ring_across_nodes_spares_each_ranks_scale_up_links_its_exit_share():
+    # MI300X: the Infinity Fabric ring (316.6 GB/s) is slower than eight 400G NICs (388) even at 8/7 of it
+    mi300x = load_system("mi300x-platform")
+    one_node = busbw("all-reduce", 64 * GiB, block(1, 8, 8), mi300x, "ring")
+    two_nodes = busbw("all-reduce", 64 * GiB, block(2, 8, 8), mi300x, "ring")
+    assert two_nodes == pytest.approx(one_node * 8 / 7, rel=0.005)
+    # AAC-RCCL's two-node rccl-tests sweep: the plateau from 1 GiB within 5 % (it read 9-12 % slow when
+    # every rank's links carried the whole ring), and above the one-node plateau as measured
+    plateau = [(measured, predicted) for row, size, measured, predicted in measured_rows()
+               if row["setup"] == "2x 8 MI300X (AMD Accelerator Cloud)" and size >= GiB]
+    assert len(plateau) == 5
+    for measured, predicted in plateau:
+        assert predicted == pytest.approx(measured, rel=0.05)
 
 
 def test_full_mesh_small_groups_use_few_links():

@@ -9,7 +9,8 @@ fastest, the way NCCL's tuner picks an algorithm per call from its own cost mode
   nodes NCCL lays its rings out rail by rail: every ring leaves each node once, through a
   different NIC per channel, so a node's ``g`` NICs carry the ring's bytes together and
   its bus bandwidth tops out at the node's NIC bandwidth (8x 400 Gb/s: about 388 GB/s,
-  as a 4-node B200 run measures), while its NVLink hops run alongside.
+  as a 4-node B200 run measures), while its NVLink hops run alongside, carrying ``(g-1)/g``
+  of a rank's bytes (the rank a channel leaves from sends to its NIC instead).
 * **Double binary tree** (NCCL 2.4+, all-reduce across nodes): a chain inside each node
   and two binary trees over the nodes; every rank sends and receives ``2S``, but the
   latency grows with ``log2(k)`` instead of ``k``, so it wins for many nodes.
@@ -184,7 +185,10 @@ def ring(kind: str, message_bytes: float, group: GpuGroup, protocol: Protocol | 
     latency = base + (steps - inter_steps) * intra_step + inter_steps * inter_step
     loads = []
     if g > 1:
-        loads.append((volume, group.intra))
+        # across nodes each channel's ring leaves a node from one of its g ranks, a different
+        # one per channel: that rank sends its share to its NIC, not over the node's links, so
+        # a rank's scale-up links carry (g-1)/g of the ring's bytes (all of them in one node)
+        loads.append((volume * (g - 1) / g if k > 1 else volume, group.intra))
     if k > 1:
         # each node sends the ring's volume once, spread over the NICs of its g ranks
         loads.append((volume / g, group.inter))
