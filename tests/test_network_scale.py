@@ -172,6 +172,23 @@ def test_placement_warnings():
     assert warnings("dgx-h100", *nvl, "cluster.num_devices=4", "parallel.ep=4", "parallel.global_batch_size=4") == []
 
 
+def test_plan_warns_once_of_a_partly_filled_domain(tmp_path):
+    model = tmp_path / "small.yaml"
+    model.write_text("name: gpt-small\nnum_layers: 4\nhidden_size: 1024\nffn_hidden_size: 4096\n"
+                     "num_attention_heads: 16\nvocab_size: 32000\nseq_length: 1024\n")
+
+    def plan(devices: int) -> CliRun:
+        return run_cli("plan", str(model), "--cluster", "gb200-nvl72", "--devices", str(devices), "--global-batch",
+                       str(devices), "--workers", "1", "--schedules", "1f1b", "--max-microbatch", "1", "--top", "1")
+
+    partial = plan(76)
+    assert partial.returncode == 0, partial.stderr
+    lines = partial.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "4 of its 72 devices" in lines[0]
+    whole = plan(72)
+    assert whole.returncode == 0 and whole.stderr.strip() == ""
+
+
 def test_run_prints_one_warning_line_on_stderr(tmp_path):
     scenario = tmp_path / "nvl.yaml"
     scenario.write_text(textwrap.dedent("""\

@@ -80,6 +80,17 @@ def csv_rows(body: dict) -> list[dict]:
     return rows
 
 
+def _warn_of_a_partial_domain(scenario, devices: int) -> None:
+    """The job-wide part of ``mpsim run``'s placement warning, on stderr before planning: every
+    layout of a job that leaves part of a scale-up domain (a 72-GPU NVL72 rack) unused shares it.
+    Groups that straddle domains depend on the layout; each is priced as its slowest copy."""
+    from mpsim.cost.topology import placement_warnings
+
+    system = scenario.cluster.system
+    for line in placement_warnings(devices, system.devices_per_node, system.name, {}):
+        print(f"warning: {line}", file=sys.stderr)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from mpsim.explore.planbase import base_scenario
     from mpsim.explore.planner import layout_label, plan
@@ -110,6 +121,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.max_cp < 1:
         raise InputError("must be 1 or more", "--max-cp")
     _check_before_planning(args, scenario, pinned, schedules)
+    _warn_of_a_partial_domain(scenario, args.devices)
     try:
         result = plan(scenario, top=args.top, pinned=pinned, max_microbatch_size=args.max_microbatch,
                       max_vpp=args.max_vpp, schedules=schedules, max_cp=args.max_cp, zero_stages=zero_stages,
