@@ -1,5 +1,6 @@
 """Workers evaluate points at a slower collector pace and always give the process's pace back;
-they fork only where no runtime's threads would be copied mid-lock, and die with the command."""
+they fork only where no runtime's threads would be copied mid-lock, and die with the command;
+a stop that arrives while the pool's library runs is taken when it has returned."""
 
 from __future__ import annotations
 
