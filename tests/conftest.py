@@ -7,6 +7,7 @@ import fcntl
 import importlib.util
 import io
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -185,13 +186,18 @@ def _working_folder_kept():
         pytest.fail(f"the test left the working folder at {after}, not {before}")
 
 
+# the folder of one run's machine locks: made by the process that starts the run (pytest_configure)
+# before it starts its workers, which find it in their environment
+LOCKS_FOLDER_ENV = "MPSIM_TEST_LOCKS"
+_LOCKS_MADE = pytest.StashKey[str]()
+
+
 def _machine_lock_paths() -> tuple[Path, Path] | None:
     """(gate, lock) files shared by the workers of one parallel run; None in a serial run."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None or "PYTEST_XDIST_WORKER" not in os.environ:
+    folder = os.environ.get(LOCKS_FOLDER_ENV)
+    if folder is None or "PYTEST_XDIST_WORKER" not in os.environ:
         return None
-    stem = Path(tempfile.gettempdir()) / f"mpsim-tests-{run}"
-    return stem.with_suffix(".gate"), stem.with_suffix(".lock")
+    return Path(folder) / "gate", Path(folder) / "lock"
 
 
 @contextlib.contextmanager
@@ -233,11 +239,18 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and LOCKS_FOLDER_ENV not in os.environ:
+        config.stash[_LOCKS_MADE] = os.environ[LOCKS_FOLDER_ENV] = tempfile.mkdtemp(prefix="mpsim-tests-")
+
+
 def pytest_unconfigure(config):
-    paths = _machine_lock_paths()
-    for path in paths or ():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a worker still running reopens them by name; alone, it needs no lock
+    # only the process that made the folder removes it, after its workers have all ended: a
+    # worker that removed the files while others ran would let them lock different files
+    folder = config.stash.get(_LOCKS_MADE, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(LOCKS_FOLDER_ENV, None)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import _machine_lock_paths, _machine_share
+from tests.conftest import LOCKS_FOLDER_ENV, _machine_lock_paths, _machine_share
 
 HOLD_S = 0.5
 
@@ -22,12 +22,9 @@ def _hold(alone: bool, held, times) -> None:
 
 @pytest.fixture
 def parallel_run(monkeypatch, tmp_path):
-    # as in a worker of a parallel run; the run's own id keeps these locks apart from the suite's
+    # as in a worker of a parallel run; a folder of its own keeps these locks apart from the suite's
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw9")
-    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"share-test-{tmp_path.name}")
-    yield
-    for path in _machine_lock_paths():
-        path.unlink(missing_ok=True)
+    monkeypatch.setenv(LOCKS_FOLDER_ENV, str(tmp_path))
 
 
 def _taken_and_released(first_alone: bool, then_alone: bool) -> tuple[float, float]:
