@@ -14,7 +14,7 @@ from typing import Callable
 from mpsim.cost.actions import ActionCost, CostModel, stage_costs
 from mpsim.cost.chunk_gathers import window_gathers
 from mpsim.cost.contention import group_sm_share
-from mpsim.cost.pairs import overlapped_cost
+from mpsim.cost.pairs import EXPERT_DISPATCH_GROUPS, overlapped_cost
 from mpsim.cost.step import (final_grad_buckets, group_links, microbatch_grad_buckets, optimizer_s,
                              param_gather_exposed_s, pipeline_transfer_s, pipeline_transfer_spec,
                              tied_embedding_sync_s)
@@ -67,7 +67,8 @@ def plan_schedule(scenario: Scenario, layout: Layout, base_dir: Path | None = No
             schedule = search_outline(name, layout.pp, layout.vpp, layout.num_microbatches)
         else:
             schedule = build_schedule(name, layout.pp, layout.vpp, layout.num_microbatches, base_dir,
-                                      timer=rank_spans, microbatch_group_size=layout.microbatch_group_size)
+                                      timer=rank_spans, microbatch_group_size=layout.microbatch_group_size,
+                                      combined=layout.combined_1f1b)
     except ScheduleError as exc:
         raise InputError(str(exc), field="parallel.schedule") from None
     if not training.defer_embedding_wgrad:
@@ -308,20 +309,24 @@ def block_copy_ranks(schedule: Schedule) -> list[tuple[int, ...]]:
 def schedule_costs(schedule: Schedule, workload: Workload, model: CostModel,
                    stages: dict[tuple[int, str], ActionCost] | None = None) -> dict[tuple, ActionCost]:
     """Costs of every (stage, kind), plus every forward+backward pair the schedule runs (overlapped
-    only when ``training.overlap_paired_passes`` says the framework does it). ``stages``: the
+    only when ``training.overlap_paired_passes`` says the framework does it, or the pairs are
+    Megatron-Core's combined 1F1B, which overlaps their expert all-to-alls). ``stages``: the
     ``stage_costs`` of the schedule's placement, where the caller kept them."""
     if stages is None:
         stages = stage_costs(workload, model, schedule.stage_to_rank)
     costs: dict[tuple, ActionCost] = dict(stages)
+    training = model.scenario.training
+    # Megatron-Core's combined 1F1B always overlaps its pairs, and only their expert all-to-alls
+    combined = training.overlap_moe_expert_parallel_comm
     for actions in schedule.actions:
         for item in actions:
             if isinstance(item, Overlapped):
                 key = duration_key(item)
                 if key not in costs:
                     costs[key] = overlapped_cost(costs[duration_key(item.forward)], costs[duration_key(item.backward)],
-                                                 overlap=model.scenario.training.overlap_paired_passes,
-                                                 sm_share=partial(group_sm_share, model.scenario.training,
-                                                                  model.system))
+                                                 overlap=training.overlap_paired_passes or combined,
+                                                 sm_share=partial(group_sm_share, training, model.system),
+                                                 hides=EXPERT_DISPATCH_GROUPS if combined else None)
     return costs
 
 

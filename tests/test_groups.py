@@ -110,3 +110,29 @@ def test_a_group_of_eight_covers_one_node_only_when_it_is_innermost(order, tp_no
     placement = group_placements(layout(tp=8, cp=2, dp=4, order=order))["tp"]
     assert placement.nodes == tp_nodes
     assert placement.per_node == DEVICES_PER_NODE // tp_nodes
+
+
+def test_folded_expert_groups_take_in_the_tensor_parallel_ranks():
+    # Megatron-Core's parallel folding: TP 2 x DP 16 with ETP 1 lays EP 32 over all 32 ranks of a
+    # stage, ranks 0-31 on nodes 0-3, where an EP group within DP alone could hold 16 at most
+    found = spans(layout(tp=2, dp=16, pp=8, ep=32, etp=1))
+    assert found["ep"] == (32, 4, 8)
+    assert found["etp"] == (1, 1, 1)
+    assert found["edp"] == (1, 1, 1)  # each expert on one rank of the stage
+    assert found["tp"] == (2, 1, 2)
+
+
+def test_scenarios_fold_expert_parallelism_as_megatron_core_allows():
+    from mpsim.errors import InputError
+    from mpsim.specs import load_scenario
+    from mpsim.specs.layout import resolve_layout
+    from tests.conftest import SCENARIOS
+
+    mixtral = SCENARIOS / "mixtral_8x7b_64xh100.yaml"
+    base = ["cluster.nodes=1", "parallel.tp=2", "parallel.global_batch_size=8"]
+    folded = resolve_layout(load_scenario(mixtral, [*base, "parallel.ep=8", "parallel.etp=1"]).scenario)
+    assert (folded.dp, folded.ep, folded.etp, folded.expert_dp) == (4, 8, 1, 1)
+    # without folding an expert split over both TP ranks leaves 4 groups of 2 for the 8 experts
+    with pytest.raises(InputError, match="lower parallel.etp") as raised:
+        resolve_layout(load_scenario(mixtral, [*base, "parallel.ep=8"]).scenario)
+    assert raised.value.field == "parallel.ep"

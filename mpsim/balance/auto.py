@@ -54,7 +54,8 @@ def _schedule(scenario: Scenario, layout: Layout) -> Schedule | None:
     the layout check reports later)."""
     try:
         schedule = build_schedule(scenario.parallel.schedule, layout.pp, layout.vpp, layout.num_microbatches,
-                                  timer=rank_spans, microbatch_group_size=layout.microbatch_group_size)
+                                  timer=rank_spans, microbatch_group_size=layout.microbatch_group_size,
+                                  combined=layout.combined_1f1b)
         if scenario.training.defer_embedding_wgrad:
             from mpsim.schedules.deferral import defer_head_weight_grads
 

@@ -40,10 +40,12 @@ def _schedule(args: argparse.Namespace) -> int:
         raise InputError("give --pp and --microbatches to generate a schedule", args.name)
     try:
         schedule = build_schedule(args.name, args.pp, args.vpp, args.microbatches, check=True, timer=rank_spans,
-                                  microbatch_group_size=args.microbatch_group_size)
+                                  microbatch_group_size=args.microbatch_group_size,
+                                  combined=args.overlap_moe_expert_parallel_comm)
     except ScheduleError as exc:
         # the registry speaks of the scenario's fields; here the options set them
-        message = str(exc).replace("parallel.vpp", "--vpp").replace("microbatch_group_size", "--microbatch-group-size")
+        message = (str(exc).replace("parallel.vpp", "--vpp").replace("microbatch_group_size", "--microbatch-group-size")
+                   .replace("parallel.schedule: ", "").replace("parallel.schedule", "the schedule"))
         raise InputError(message, args.name) from None
     text = schedule.to_text()
     if args.out:
@@ -64,5 +66,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--microbatch-group-size", type=positive_int, metavar="N",
                         help="interleaved-1f1b: microbatches each chunk runs in a row (Megatron-Core's "
                              "--microbatch-group-size-per-virtual-pipeline-stage; default pp)")
+    parser.add_argument("--overlap-moe-expert-parallel-comm", action="store_true",
+                        help="Megatron-Core's combined 1F1B: one forward more in the warm-up, then each forward "
+                             "paired with a backward as one overlapped step (interleaved-1f1b, or 1f1b with --pp 1)")
     parser.add_argument("--out", metavar="FILE", help="write the text form to FILE instead of printing it")
     parser.set_defaults(handler=_schedule)

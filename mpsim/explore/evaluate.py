@@ -35,16 +35,19 @@ ENGINES = ("fast", "simpy")
 
 
 @lru_cache(maxsize=128)
-def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int, group: int | None = None) -> Schedule:
+def generated_schedule(name: str, pp: int, vpp: int, num_microbatches: int, group: int | None = None,
+                       combined: bool = False) -> Schedule:
     """A generated schedule, cached: layouts that differ only in recompute or SP share it
-    (``group``: parallel.microbatch_group_size)."""
-    return build_schedule(name, pp, vpp, num_microbatches, timer=rank_spans, microbatch_group_size=group)
+    (``group``: parallel.microbatch_group_size; ``combined``: Megatron-Core's combined 1F1B)."""
+    return build_schedule(name, pp, vpp, num_microbatches, timer=rank_spans, microbatch_group_size=group,
+                          combined=combined)
 
 
 @lru_cache(maxsize=128)
-def deferred_schedule(name: str, pp: int, vpp: int, num_microbatches: int, group: int | None, limit: int) -> Schedule:
+def deferred_schedule(name: str, pp: int, vpp: int, num_microbatches: int, group: int | None, combined: bool,
+                      limit: int) -> Schedule:
     """A generated schedule with the LM head's weight gradients deferred (``training.defer_embedding_wgrad``), cached."""
-    return defer_head_weight_grads(generated_schedule(name, pp, vpp, num_microbatches, group), limit)
+    return defer_head_weight_grads(generated_schedule(name, pp, vpp, num_microbatches, group, combined), limit)
 
 
 def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cached: bool = True) -> Schedule:
@@ -55,7 +58,7 @@ def schedule_for(scenario: Scenario, layout: Layout, base_dir: Path | None, cach
     if name.startswith("file:"):
         return plan_schedule(scenario, layout, base_dir)
     make, args = generated_schedule, (name, layout.pp, layout.vpp, layout.num_microbatches,
-                                      layout.microbatch_group_size)
+                                      layout.microbatch_group_size, layout.combined_1f1b)
     if training.defer_embedding_wgrad:
         make, args = deferred_schedule, (*args, training.wgrad_deferral_limit)
     try:

@@ -176,7 +176,7 @@ def clear_caches() -> None:
 
 
 def short_schedule(scenario: Scenario, layout: Layout) -> Short:
-    """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches, group size); a
+    """The layout's schedule in its short forms, kept per (name, pp, vpp, microbatches, group size, pairing); a
     schedule read from a file is generated afresh each time (the file may change)."""
     name = scenario.parallel.schedule
     from_file = name.startswith("file:")
@@ -185,7 +185,8 @@ def short_schedule(scenario: Scenario, layout: Layout) -> Short:
     deferral = training.wgrad_deferral_limit if training.defer_embedding_wgrad else None
     # a walk that tracks gathered parameters keeps every state (memfast.LayoutMemory.fullest)
     whole_walk = layout.fsdp_gathering is not None
-    key = (name, layout.pp, layout.vpp, layout.num_microbatches, layout.microbatch_group_size, deferral, whole_walk)
+    key = (name, layout.pp, layout.vpp, layout.num_microbatches, layout.microbatch_group_size, layout.combined_1f1b,
+           deferral, whole_walk)
     short = None if from_file else SHORTS.get(key)
     if short is None:
         # a schedule of up to a million actions is made and shortened at once; all but the

@@ -146,7 +146,7 @@ def checkpoint_bytes(result: SimulationResult) -> float:
     that shard them (dense ones over TP, expert ones over TP and EP).
     """
     layout = result.layout
-    params = sum(stage.params * layout.tp + stage.expert_params * layout.tp * layout.ep
+    params = sum(stage.params * layout.tp + stage.expert_params * layout.etp * layout.ep
                  for stage in result.workload.stages)
     # the state of every parameter unsharded, weights kept as the run keeps them between passes
     state = model_state_bytes(params, weight_bytes=WEIGHT_BYTES_PER_PARAM, optimizer=result.scenario.training.optimizer,

@@ -112,6 +112,7 @@ class Summary:
     host_wait_s: float = 0.0  # mean over pipeline ranks of their actions' waits for kernel launches
     calibration: str | None = None  # the calibration profile that priced the step, in words; None: the datasheets
     microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
+    combined_1f1b: bool = False  # Megatron-Core's combined 1F1B (training.overlap_moe_expert_parallel_comm)
     # training.optimizer_post_validation: how much shorter the period of a long run is than the step
     # alone (its fill and drain run under the neighbouring steps); 0 when steps do not overlap
     cross_step_overlap_s: float = 0.0
@@ -231,6 +232,7 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         host_wait_s=mean([r.host_wait_s for r in ranks]),
         calibration=calibration_text(scenario.calibration),
         microbatch_group_size=layout.microbatch_group_size,
+        combined_1f1b=layout.combined_1f1b,
         cross_step_overlap_s=timeline.span_s - step,
     )
 

@@ -117,7 +117,8 @@ def format_summary(summary: Summary) -> str:
         *([f"  calibration  {s.calibration}"] if s.calibration else []),
         f"  layout       TP {s.tp}{cp} x PP {s.pp}{vpp} x DP {s.dp}{extras}; {s.num_microbatches} microbatch{'es' if s.num_microbatches != 1 else ''} of "
         f"{s.microbatch_size} per pipeline; schedule {s.schedule}"
-        f"{f' in groups of {s.microbatch_group_size}' if s.microbatch_group_size else ''}",
+        f"{f' in groups of {s.microbatch_group_size}' if s.microbatch_group_size else ''}"
+        f"{', forward and backward paired (combined 1F1B)' if s.combined_1f1b else ''}",
         *([f"  stages       layers per stage {format_split(s.layers_per_stage)} ({s.layer_split} split)"]
           if len(s.layers_per_stage) > 1 else []),
         f"  step time    {format_seconds(step)}{f' ({step / 3600:.2f} h)' if step >= 3600 else ''}   {_throughput(s)}",

@@ -40,19 +40,23 @@ MAX_STAGE_PASSES = 1_000_000
 
 def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir: Path | None = None,
                    check: bool = False, timer: Timer | None = None,
-                   microbatch_group_size: int | None = None) -> Schedule:
+                   microbatch_group_size: int | None = None, combined: bool = False) -> Schedule:
     """A valid schedule; raises ScheduleError with a one-line reason.
 
     Schedules read from a file are always validated; generated ones only with ``check``.
     Searched schedules (zb-1p, zb-2p) need ``timer``, the engine's timing of a fixed
     schedule (``mpsim.engine.rank_spans``): schedules are data and do not run the engine.
     ``microbatch_group_size``: Megatron-Core's contiguous microbatches per chunk, for its
-    interleaved schedule (None: the generator's default).
+    interleaved schedule (None: the generator's default). ``combined``: its combined 1F1B, the
+    steady state's forward and backward paired (``training.overlap_moe_expert_parallel_comm``).
     """
     _check_size(pp, vpp, num_microbatches)
     if name.startswith("file:") and microbatch_group_size is not None:
         raise ScheduleError("microbatch_group_size orders a generated interleaved schedule; a schedule file "
                             "gives its own order (leave it unset)")
+    if name.startswith("file:") and combined:
+        raise ScheduleError("overlap_moe_expert_parallel_comm pairs the passes of Megatron-Core's generated "
+                            "schedule; a schedule file gives its own pairs ((F;B)OVERLAP_F_B items)")
     if name.startswith("file:"):
         path = Path(name[5:])
         if base_dir is not None and not path.is_absolute() and (base_dir / path).is_file():
@@ -74,7 +78,7 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, base_dir
         if problem:
             raise ScheduleError(problem)
         try:
-            schedule = generate(key, pp, vpp, num_microbatches, timer, microbatch_group_size)
+            schedule = generate(key, pp, vpp, num_microbatches, timer, microbatch_group_size, combined)
         except ValueError as exc:
             raise ScheduleError(str(exc)) from None
         if not check:

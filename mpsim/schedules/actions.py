@@ -56,7 +56,8 @@ def priced_kind(action: Action) -> str:
 
 
 class Overlapped(NamedTuple):
-    """A forward and a backward of two microbatches run as one overlapped step (DualPipe).
+    """A forward and a backward of two microbatches run as one overlapped step (DualPipe, Megatron-Core's
+    combined 1F1B).
 
     The two share the rank's compute; each one's communication hides under the other's
     compute. Printed the way torch prints its ``OVERLAP_F_B`` action: ``(0F3;7B1)OVERLAP_F_B``.

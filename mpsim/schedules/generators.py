@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from mpsim.schedules.actions import Action, Schedule
+from mpsim.schedules.actions import Action, Overlapped, Schedule
 
 
 def loop_placement(pp: int, vpp: int) -> tuple[int, ...]:
@@ -82,7 +82,8 @@ def interleave_chunks(vpp: int, num_microbatches: int, group: int) -> list[int]:
     return chunks
 
 
-def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, microbatch_group_size: int | None = None) -> Schedule:
+def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, microbatch_group_size: int | None = None,
+                     combined: bool = False) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM; depth-first as in torch).
 
     Each rank holds ``vpp`` chunks (stages ``rank + k*pp``) and runs microbatches in
@@ -91,6 +92,14 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, microbatch_group_
     divide the microbatches, the count split evenly into ``microbatches // pp`` rounds
     (torch's schedule). Warm-up is ``(vpp-1)*group + 2*(pp-1-rank)`` forwards; each
     backward runs the chunk mirrored from the forward's position in the same order.
+
+    ``combined``: Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``,
+    megatron/core/pipeline_parallel/schedules.py and combined_1f1b.py): one forward more
+    in the warm-up, so that every steady-state forward is independent of the backward it
+    runs with, and each such forward and backward run as one step (``Overlapped``), the
+    one's expert all-to-alls beside the other's compute. With ``pp == 1`` this is its
+    schedule without pipelining: the first forward alone, then (forward ``k+1``,
+    backward ``k``) pairs, then the last backward.
     """
     if microbatch_group_size is None:
         group = interleaved_rounds(pp, num_microbatches)
@@ -104,18 +113,23 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, microbatch_group_
     make = tuple.__new__  # Action(...) without a named tuple constructor's keyword handling
     ranks = []
     for rank in range(pp):
-        warmup = min((vpp - 1) * group + 2 * (pp - 1 - rank), total)
+        warmup = min((vpp - 1) * group + 2 * (pp - 1 - rank) + int(combined), total)
         next_fwd, next_bwd = [0] * (pp * vpp), [0] * (pp * vpp)  # the next microbatch of each stage
-        actions: list[Action] = []
+        actions: list = []
         for step in range(total + warmup):
+            forward = backward = None
             if step < total:
                 stage = chunks[step] * pp + rank
-                actions.append(make(Action, (stage, "F", next_fwd[stage])))
+                forward = make(Action, (stage, "F", next_fwd[stage]))
                 next_fwd[stage] += 1
             if step >= warmup:
                 stage = (vpp - 1 - chunks[step - warmup]) * pp + rank
-                actions.append(make(Action, (stage, "B", next_bwd[stage])))
+                backward = make(Action, (stage, "B", next_bwd[stage]))
                 next_bwd[stage] += 1
+            if combined and forward is not None and backward is not None:
+                actions.append(Overlapped(forward, backward))
+            else:
+                actions.extend(action for action in (forward, backward) if action is not None)
         ranks.append(tuple(actions))
     return Schedule("interleaved-1f1b", num_microbatches, loop_placement(pp, vpp), tuple(ranks))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mpsim.schedules.actions import Schedule
 from mpsim.schedules.dualpipe import dualpipe, dualpipev
@@ -97,17 +97,25 @@ GROUPED = ("interleaved-1f1b",)
 
 
 def generate(name: str, pp: int, vpp: int, num_microbatches: int, timer: Timer | None = None,
-             microbatch_group_size: int | None = None) -> Schedule:
+             microbatch_group_size: int | None = None, combined: bool = False) -> Schedule:
     """Run a registered generator (ValueError with the reason when the layout does not fit).
 
     A searched schedule needs ``timer``, the timing of fixed schedules it compares
     candidates with (``mpsim.engine.rank_spans``). ``microbatch_group_size`` (None: the
-    schedule's default) is for the schedules in ``GROUPED`` only.
+    schedule's default) is for the schedules in ``GROUPED`` only. ``combined``: Megatron-Core's
+    combined 1F1B (``training.overlap_moe_expert_parallel_comm``), which it runs in its
+    interleaved schedule, or without pipelining when ``pp`` is 1 (``combined_problem``).
     """
     kind = SCHEDULES[name]
     problem = kind.check_vpp(name, vpp)
     if problem:
         raise ValueError(problem)
+    if combined:
+        problem = combined_problem(name, pp, vpp)
+        if problem:
+            raise ValueError(problem)
+        schedule = interleaved_1f1b(pp, vpp, num_microbatches, microbatch_group_size, combined=True)
+        return schedule if name == schedule.name else replace(schedule, name=name)
     if microbatch_group_size is not None:
         if name not in GROUPED:
             raise ValueError(f"microbatch_group_size is Megatron-Core's option of its interleaved schedule; "
@@ -118,3 +126,20 @@ def generate(name: str, pp: int, vpp: int, num_microbatches: int, timer: Timer |
             raise TypeError(f"{name} is searched: pass the engine's timing function (mpsim.engine.rank_spans)")
         return kind.generator(pp, vpp, num_microbatches, timer)
     return kind.generator(pp, vpp, num_microbatches)
+
+
+def combined_problem(name: str, pp: int, vpp: int) -> str | None:
+    """Why Megatron-Core would not run its combined 1F1B on this schedule and layout, or None.
+
+    It pairs forwards and backwards in its interleaved schedule, and in its schedule without
+    pipelining (one rank: 1F1B and interleaved 1F1B are the same order there); with
+    ``pp > 1`` it asks for virtual stages (TransformerConfig's check of
+    overlap_moe_expert_parallel_comm, megatron/core/transformer/transformer_config.py).
+    """
+    if name not in ("interleaved-1f1b", "1f1b"):
+        return (f"Megatron-Core overlaps the expert all-to-alls of paired passes in its interleaved 1F1B "
+                f"(or with pp=1); parallel.schedule is {name}")
+    if pp > 1 and vpp < 2:
+        return (f"Megatron-Core overlaps the expert all-to-alls of paired passes only with virtual stages when "
+                f"pp > 1 (pp={pp}): set parallel.schedule: interleaved-1f1b and parallel.vpp to 2 or more")
+    return None

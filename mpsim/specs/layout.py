@@ -23,7 +23,8 @@ from mpsim.schedules.chains import StageChains
 from mpsim.schedules.registry import stage_chains
 from mpsim.schedules.unshard import TORCH_GATHERED_CHUNKS, Gathering
 from mpsim.specs.layout_checks import (check_context_parallel, check_deferred_head_wgrad, check_dtype,
-                                       check_microbatch_groups, check_moe_dispatch, check_tensor_parallel,
+                                       check_combined_1f1b, check_microbatch_groups, check_moe_dispatch,
+                                       check_tensor_parallel,
                                        check_op_recompute, check_userbuffers_sms, fail)
 from mpsim.specs.pipeline_split import layers_per_chunk
 from mpsim.specs.scenario import Scenario
@@ -60,6 +61,7 @@ class Layout:
     reshard_last_layer: bool = True  # with reshard_after_forward: the model's last layer too
     fsdp_gathered_chunks: int | None = TORCH_GATHERED_CHUNKS  # FSDP under a pipeline: chunks kept gathered; None: all
     microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
+    combined_1f1b: bool = False  # Megatron-Core's combined 1F1B (training.overlap_moe_expert_parallel_comm)
 
     @property
     def shard_ranks(self) -> int:
@@ -192,6 +194,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     order = _rank_order(scenario)
     check_dtype(scenario)
     check_microbatch_groups(scenario, num_microbatches)
+    check_combined_1f1b(scenario, ep)
     if plan.recompute_num_layers is not None and plan.recompute != "full":
         raise fail("parallel.recompute_num_layers", f"recomputes whole layers, which needs parallel.recompute: "
                                                     f"full (got {plan.recompute})")
@@ -213,6 +216,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
         reshard_last_layer=plan.reshard_last_layer,
         fsdp_gathered_chunks=plan.fsdp_gathered_chunks,
         microbatch_group_size=plan.microbatch_group_size,
+        combined_1f1b=scenario.training.overlap_moe_expert_parallel_comm,
     )
 
 
@@ -231,7 +235,15 @@ def _data_parallel_size(scenario: Scenario) -> int:
 
 
 def _expert_parallel_sizes(scenario: Scenario, dp: int) -> tuple[int, int]:
-    """(ep, etp): experts spread over the data-parallel ranks, each expert split over etp (tp by default)."""
+    """(ep, etp): each expert split over etp ranks (tp by default), the experts spread over ep groups of
+    those, all within the tp x cp x dp ranks of a pipeline stage.
+
+    That is Megatron-Core's rule for its expert layout (MoE "parallel folding": the expert
+    groups are laid over the same ranks as tensor, context and data parallelism, expert
+    tensor parallelism innermost; ``initialize_model_parallel`` in
+    megatron/core/parallel_state.py), so with ``etp`` below ``tp`` an expert-parallel group
+    may take in tensor-parallel ranks: TP 2, DP 16 and ETP 1 allow EP 32.
+    """
     plan, model = scenario.parallel, scenario.model
     ep = plan.ep
     etp = plan.etp if plan.etp is not None else plan.tp
@@ -240,12 +252,14 @@ def _expert_parallel_sizes(scenario: Scenario, dp: int) -> tuple[int, int]:
     if model.moe is not None:
         if model.moe.num_experts % ep:
             raise fail("parallel.ep", f"ep={ep} does not divide the model's {model.moe.num_experts} experts")
-        if (dp * plan.cp) % ep:
-            raise fail("parallel.ep", f"ep={ep} must divide dp x cp = {dp * plan.cp} (experts are spread over the "
-                                      f"data-parallel ranks)")
         if plan.tp % etp or model.moe.expert_ffn_hidden_size % etp:
             raise fail("parallel.etp", f"etp={etp} must divide tp={plan.tp} and moe.expert_ffn_hidden_size="
                                        f"{model.moe.expert_ffn_hidden_size}")
+        stage_ranks = plan.tp * plan.cp * dp
+        if stage_ranks % (ep * etp):
+            raise fail("parallel.ep", f"ep x etp = {ep} x {etp} must divide tp x cp x dp = {stage_ranks} (the expert "
+                                      f"groups are laid over the ranks of a pipeline stage"
+                                      f"{'; lower parallel.etp to fold tensor-parallel ranks into ep' if etp > 1 else ''})")
     return ep, etp
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from mpsim.errors import InputError
 from mpsim.schedules.generators import microbatch_group_problem
-from mpsim.schedules.registry import GROUPED, canonical_name
+from mpsim.schedules.registry import GROUPED, canonical_name, combined_problem
 from mpsim.specs.scenario import Scenario
 from mpsim.specs.layers import NormLayer
 from mpsim.specs.stack import LayerStackSpec, stack_units
@@ -43,6 +43,28 @@ def check_microbatch_groups(scenario: Scenario, num_microbatches: int) -> None:
     problem = microbatch_group_problem(plan.pp, num_microbatches, group)
     if problem:
         raise fail(field, problem)
+
+
+def check_combined_1f1b(scenario: Scenario, ep: int) -> None:
+    """Megatron-Core's combined 1F1B where it runs: its interleaved schedule (or one rank), with
+    expert parallelism, and without whole-layer recompute (TransformerConfig's checks of
+    overlap_moe_expert_parallel_comm, megatron/core/transformer/transformer_config.py)."""
+    plan = scenario.parallel
+    if not scenario.training.overlap_moe_expert_parallel_comm:
+        return
+    field = "training.overlap_moe_expert_parallel_comm"
+    if isinstance(scenario.model, LayerStackSpec) or scenario.model.moe is None or ep < 2:
+        raise fail(field, "overlaps the all-to-alls of expert parallelism, which needs a mixture-of-experts model "
+                          "(model.moe) and parallel.ep of 2 or more, as Megatron-Core requires")
+    if plan.schedule.startswith("file:"):
+        raise fail(field, "pairs the passes of Megatron-Core's generated schedule; a schedule file gives its own "
+                          "pairs ((F;B)OVERLAP_F_B items): leave it unset")
+    problem = combined_problem(canonical_name(plan.schedule), plan.pp, plan.vpp)
+    if problem:
+        raise fail(field, problem)
+    if plan.recompute == "full":
+        raise fail(field, "Megatron-Core refuses whole-layer recompute with it; set parallel.recompute to none "
+                          "or selective")
 
 
 def check_tensor_parallel(scenario: Scenario) -> None:

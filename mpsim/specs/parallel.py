@@ -243,6 +243,14 @@ class TrainingOptions(Spec):
     overlap_paired_passes: bool = Field(
         False, description="DualPipe/DualPipeV: the paired forward and backward hide each other's exposed "
                            "communication (DeepSeek's implementation); false runs them back to back (PyTorch)")
+    # Megatron-Core's --overlap-moe-expert-parallel-comm (model_parallel_config.py; the schedule in
+    # pipeline_parallel/schedules.py and combined_1f1b.py): one forward more in the interleaved
+    # warm-up, then each steady-state forward runs with a backward of another microbatch as one
+    # step, the expert all-to-alls of each on a communication stream beside the other's compute
+    overlap_moe_expert_parallel_comm: bool = Field(
+        False, description="Megatron-Core's combined 1F1B: pair each steady-state forward with a backward and "
+                           "hide each one's expert all-to-alls under the other's compute (interleaved-1f1b, or "
+                           "pp=1; needs expert parallelism)")
     # How MoE tokens travel to their experts. Megatron-Core's alltoall dispatcher permutes one copy
     # per (token, expert) and exchanges them in one NCCL all-to-all over the expert-parallel group;
     # DeepEP (its flex dispatcher with --moe-enable-deepep; DeepSeek-V3's own kernels) sends a token
