@@ -34,12 +34,13 @@ written as an mpsim scenario the way its framework ran it (a base scenario file 
   optimizer's post-validation (8), 1F1B and ZB-1p at ZB-2p's memory (30 of 36; six print
   an ambiguous microbatch count and are left out), fewer microbatches than stages (18).
 
-With ``--out-of-sample`` nine more tables follow, from outside the shared data and not part of
+With ``--out-of-sample`` ten more tables follow, from outside the shared data and not part of
 the published check's last line unless asked for: NVIDIA's NeMo performance summaries, NeMo
 24.07 on DGX H100 and NeMo 25.02 on DGX B200, FP8, NeMo 25.11 on DGX H100, B200 and GB200 and
 NeMo 26.04.01 on DGX H100 and GB200, FP8 with current scaling (``published_nemo.py``, which says
 what their framework settings are taken from), torchtitan's FSDP2 runs on 64 A100
-(``published_torchtitan.py``) and cuDNN Frontend's Llama 3.2 1B training loop on one H200
+(``published_torchtitan.py``), Qwen3 mixtures of experts trained with Megatron-Core on H100
+and GB200 (``published_moe.py``) and cuDNN Frontend's Llama 3.2 1B training loop on one H200
 and one B200 (``published_cudnn_llama.py``).
 
 The Zero Bubble tables are built in ``published_zero_bubble.py``; what every table shares
@@ -102,6 +103,7 @@ from published_cudnn_llama import (ASSUMPTIONS as CUDNN_LLAMA_ASSUMPTIONS, LEFT_
                                    cudnn_llama_table)
 from published_dgxc import dgxc_table  # noqa: E402
 from published_korthikanti import korthikanti_table4, korthikanti_table5  # noqa: E402
+from published_moe import ASSUMPTIONS as MOE_ASSUMPTIONS, GAPS as MOE_GAPS, megatron_moe_table  # noqa: E402
 from published_nemo import ASSUMPTIONS as NEMO_ASSUMPTIONS, ASSUMPTIONS_25_11 as NEMO_25_11_ASSUMPTIONS  # noqa: E402
 from published_nemo import ASSUMPTIONS_26_04 as NEMO_26_04_ASSUMPTIONS, nemo_table  # noqa: E402
 from published_torchtitan import ASSUMPTIONS as TORCHTITAN_ASSUMPTIONS, torchtitan_table  # noqa: E402
@@ -116,6 +118,7 @@ from published_zero_bubble import (ZB_ASSUMPTIONS, ZB_MORE_ASSUMPTIONS, ZB_T9_AS
 GAPS: dict[str, str] = {
     "zb-ilp": "the paper's ZB-1p / ZB-2p refine the heuristic schedule with an ILP; mpsim's zb-1p / zb-2p run "
               "the heuristic as a search without it (docs/schedules.md); nearest: that",
+    **MOE_GAPS,
 }
 
 # gaps of a whole table or of a kind of its rows, not marked row by row: table -> (which rows, gap)
@@ -197,6 +200,9 @@ OUT_OF_SAMPLE: dict[str, Table] = {
     "torchtitan_a100": Table("torchtitan performance page (April 2024): FSDP2 on 64 A100, eager PyTorch "
                              "(out of sample)", "step time", "s", "s", torchtitan_table,
                              assumptions=TORCHTITAN_ASSUMPTIONS),
+    "megatron_moe": Table("Qwen3 mixtures of experts under Megatron-Core: Megatron Bridge's performance summaries "
+                          "(NeMo 25.11-26.06, DGX H100) and the Megatron-Core MoE report (H100, GB200) (out of sample)",
+                          "step time", "s", "s", megatron_moe_table, (("EP exp", "ep"),), MOE_ASSUMPTIONS),
     "cudnn_llama1b": Table("cuDNN Frontend's Llama 3.2 1B training loop (October 2025): one H200 or B200, eager "
                            "Hugging Face transformers (out of sample)", "iteration time", "s", "s", cudnn_llama_table,
                            assumptions=CUDNN_LLAMA_ASSUMPTIONS),
@@ -395,7 +401,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"run only this table (repeatable): {', '.join(ALL_TABLES)}")
     parser.add_argument("--out-of-sample", action="store_true",
                         help=f"add the tables from outside the shared data ({', '.join(OUT_OF_SAMPLE)}; "
-                             "benchmarks/published_nemo.py, published_torchtitan.py, published_cudnn_llama.py); "
+                             "benchmarks/published_nemo.py, published_torchtitan.py, published_moe.py, "
+                             "published_cudnn_llama.py); "
                              "not the published check")
     parser.add_argument("--quick", action="store_true", help="a few rows per table (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows and statistics as JSON")
