@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from published_common import middle_stage  # noqa: E402
+from published_common import middle_stage, print_error_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 READINGS = ROOT / "benchmarks" / "data" / "hopper_kernels_h200.json"
@@ -60,14 +60,8 @@ def main() -> int:
     if not results:
         print(f"no layer readings in {READINGS}", file=sys.stderr)
         return 2
-    print(f"{'reading':<36} {'measured':>10} {'predicted':>10} {'error':>7}")
-    errors = []
-    for row in results:
-        error = 100.0 * (row["predicted_s"] / row["measured_s"] - 1.0)
-        errors.append(error)
-        print(f"{row['label']:<36} {1e3 * row['measured_s']:8.3f} ms {1e3 * row['predicted_s']:8.3f} ms {error:+6.1f}%")
-    print(f"rows={len(errors)} mean_abs_error_pct={sum(map(abs, errors)) / len(errors):.2f} "
-          f"mean_signed_error_pct={sum(errors) / len(errors):.2f}")
+    print_error_rows("reading", [(row["label"], 1e3 * row["measured_s"], 1e3 * row["predicted_s"])
+                                 for row in results], "ms")
     return 0
 
 

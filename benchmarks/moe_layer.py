@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from published_common import print_error_rows  # noqa: E402
 from published_dgxc import DGXC_BASE, DGXC_FRAMEWORK  # noqa: E402
 
 from mpsim.cost.actions import CostModel  # noqa: E402
@@ -107,15 +108,7 @@ def rows() -> list[dict]:
 
 
 def main() -> int:
-    results = rows()
-    errors = []
-    print(f"{'case':32s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
-    for row in results:
-        error = 100 * (row["predicted_ms"] - row["measured_ms"]) / row["measured_ms"]
-        errors.append(error)
-        print(f"{row['label']:32s} {row['measured_ms']:9.3f} {row['predicted_ms']:9.3f} {error:+6.1f}%")
-    print(f"rows={len(errors)} mean_abs_error_pct={sum(map(abs, errors)) / len(errors):.2f} "
-          f"mean_signed_error_pct={sum(errors) / len(errors):.2f}")
+    print_error_rows("case", [(row["label"], row["measured_ms"], row["predicted_ms"]) for row in rows()], "ms")
     return 0
 
 

@@ -101,6 +101,32 @@ def step_breakdown(summary) -> dict[str, float]:
             "dp": summary.exposed_dp_comm_s, "optimizer": summary.optimizer_s}
 
 
+def print_error_rows(title: str, rows: list[tuple[str, float, float]], unit: str) -> None:
+    """Rows of (label, measured, predicted) in ``unit``, each with its error, then the line
+    ``rows=<n> mean_abs_error_pct=<x> mean_signed_error_pct=<y>`` (+: the prediction is slower)."""
+    width = max([len(label) for label, _, _ in rows] + [len(title)])
+    print(f"{title:<{width}} {'measured':>11} {'predicted':>11} {'error':>7}")
+    errors = []
+    for label, measured, predicted in rows:
+        error = 100.0 * (predicted / measured - 1.0)
+        errors.append(error)
+        print(f"{label:<{width}} {measured:8.3f} {unit:2s} {predicted:8.3f} {unit:2s} {error:+6.1f}%")
+    print(f"rows={len(errors)} mean_abs_error_pct={sum(map(abs, errors)) / len(errors):.2f} "
+          f"mean_signed_error_pct={sum(errors) / len(errors):.2f}")
+
+
+def job_overrides(system: str, model: str, seq: int, gpus: int, microbatch: int, global_batch: int,
+                  **sizes: int) -> list[str]:
+    """The settings of a published row's job: its system first (later settings edit it), the model
+    at the row's sequence, the GPUs filling the system's nodes in order (an NVL72 rack holds 72),
+    the parallel sizes (``tp=2, pp=8, ...``) and Megatron's schedule for them, and the batch."""
+    vpp = sizes.get("vpp", 1)
+    return [f"cluster.system={system}", f"model={model}", f"model.seq_length={seq}", "cluster.nodes=null",
+            f"cluster.num_devices={gpus}", *(f"parallel.{name}={size}" for name, size in sizes.items()),
+            f"parallel.schedule={'interleaved-1f1b' if vpp > 1 else '1f1b'}",
+            f"parallel.microbatch_size={microbatch}", f"parallel.global_batch_size={global_batch}"]
+
+
 # ``validate_published.py --set FIELD=VALUE``: applied to every row after its own settings, to
 # ask a table what-if questions (a setting off, another system); empty for the published check
 WHAT_IF: list[str] = []

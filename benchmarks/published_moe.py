@@ -28,7 +28,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from published_common import Case, Prediction, number, read_csv, simulate_step, step_breakdown
+from published_common import Case, Prediction, job_overrides, number, read_csv, simulate_step, step_breakdown
 from published_dgxc import DGXC_BASE, DGXC_FRAMEWORK
 
 CSV = Path(__file__).resolve().parent / "data" / "megatron_moe.csv"
@@ -82,11 +82,7 @@ def megatron_moe_table(_data: Path) -> list[Case]:
         tp, pp, vp, ep, etp = (number(row[k]) for k in ("tp", "pp", "vp", "ep", "etp"))
         model = MODELS[row["model"]]
         overrides = [
-            f"cluster.system={SYSTEMS[row['system']]}",  # first: the framework's settings below edit this system
-            f"model={model}", f"model.seq_length={seq}", "cluster.nodes=null", f"cluster.num_devices={gpus}",
-            f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={vp}", f"parallel.ep={ep}",
-            f"parallel.etp={etp}", f"parallel.schedule={'interleaved-1f1b' if vp > 1 else '1f1b'}",
-            f"parallel.microbatch_size={mbs}", f"parallel.global_batch_size={gbs}",
+            *job_overrides(SYSTEMS[row["system"]], model, seq, gpus, mbs, gbs, tp=tp, pp=pp, vpp=vp, ep=ep, etp=etp),
             *DGXC_FRAMEWORK,
             f"parallel.sequence_parallel={str(tp > 1).lower()}", "training.tp_comm_overlap=false",
             # overlap_p2p_comm with the interleaved schedule (Megatron Bridge's default)

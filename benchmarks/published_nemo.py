@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from published_common import Case, number, read_csv, step_prediction
+from published_common import Case, job_overrides, number, read_csv, step_prediction
 from published_dgxc import DGXC_BASE, DGXC_FRAMEWORK
 
 CSV = Path(__file__).resolve().parent / "data" / "nemo_performance_summary.csv"
@@ -142,12 +142,7 @@ def nemo_table(name: str, release: str, system: str):
             model, settings = _model_settings(row["model"])
             tensor = tp > 1
             overrides = [
-                f"cluster.system={SYSTEMS[system]}",  # first: the framework's settings below edit this system
-                # the job's GPUs, filling the system's nodes in order (an NVL72 rack holds 72)
-                f"model={model}", f"model.seq_length={seq}", "cluster.nodes=null", f"cluster.num_devices={gpus}",
-                f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.cp={cp}", f"parallel.vpp={vp}",
-                f"parallel.ep={ep}", f"parallel.schedule={'interleaved-1f1b' if vp > 1 else '1f1b'}",
-                f"parallel.microbatch_size={mbs}", f"parallel.global_batch_size={gbs}",
+                *job_overrides(SYSTEMS[system], model, seq, gpus, mbs, gbs, tp=tp, pp=pp, cp=cp, vpp=vp, ep=ep),
                 *DGXC_FRAMEWORK,
                 # the dgxc recipes: sequence parallel with userbuffers wherever TP > 1, overlapped
                 # pipeline transfers with the interleaved schedule, 75 MiB gradient buckets
