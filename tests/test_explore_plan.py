@@ -186,3 +186,25 @@ def test_a_plan_with_overlapping_steps_times_and_bounds_their_period(tiny):
         # the bound leaves out the fill and drain the neighbouring steps may hide, and holds
         assert metrics["lower_bound_s"] <= metrics["step_time_s"] * (1 + 1e-9)
         assert metrics["cross_step_overlap_s"] >= 0
+
+
+def test_expert_layouts_fold_over_tensor_parallel_ranks_as_megatron_core_allows():
+    # Megatron-Core lays ep groups of etp ranks over the tp x cp x dp ranks of a stage, etp dividing tp:
+    # on 16 GPUs with TP 2 (DP 8) that allows EP 16 with ETP 1, which EP within DP alone does not
+    base = apply_fields(base_scenario("mixtral-8x7b", "dgx-h100", 16, 32),
+                        {"parallel.tp": 2, "parallel.pp": 1, "parallel.recompute": "full"})
+    base = apply_fields(base, {"model.moe.num_experts": 16})
+    layouts = list(enumerate_layouts(PlanContext(base, max_microbatch_size=1, schedules=("1f1b",)),
+                                     ["parallel.tp", "parallel.pp", "parallel.recompute"]))
+    pairs = {(layout["parallel.ep"], layout["parallel.etp"]) for layout in layouts}
+    assert (16, 1) in pairs and (8, 2) in pairs and (8, 1) in pairs
+    assert (16, 2) not in pairs  # 32 expert ranks on a stage of 16
+    assert all(16 % (ep * etp) == 0 and 2 % etp == 0 for ep, etp in pairs)
+
+
+def test_a_folded_layout_is_labelled_with_its_expert_tensor_parallelism():
+    from mpsim.explore.planner import layout_label
+
+    folded = {"parallel.tp": 2, "parallel.ep": 16, "parallel.etp": 1, "parallel.pp": 1}
+    assert "ep16 etp1" in layout_label(folded)
+    assert "etp" not in layout_label({**folded, "parallel.etp": 2})  # the default, etp = tp

@@ -147,10 +147,17 @@ def _ep(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
     moe = ctx.scenario.model.moe
     if moe is None:
         return
-    spread = _dp(ctx, chosen) * chosen.get("parallel.cp", 1)  # experts spread over the data-parallel ranks
-    for ep in divisors(moe.num_experts):
-        if spread % ep == 0:
-            yield {"parallel.ep": ep}
+    # Megatron-Core's expert layout over the tp x cp x dp ranks of a stage: each expert split over
+    # etp of them (a divisor of tp), ep groups of those; an etp below tp folds
+    # tensor-parallel ranks into expert parallelism (mpsim/specs/layout.py, _expert_parallel_sizes)
+    tp = chosen["parallel.tp"]
+    stage_ranks = tp * chosen.get("parallel.cp", 1) * _dp(ctx, chosen)
+    for etp in divisors(tp)[::-1]:
+        if moe.expert_ffn_hidden_size % etp:
+            continue
+        for ep in divisors(moe.num_experts):
+            if stage_ranks % (ep * etp) == 0:
+                yield {"parallel.ep": ep, "parallel.etp": etp}
 
 
 @lru_cache(maxsize=None)
@@ -231,7 +238,7 @@ AXES: list[LayoutAxis] = [
     LayoutAxis("tensor parallel", ("parallel.tp",), _tp),
     LayoutAxis("context parallel", ("parallel.cp",), _cp),
     LayoutAxis("pipeline parallel", ("parallel.pp",), _pp),
-    LayoutAxis("expert parallel", ("parallel.ep",), _ep),
+    LayoutAxis("expert parallel", ("parallel.ep", "parallel.etp"), _ep),
     LayoutAxis("model chunks per rank", ("parallel.vpp", "parallel.layers_per_stage"), _chunks),
     LayoutAxis("microbatch size", ("parallel.microbatch_size",), _microbatch),
     LayoutAxis("sequence parallel", ("parallel.sequence_parallel",), _sequence_parallel),

@@ -387,6 +387,8 @@ def layout_label(point: dict[str, Any] | Point) -> str:
     for name in ("cp", "ep"):
         if p.get(f"parallel.{name}", 1) != 1:
             parts.append(f"{name}{p[f'parallel.{name}']}")
+    if p.get("parallel.etp") not in (None, p.get("parallel.tp", 1)):  # experts folded over TP ranks
+        parts.append(f"etp{p['parallel.etp']}")
     parts.append(f"pp{p.get('parallel.pp', 1)}")
     if p.get("parallel.vpp", 1) != 1:
         parts.append(f"vpp{p['parallel.vpp']}")

@@ -137,12 +137,17 @@ def status_counts(result: PlanResult) -> Counter:
 
 
 def top_table(rows: list[dict], first_position: int = 1) -> str:
-    """The winners as a table (cp and ep columns only when some layout uses them)."""
+    """The winners as a table (cp and ep columns only when some layout uses them, etp when some
+    layout folds its experts over fewer ranks than tp)."""
     extra = [name for name in ("cp", "ep") if any(r["point"].get(f"parallel.{name}", 1) != 1 for r in rows)]
+    if any(r["point"].get("parallel.etp") not in (None, r["point"].get("parallel.tp", r["metrics"]["tp"]))
+           for r in rows):
+        extra.append("etp")
     body = []
     for i, record in enumerate(rows, start=first_position):
         p, m = record["point"], record["metrics"]
-        body.append([f"#{i}", p.get("parallel.tp", m["tp"])] + [p.get(f"parallel.{name}", 1) for name in extra]
+        tp = p.get("parallel.tp", m["tp"])
+        body.append([f"#{i}", tp] + [p.get(f"parallel.{name}") or (tp if name == "etp" else 1) for name in extra]
                     + [p.get("parallel.pp", m["pp"]), m["dp"], m["vpp"], m["microbatch_size"], m["schedule"],
                        "on" if p.get("parallel.sequence_parallel") else "off", p.get("parallel.zero_stage", 0),
                        p.get("parallel.recompute", "-"), fmt_seconds(m["step_time_s"]), fmt_rate(record_rate(m)[0]),
