@@ -200,6 +200,12 @@ def test_expert_layouts_fold_over_tensor_parallel_ranks_as_megatron_core_allows(
     assert (16, 1) in pairs and (8, 2) in pairs and (8, 1) in pairs
     assert (16, 2) not in pairs  # 32 expert ranks on a stage of 16
     assert all(16 % (ep * etp) == 0 and 2 % etp == 0 for ep, etp in pairs)
+    # at TP 4 the planner tries expert TP 4 (Megatron-Core's default) and 1 (folded), not 2
+    wide = apply_fields(base, {"parallel.tp": 4})
+    context = PlanContext(wide, max_microbatch_size=1, schedules=("1f1b",))
+    pinned = ["parallel.tp", "parallel.pp", "parallel.recompute"]
+    tried = {layout["parallel.etp"] for layout in enumerate_layouts(context, pinned)}
+    assert tried == {4, 1}
 
 
 def test_a_folded_layout_is_labelled_with_its_expert_tensor_parallelism():

@@ -148,11 +148,13 @@ def _ep(ctx: PlanContext, chosen: Choice) -> Iterable[Choice]:
     if moe is None:
         return
     # Megatron-Core's expert layout over the tp x cp x dp ranks of a stage: each expert split over
-    # etp of them (a divisor of tp), ep groups of those; an etp below tp folds
-    # tensor-parallel ranks into expert parallelism (mpsim/specs/layout.py, _expert_parallel_sizes)
+    # etp of them, ep groups of those (mpsim/specs/layout.py, _expert_parallel_sizes). Two expert
+    # TP sizes are tried: tp, Megatron-Core's default, and 1, which folds the tensor-parallel ranks
+    # into expert parallelism as NVIDIA's MoE recipes do (the Megatron-Core MoE report: "expert TP
+    # is always 1"); another is planned where --set parallel.etp pins it
     tp = chosen["parallel.tp"]
     stage_ranks = tp * chosen.get("parallel.cp", 1) * _dp(ctx, chosen)
-    for etp in divisors(tp)[::-1]:
+    for etp in sorted({tp, 1}, reverse=True):
         if moe.expert_ffn_hidden_size % etp:
             continue
         for ep in divisors(moe.num_experts):
