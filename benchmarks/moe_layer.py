@@ -92,7 +92,7 @@ def layer_ms(shape: str, dispatcher: str, extra: tuple[str, ...] = ()) -> tuple[
     work, model = build_stage(layer_context(scenario, layout), 1, 0, False, False, options), CostModel(scenario, layout)
     passes = []
     for blocks in (work.forward, work.backward):
-        moe = tuple(Block(b.label, b.category, _moe_items(b)) for b in blocks if _moe_items(b))
+        moe = tuple(Block(b.label, b.category, items) for b in blocks if (items := _moe_items(b)))
         passes.append(model.price(moe).duration_s * 1e3)
     return passes[0], passes[1]
 
