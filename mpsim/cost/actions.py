@@ -318,8 +318,8 @@ class CostModel:
                 template.append(("tp", item.comm.name, index, 0.0, comm_s))
                 busy = ops_s = item_flops = 0.0  # busy: the ops and any wait for their launches
                 for op in item.compute:
-                    busy = host.launch(clock + busy, op.launches) - clock
-                    launches += op.launches
+                    busy = host.launch(clock + busy, op.host_launches) - clock
+                    launches += op.host_launches
                     op_s = self.compute.pieces_time(op, item.chunks) * compute_scale
                     template.append(("compute", op.name, index, busy, op_s))
                     busy += op_s
@@ -335,8 +335,8 @@ class CostModel:
                 template.append(("tp", item.name, index, 0.0, comm_s))
                 steps.append(_Step(comm_s, 0.0, comm_s, comm_s, 0.0, item.group))
             else:
-                clock = host.launch(clock, item.launches)
-                launches += item.launches
+                clock = host.launch(clock, item.host_launches)
+                launches += item.host_launches
                 starts.append(clock)
                 op_s = self.compute.time(item) * compute_scale
                 template.append(("compute", item.name, index, 0.0, op_s))

@@ -203,14 +203,18 @@ class ComputeModel:
         eff = self.accelerator.efficiency
         if op.kind == "gemm":
             assert op.shape is not None
-            batch, m, n, k = op.shape
-            gemm_flops = self._gemm_flops(dtype)
-            units = self.accelerator.compute_units
-            element_bytes = BYTES_PER_ELEMENT[dtype]
+            batch = op.shape[0]
+            if op.streams > 0:
+                # launched one by one over the streams, at most ``streams`` run at a time: no faster
+                # than all their tiles as one kernel, nor than one GEMM's time for each of the
+                # ceil(batch / streams) that must run one after another on a stream (a kernel
+                # overhead each; the streams overlap the rest)
+                turns = math.ceil(batch / op.streams)
+                compute_s = max(self._gemm_s(op, batch, memory_s, dtype),
+                                turns * self._gemm_s(op, 1, memory_s / batch, dtype))
+                return compute_s + self.overhead_s * turns + self._cast_s(op)
             # the fastest split, its memory traffic included (so the max below is already taken)
-            compute_s = memory_s = min(
-                self._split_gemm_s(op, batch, m, n, k, splits, gemm_flops, element_bytes, memory_s)
-                for splits in split_k_choices(batch, m, n, k, eff.gemm_tile, eff.gemm_tile_k, units))
+            compute_s = memory_s = self._gemm_s(op, batch, memory_s, dtype)
         elif op.kind == "attention":
             compute_s = self._attention_s(op, dtype)
         elif op.kind == "memory":
@@ -219,6 +223,17 @@ class ComputeModel:
             raise ValueError(f"{op.name} is a {op.kind}, not a compute op")
         return max(compute_s, memory_s) + self.overhead_s * op.launches + self._cast_s(op)
 
+    def _gemm_s(self, op: Op, batch: int, memory_s: float, dtype: str) -> float:
+        """Seconds of ``batch`` of the op's GEMMs as one kernel, at its fastest split of K, their
+        memory traffic (``memory_s``) included."""
+        eff = self.accelerator.efficiency
+        _, m, n, k = op.shape
+        share = replace(op, flops=op.flops * batch / op.shape[0])
+        return min(self._split_gemm_s(share, batch, m, n, k, splits, self._gemm_flops(dtype), BYTES_PER_ELEMENT[dtype],
+                                      memory_s)
+                   for splits in split_k_choices(batch, m, n, k, eff.gemm_tile, eff.gemm_tile_k,
+                                                 self.accelerator.compute_units))
+
     def _cast_s(self, op: Op) -> float:
-        """The fp8 cast before a GEMM: a memory-bound kernel of its own (none without one)."""
-        return op.cast_bytes / self.memory_bandwidth + self.overhead_s if op.cast_bytes else 0.0
+        """The fp8 cast before a GEMM: memory-bound kernels of its own (none without one)."""
+        return op.cast_bytes / self.memory_bandwidth + self.overhead_s * op.cast_launches if op.cast_bytes else 0.0

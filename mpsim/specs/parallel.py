@@ -147,6 +147,14 @@ class TrainingOptions(Spec):
         return resolve_norm_kernel(self.norm_kernel, norm, self.layers_impl)
 
     @property
+    def moe_expert_gemms(self) -> str:
+        """``moe_grouped_gemm`` as the run uses it: as given, else Transformer Engine's
+        multi-stream GEMMs where its layers run the experts, else one grouped kernel."""
+        if self.moe_grouped_gemm is not None:
+            return self.moe_grouped_gemm
+        return "multi-stream" if self.layers_impl == "transformer_engine" else "grouped"
+
+    @property
     def layers_impl(self) -> str:
         """``transformer_impl`` as the run uses it: as given, else Transformer Engine where the
         run needs it (fp8, userbuffers), else Megatron's local layers."""
@@ -267,6 +275,17 @@ class TrainingOptions(Spec):
     moe_dispatch_fp8: bool = Field(
         False, description="dispatch the tokens in fp8 and combine in bf16, as DeepSeek-V3 and DeepEP do "
                            "(needs moe_token_dispatcher: deepep)")
+    # How the local experts' GEMMs run. Megatron-Core's TEGroupedMLP calls Transformer Engine's
+    # GroupedLinear, whose default path launches one cuBLASLt GEMM per expert, round-robin over
+    # 4 compute streams (multi_stream_cublas_gemm in common/gemm/cublaslt_gemm.cu, TE 2.x), each
+    # with its own host-side heuristic call; under fp8 current scaling it quantizes each expert's
+    # input and output gradient in four kernels (module/_split_quantization.py). A grouped
+    # kernel (TE's NVTE_USE_CUTLASS_GROUPED_GEMM or grouped-tensor path, torch._grouped_mm,
+    # Megatron's legacy grouped_gemm) launches one kernel for all of them
+    moe_grouped_gemm: Literal["multi-stream", "grouped"] | None = Field(
+        None, description="the local experts' GEMMs: multi-stream (one GEMM per expert over 4 streams, "
+                          "Transformer Engine's GroupedLinear) or grouped (one kernel for all); default: "
+                          "multi-stream under transformer_impl transformer_engine, else grouped")
     # Megatron-Core's --moe-pad-expert-input-to-capacity (token_dispatcher.py, drop_and_pad): every
     # expert's tokens are dropped or padded to its capacity, so the all-to-all's sizes are known
     # before the router runs and the host never waits for them (its cuda_sync_point stays

@@ -63,6 +63,7 @@ class LayerContext:
     separate_ffn_projections: bool = False  # a gated FFN's gate and value as two linears (ffn_projections)
     moe_dispatcher: str = "alltoall"  # TrainingOptions.moe_token_dispatcher
     moe_dispatch_fp8: bool = False  # DeepEP's fp8 dispatch (TrainingOptions.moe_dispatch_fp8)
+    moe_expert_gemms: str = "grouped"  # TrainingOptions.moe_expert_gemms: multi-stream or grouped
 
     @property
     def bias_add_kernel(self) -> bool:
@@ -310,7 +311,7 @@ def bias_grad(ctx: LayerContext, name: str, tokens: int, width: int) -> list[Op]
 
 def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
            fp8: bool = True, input_cast: bool = False, gathered_grad: bool = False,
-           gathered_input: bool = False) -> tuple[Op, Op, Op]:
+           gathered_input: bool = False, in_sequence_parallel: bool = True) -> tuple[Op, Op, Op]:
     """(forward, input-gradient, weight-gradient) GEMMs of Y[m,n] = X[m,k] W[k,n].
 
     In an fp8 run a layer's linear GEMMs run in fp8 as Transformer Engine runs them, each
@@ -342,20 +343,21 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
     transposed whole after the gather.
 
     ``fp8=False`` keeps a GEMM in bf16 (the LM head and the router, which Megatron does
-    not run through Transformer Engine).
+    not run through Transformer Engine). ``in_sequence_parallel=False``: a linear outside the
+    layer's sequence parallelism (the experts' GroupedLinear, on tokens the dispatch brought).
     """
     if ctx.fp8 and fp8:
         e, dtype = 1, ""
         x_elements = float(batch * m * k)
-        if gathered_grad and ctx.sequence_parallel and ctx.tp > 1:
+        sp = in_sequence_parallel and ctx.sequence_parallel and ctx.tp > 1
+        if gathered_grad and sp:
             dy_cast = (3.0 / ctx.tp + 2.0) * batch * m * n
         else:
             dy_cast = 4.0 * batch * m * n
-        split = input_cast and ctx.sequence_parallel and ctx.tp > 1  # cast here, transposed later
+        split = input_cast and sp  # cast here, transposed later
         x_cast = (3.0 if split else 4.0) * x_elements if input_cast else 0.0
         x_transpose = 0.0 if input_cast and not split else 2.0 * x_elements
         if ctx.fp8_current_scaling:
-            sp = ctx.sequence_parallel and ctx.tp > 1
             dy_cast += 2.0 * batch * m * n / (ctx.tp if gathered_grad and sp else 1)  # its amax pass
             if input_cast:
                 x_cast += 2.0 * x_elements

@@ -126,17 +126,20 @@ def activation_ops(name: str, elements: float, act_bytes: int, activation: FfnAc
 
 
 def fc1_gemms(ctx: LayerContext, name: str, rows: int, ffn_local: int, activation: FfnActivation, batch: int = 1,
-              gathered_input: bool = False) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+              gathered_input: bool = False, input_cast: bool = False, in_sequence_parallel: bool = True
+              ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
     """FC1's (forward, input-gradient, weight-gradient) ops over ``rows`` tokens (each of ``batch``
     experts' grouped GEMMs): one GEMM of the packed width, or, with ``separate_projections``, the
     gate's and the value's on the same input, whose input gradients autograd sums (read both,
-    write one). ``gathered_input``: sequence parallelism gathers the input (``blocks.linear``)."""
+    write one). ``gathered_input``: sequence parallelism gathers the input; ``input_cast``: it
+    arrives in bf16 for the linear to cast; ``in_sequence_parallel``: ``blocks.linear``'s."""
     h = ctx.hidden
+    cast = {"input_cast": input_cast, "in_sequence_parallel": in_sequence_parallel}
     if not activation.separate_projections:
         return tuple(zip(linear(ctx, f"{name}.fc1", rows, ffn_local * activation.up_projections, h, batch=batch,
-                                gathered_input=gathered_input)))
-    gate = linear(ctx, f"{name}.fc1", rows, ffn_local, h, batch=batch, gathered_input=gathered_input)
-    value = linear(ctx, f"{name}.fc1_up", rows, ffn_local, h, batch=batch, gathered_input=gathered_input)
+                                gathered_input=gathered_input, **cast)))
+    gate = linear(ctx, f"{name}.fc1", rows, ffn_local, h, batch=batch, gathered_input=gathered_input, **cast)
+    value = linear(ctx, f"{name}.fc1_up", rows, ffn_local, h, batch=batch, gathered_input=gathered_input, **cast)
     grad_sum = memory_op(f"{name}.fc1.grad_sum", batch * rows * h * ctx.act_bytes * 3)
     return (gate[0], value[0]), (gate[1], value[1], grad_sum), (gate[2], value[2])
 

@@ -32,6 +32,36 @@ from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.mlp import activation_ops, fc1_gemms, ffn_activation, mlp_items
 from mpsim.workload.ops import Item, Op, Routing, collective, memory_op
 
+# Transformer Engine's GroupedLinear launches its per-expert GEMMs round-robin over this many
+# compute streams (num_compute_streams in transformer_engine/common/util/multi_stream.cpp, fixed
+# in every 2.x release)
+TE_GEMM_STREAMS = 4
+# fp8 casts of the experts' inputs and output gradients in GroupedLinear (split_quantize,
+# transformer_engine/pytorch/csrc/extensions/cast.cpp, TE 2.5-2.20): under delayed scaling one
+# fused multi_cast_transpose launch per this many tensors (kMaxTensorsPerKernel in
+# common/transpose/multi_cast_transpose.cu); under current scaling no fused kernel exists and
+# each expert's tensor takes four (zero the amax, find it, compute the scale, cast and transpose:
+# common/recipe/current_scaling.cu)
+TE_MULTI_CAST_TENSORS = 64
+CURRENT_SCALING_CAST_KERNELS = 4
+# Kernels Megatron-Core launches around the experts (megatron/core/transformer/moe/ at d98e8a6,
+# with Transformer Engine's fused router and permutation, as NVIDIA's recipes run them; the
+# router's default auxiliary load-balancing loss):
+# - the router after its GEMM: the fused score-and-top-k kernel, the auxiliary loss's scores, the
+#   tokens per expert, the fused loss (a memset and two kernels) and two for its logging; in the
+#   backward the top-k's and the scores' gradients, the loss's, the loss scaler's two and the sum
+#   of the logits' two gradients
+ROUTER_FORWARD_LAUNCHES = 8
+ROUTER_BACKWARD_LAUNCHES = 6
+# - the fused permutation (three passes building the row map, then the permute kernel; one
+#   kernel back), and before it the alltoall dispatcher's six kernels counting tokens per rank
+PERMUTE_LAUNCHES = 4
+ALLTOALL_PREPROCESS_LAUNCHES = 6
+# - with several local experts the alltoall dispatcher regroups the tokens it receives by expert
+#   (sort_chunks_by_idxs: a map and the sort) and back after them (the split sizes' copy and the
+#   two again); one kernel each in the backward
+SORT_CHUNKS_LAUNCHES = 2
+UNSORT_CHUNKS_LAUNCHES = 3
 # DeepEP's fp8 dispatch carries a float32 scale per 128 elements of each token (DeepSeek-V3's
 # fine-grained 1 x 128 activation quantization, technical report Sec. 3.3.2)
 FP8_SCALE_BLOCK = 128
@@ -97,6 +127,22 @@ def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op) -> tup
     return routing, replace(permute, host_waits="end")
 
 
+def expert_gemms(ctx: LayerContext, ops: tuple[Op, ...], experts: int) -> tuple[Op, ...]:
+    """The local experts' GEMMs as the run launches them (``TrainingOptions.moe_grouped_gemm``).
+
+    Multi-stream, as Transformer Engine's GroupedLinear runs them by default: one cuBLASLt GEMM
+    per expert (``multi_stream_cublas_gemm`` in common/gemm/cublaslt_gemm.cu), four streams
+    running four at a time, each GEMM a launch the host pays for (its own heuristic query and
+    descriptors); the fp8 casts before them as the recipe runs them. Grouped: one kernel for all.
+    """
+    if ctx.moe_expert_gemms != "multi-stream":
+        return ops
+    casts = CURRENT_SCALING_CAST_KERNELS * experts if ctx.fp8_current_scaling \
+        else math.ceil(experts / TE_MULTI_CAST_TENSORS)
+    return tuple(replace(op, launches=experts, streams=TE_GEMM_STREAMS, cast_launches=casts)
+                 if op.kind == "gemm" else op for op in ops)
+
+
 def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) -> BlockWork:
     """The MoE half of a layer on one rank."""
     h, e = ctx.hidden, ctx.act_bytes
@@ -108,11 +154,25 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     ffn_local = moe.expert_ffn // ctx.etp
     fc1_width = ffn_local * activation.up_projections
 
+    megatron = ctx.layers_impl != "pytorch"
+    alltoall = megatron and ctx.moe_dispatcher == "alltoall"
     router, router_dgrad, router_wgrad = linear(ctx, "moe.router", tokens, moe.num_experts, h, fp8=False)
-    routing = memory_op("moe.topk", tokens * moe.num_experts * 4 * 3)
-    routing_grad = memory_op("moe.topk.grad", tokens * moe.num_experts * 4 * 3)
-    permute = memory_op("moe.permute", routed * h * e * 2)
+    routing = memory_op("moe.topk", tokens * moe.num_experts * 4 * 3,
+                        launches=ROUTER_FORWARD_LAUNCHES if megatron else 1)
+    routing_grad = memory_op("moe.topk.grad", tokens * moe.num_experts * 4 * 3,
+                             launches=ROUTER_BACKWARD_LAUNCHES if megatron else 1)
+    permute = memory_op("moe.permute", routed * h * e * 2, launches=(
+        PERMUTE_LAUNCHES + (ALLTOALL_PREPROCESS_LAUNCHES if alltoall else 0) if megatron else 1))
+    permute_grad = replace(permute, launches=1)
     unpermute = memory_op("moe.unpermute", routed * h * e * 2)
+    # the received tokens regrouped by local expert, and back: each moves them once
+    sort: list[Item] = []
+    unsort: list[Item] = []
+    if alltoall and local_experts > 1:
+        sort = [memory_op("moe.sort_chunks", routed * h * e * 2, launches=SORT_CHUNKS_LAUNCHES)]
+        unsort = [memory_op("moe.unsort_chunks", routed * h * e * 2, launches=UNSORT_CHUNKS_LAUNCHES)]
+    sort_grad = [replace(op, launches=1) for op in sort]
+    unsort_grad = [replace(op, launches=1) for op in unsort]
     send = tokens * moe.top_k * h * e * moe.imbalance
     # DeepEP sends a token once per node and GPU it reaches (the routing prices that), and may
     # dispatch it in fp8 (1 byte per element plus a scale per 128); the combine and both
@@ -133,18 +193,25 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
         scatter = [collective("moe.etp_reduce_scatter", "reduce-scatter", "etp", gathered)]
     gathered_tokens = per_expert * local_experts
     # one grouped GEMM, or the gate's and the value's, whose input gradients are summed before the tokens go back
-    fc1, fc1_dgrad, fc1_wgrad = fc1_gemms(ctx, "moe.experts", per_expert, ffn_local, activation, batch=local_experts)
-    fc2, fc2_dgrad, fc2_wgrad = linear(ctx, "moe.experts.fc2", per_expert, h, ffn_local, batch=local_experts)
+    # the experts' inputs arrive in bf16 (the permuted tokens; the activation, Megatron's own
+    # kernel, not Transformer Engine's): an fp8 GEMM casts them itself
+    fc1, fc1_dgrad, fc1_wgrad = (expert_gemms(ctx, ops, local_experts) for ops in fc1_gemms(
+        ctx, "moe.experts", per_expert, ffn_local, activation, batch=local_experts, input_cast=True,
+        in_sequence_parallel=False))
+    fc2, fc2_dgrad, fc2_wgrad = expert_gemms(ctx, linear(ctx, "moe.experts.fc2", per_expert, h, ffn_local,
+                                                         batch=local_experts, input_cast=True,
+                                                         in_sequence_parallel=False), local_experts)
     act, act_grad = activation_ops("moe.experts.act", gathered_tokens * ffn_local, e, activation)
 
     routing_fwd, permute_fwd = host_sync(ctx, moe, routing, permute)
-    routed_fwd: list[Item] = [router, routing_fwd, permute_fwd, dispatch, *gather, *fc1, act, fc2, *scatter, combine,
-                              unpermute]
-    routed_in: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, act_grad, *fc1_dgrad, *scatter,
-                             dispatch_grad, permute, routing_grad, router_dgrad]
+    routed_fwd: list[Item] = [router, routing_fwd, permute_fwd, dispatch, *gather, *sort, *fc1, act, fc2, *scatter,
+                              *unsort, combine, unpermute]
+    routed_in: list[Item] = [unpermute, combine_grad, *unsort_grad, *gather, fc2_dgrad, act_grad, *fc1_dgrad,
+                             *scatter, *sort_grad, dispatch_grad, permute_grad, routing_grad, router_dgrad]
     routed_w: list[Item] = [fc2_wgrad, *fc1_wgrad, router_wgrad]
-    routed_b: list[Item] = [unpermute, combine_grad, *gather, fc2_dgrad, fc2_wgrad, act_grad, *fc1_dgrad,
-                            *fc1_wgrad, *scatter, dispatch_grad, permute, routing_grad, router_dgrad, router_wgrad]
+    routed_b: list[Item] = [unpermute, combine_grad, *unsort_grad, *gather, fc2_dgrad, fc2_wgrad, act_grad,
+                            *fc1_dgrad, *fc1_wgrad, *scatter, *sort_grad, dispatch_grad, permute_grad, routing_grad,
+                            router_dgrad, router_wgrad]
 
     shared_f: list[Item] = []
     shared_b: list[Item] = []

@@ -46,6 +46,13 @@ class Op:
     # fp8 GEMMs: bytes the kernel before it moves to cast its bf16 operand to fp8 (and keep
     # a transposed copy for the weight gradient), priced as a memory-bound kernel of its own
     cast_bytes: float = 0.0
+    # fp8 GEMMs: the kernels that cast takes (Transformer Engine's current scaling quantizes each
+    # tensor in four: zero the amax, find it, compute the scale, cast and transpose)
+    cast_launches: int = 1
+    # GEMMs: ``batch`` GEMMs of their own, launched one by one round-robin over this many streams,
+    # so that this many run at a time (Transformer Engine's GroupedLinear: one cuBLASLt GEMM per
+    # local expert on 4 compute streams); 0: one kernel over the whole batch
+    streams: int = 0
     # GEMMs: bytes per element of C the kernel's epilogue moves: written, plus read back when it
     # accumulates into an existing buffer (a weight gradient into fp32 main_grad); 0: one element
     # of the compute dtype
@@ -86,6 +93,11 @@ class Op:
     # dropless MoE dispatch, which must know how many tokens each rank receives:
     # mpsim/workload/moe.py); "": the host does not wait
     host_waits: Literal["", "start", "end"] = ""
+
+    @property
+    def host_launches(self) -> int:
+        """Kernels the host launches for it: its own and its fp8 cast's."""
+        return self.launches + (self.cast_launches if self.cast_bytes else 0)
 
 
 @dataclass(frozen=True)

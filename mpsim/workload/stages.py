@@ -70,6 +70,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         etp=layout.etp,
         moe_dispatcher=training.moe_token_dispatcher,
         moe_dispatch_fp8=training.moe_dispatch_fp8,
+        moe_expert_gemms=training.moe_expert_gemms,
     )
 
 
