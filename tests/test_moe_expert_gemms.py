@@ -20,7 +20,6 @@ from mpsim.specs import load_scenario
 from mpsim.specs.catalog import load_accelerator
 from mpsim.workload.moe import CURRENT_SCALING_CAST_KERNELS, TE_GEMM_STREAMS
 from mpsim.workload.ops import gemm
-from tests.conftest import SCENARIOS
 from tests.test_moe_host_sync import MIXTRAL, QWEN3
 
 H100 = load_accelerator("h100-sxm-80gb")

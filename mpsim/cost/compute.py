@@ -200,7 +200,6 @@ class ComputeModel:
             return self.calibration.op_seconds(op)
         memory_s = op.bytes / (self.memory_bandwidth * op.bandwidth_share)
         dtype = op.dtype or self.dtype
-        eff = self.accelerator.efficiency
         if op.kind == "gemm":
             assert op.shape is not None
             batch = op.shape[0]
