@@ -17,6 +17,11 @@ between consecutive kernel launches of one CPU thread (``mpsim/traces/host.py``:
 host's pace), with the share of kernels that started as soon as they were launched:
 the default ``training.host_launch_interval``.
 
+And the host time of one GEMM call: the median duration of the ``aten::mm`` and
+``aten::addmm`` CPU ops (the dispatcher, cuBLAS's host work and its launch, no Python), the
+cost each per-expert cuBLASLt GEMM of Transformer Engine's grouped linear pays on the host
+(docs/parallelism.md), beside the launch interval that prices it.
+
 The last line is ``devices=<n> kinds=<n> traces=<n> queued_gap_us=<pooled median>
 launch_interval_us=<pooled median>``.
 """
@@ -24,6 +29,8 @@ launch_interval_us=<pooled median>``.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,6 +42,18 @@ from mpsim.traces.host import launch_intervals_s, starved_share
 from mpsim.traces.variation import kind_variation
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm")
+
+
+def gemm_call_durations_us(path: str) -> list[float]:
+    """Durations of the trace's GEMM CPU ops (``GEMM_OPS``), in microseconds."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        events = json.load(handle).get("traceEvents", [])
+    return [float(event["dur"]) for event in events
+            if event.get("ph") == "X" and event.get("cat") == "cpu_op" and event.get("name") in GEMM_OPS]
 
 
 def main() -> None:
@@ -58,6 +77,10 @@ def main() -> None:
               f"median launch interval {1e6 * float(np.median(launches)):.1f} us over {len(launches)}, "
               f"{100 * starved_share(trace):.0f} % of kernels started on launch", flush=True)
         by_device[trace.device_name].append(trace)
+    gemm_calls_us = [us for path in paths for us in gemm_call_durations_us(path)]
+    if gemm_calls_us:
+        print(f"host time of one GEMM call ({' and '.join(GEMM_OPS)} CPU ops): median "
+              f"{float(np.median(gemm_calls_us)):.1f} us over {len(gemm_calls_us)}")
     kinds = 0
     print(f"\n{'device':<24} {'kind':<11} {'cv':>7} {'kernels':>8} {'launches':>9} {'time ms':>9}")
     for device, traces in sorted(by_device.items()):

@@ -12,7 +12,7 @@ from mpsim.reliability.op_variation import PUBLISHED_CV, op_cvs
 from mpsim.specs import load_scenario
 from mpsim.traces.model import Kernel, Step, Trace
 from mpsim.traces.variation import kind_variation, weighted_median
-from tests.conftest import SCENARIOS
+from tests.conftest import SCENARIOS, load_benchmark
 
 
 def _trace(durations_by_name: dict[str, list[list[float]]]) -> Trace:
@@ -104,3 +104,13 @@ def test_trace_variation_needs_three_steps(tmp_path, capsys):
     assert main(["trace", "variation", _kineto(tmp_path, [100.0, 110.0])]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "record more steps" in err
+
+
+def test_the_benchmark_reads_a_gemm_calls_host_time(tmp_path):
+    module = load_benchmark("trace_variation")
+    events = [{"ph": "X", "cat": "cpu_op", "name": name, "ts": 0, "dur": dur}
+              for name, dur in (("aten::mm", 30.0), ("aten::addmm", 45.0), ("aten::mul", 9.0))]
+    events.append({"ph": "X", "cat": "kernel", "name": "aten::mm", "ts": 0, "dur": 500.0})  # a GPU event: not host time
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert module.gemm_call_durations_us(str(path)) == [30.0, 45.0]
