@@ -19,9 +19,9 @@ The two shapes, as ``test_cases.py`` writes them:
 Both experts are TransformerConfig's default, one GeLU projection, not gated. This script
 prices the same layer as a pipeline stage's pass prices it (the MoE block of one layer of
 ``scenarios/published/dgxc_h100.yaml`` with the recipe framework of ``published_dgxc.py``,
-on ``dgx-h100``, its norm and residual add left out) under each dispatcher (``alltoall``;
-``deepep`` for DeepEP and for HybridEP, both of which send a token once per node it
-reaches). mpsim runs the GEMMs at the H100's clock under a training step's power draw
+on ``dgx-h100``, its norm and residual add left out) under each dispatcher (``alltoall``,
+``deepep``, ``hybridep``; the last two send a token once per node it reaches, HybridEP's
+traffic priced by DeepEP's rule). mpsim runs the GEMMs at the H100's clock under a training step's power draw
 (``efficiency.sustained_compute``); the harness's GPU alternates a 16 ms fp32 matmul, the
 layer and a synchronisation, a clock nobody measured, at most the burst clock, which would
 make every priced GEMM faster still. Nothing is fitted to these timings. Last line::
@@ -58,7 +58,7 @@ SHAPES = {
                  "model.moe.expert_ffn_hidden_size=2048", "model.moe.shared_expert_ffn_hidden_size=2048",
                  "model.ffn_type=gelu"],
 }
-DISPATCHERS = {"a2a": "alltoall", "deepep": "deepep", "hybridep": "deepep"}
+DISPATCHERS = {"a2a": "alltoall", "deepep": "deepep", "hybridep": "hybridep"}
 # baseline.json at the commit that added the test (ms: forward, backward), bf16 cases
 BASELINE_MS = {
     ("mixtral", "a2a"): (4.327, 7.684), ("mixtral", "deepep"): (4.636, 7.854), ("mixtral", "hybridep"): (4.343, 7.741),

@@ -43,12 +43,13 @@ PRECISIONS = {
 }
 # the dispatchers: Megatron-Core's alltoall, and its flex dispatcher with DeepEP or HybridEP
 # behind it, both of which send a token once per node it reaches and forward it over NVLink there
-DISPATCHERS = {"alltoall": "alltoall", "deepep": "deepep", "hybridep": "deepep"}
+DISPATCHERS = {"alltoall": "alltoall", "deepep": "deepep", "hybridep": "hybridep"}
 
 # gaps, named in a row's note column (printed under the tables with what each means)
 GAPS = {
-    "hybridep": "NVIDIA's HybridEP dispatcher; nearest: DeepEP's deduplicating dispatch on the same number "
-                "of SMs (mpsim prices one such dispatch)",
+    "hybridep": "NVIDIA's HybridEP dispatcher: its host waits and fused permutation as Megatron-Core runs "
+                "them, its traffic by DeepEP's deduplicating rule on the same number of SMs (no published "
+                "bandwidth of HybridEP's own kernels)",
     "moe-recompute": "recompute of the experts' activation and the layer norms (recompute_modules moe_act, "
                      "layernorm); nearest: no recompute",
     "cuda-graphs": "partial CUDA graphs of the attention, the router and the MoE preprocessing; nearest: "

@@ -122,3 +122,47 @@ def test_few_large_experts_keep_the_host_ahead():
     grouped = step("parallel.ep=8", "training.transformer_impl=transformer_engine", "training.moe_grouped_gemm=grouped")
     assert multi.step_time_s == pytest.approx(grouped.step_time_s, rel=0.01)
     assert math.isclose(multi.host_wait_s, grouped.host_wait_s, rel_tol=0.05, abs_tol=1e-3)
+
+
+def forward_names(*overrides: str) -> list[str]:
+    from mpsim.workload.embedding import padded_vocab
+    from mpsim.workload.stages import build_stage, layer_context, stage_options
+    scenario = load_scenario(MIXTRAL, list(overrides)).scenario
+    layout = resolve(scenario)
+    work = build_stage(layer_context(scenario, layout), 1, 0, False, False,
+                       stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp)))
+    return [getattr(item, "name", "") for block in work.forward for item in block.items]
+
+
+def test_each_dispatcher_permutes_where_megatron_core_does():
+    def exchange(names):
+        return [name for name in names if name in ("moe.permute", "moe.dispatch_all_to_all",
+                                                   "moe.indices_to_multihot", "moe.sort_chunks")]
+    # alltoall: permute, send, then regroup by local expert (Mixtral's 8 experts over EP 4: two each)
+    assert exchange(forward_names("parallel.ep=4")) == ["moe.permute", "moe.dispatch_all_to_all", "moe.sort_chunks"]
+    # one local expert: nothing to regroup
+    assert exchange(forward_names("parallel.ep=8")) == ["moe.permute", "moe.dispatch_all_to_all"]
+    # DeepEP: send the tokens, map the received indices, then permute; HybridEP permutes in its dispatch
+    assert exchange(forward_names("training.moe_token_dispatcher=deepep")) == [
+        "moe.dispatch_all_to_all", "moe.indices_to_multihot", "moe.permute"]
+    assert exchange(forward_names("training.moe_token_dispatcher=hybridep")) == [
+        "moe.dispatch_all_to_all", "moe.permute"]
+
+
+def test_hybridep_sends_as_deepep_and_skips_its_index_map():
+    deepep = step("training.moe_token_dispatcher=deepep")
+    hybridep = step("training.moe_token_dispatcher=hybridep")
+    assert hybridep.exposed_ep_comm_s == pytest.approx(deepep.exposed_ep_comm_s, rel=1e-9)
+    assert hybridep.step_time_s < deepep.step_time_s
+
+
+def test_hybridep_under_plain_pytorch_is_one_line_and_exit_code_2(tmp_path):
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "mpsim", "run", str(MIXTRAL), "--set",
+                             "training.moe_token_dispatcher=hybridep", "--set", "training.transformer_impl=pytorch",
+                             "--set", "parallel.tp=1", "--set", "parallel.sequence_parallel=false"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "training.moe_token_dispatcher" in lines[0] and "Traceback" not in result.stderr

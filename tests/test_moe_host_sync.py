@@ -51,8 +51,14 @@ def waits(work) -> list[tuple[str, str]]:
      [("moe.permute", "end")]),
     # a capacity that drops tokens: the output size is read before permutation 1, with EP > 1 too
     (("model.moe.capacity_factor=1.25",), [("moe.topk", "end")]),
-    # DeepEP: the notify kernel at the dispatch's start writes the counts the host spins on
-    (("training.moe_token_dispatcher=deepep",), [("moe.permute", "end")]),
+    # DeepEP: the notify kernel at the dispatch's start writes the counts the host spins on, and
+    # Megatron-Core's flex dispatcher then reads a count back when it maps the received indices
+    # with boolean masks: the host waits for the dispatch's end
+    (("training.moe_token_dispatcher=deepep",), [("moe.dispatch_all_to_all", "end")]),
+    (("training.moe_token_dispatcher=deepep", "training.transformer_impl=pytorch", "parallel.tp=1",
+      "parallel.sequence_parallel=false"), [("moe.permute", "end")]),
+    # HybridEP: the experts read its counts from the GPU (TEGroupedMLP's .tolist()) after its dispatch
+    (("training.moe_token_dispatcher=hybridep",), [("moe.dispatch_all_to_all", "end")]),
     # plain PyTorch (torchtitan): split sizes to the host before the tokens' all-to-all, EP > 1 only
     (("training.transformer_impl=pytorch", "parallel.tp=1", "parallel.sequence_parallel=false"),
      [("moe.permute", "end")]),

@@ -35,8 +35,9 @@ MIN_SPEED = 0.05
 
 def group_sm_share(training: TrainingOptions, system: SystemSpec, group: str) -> float:
     """Share of the SMs a collective of ``group`` holds while compute runs beside it: NCCL's
-    channels, or DeepEP's own SMs (``training.moe_dispatch_sms``) for the MoE all-to-alls it runs."""
-    if group == "ep" and training.moe_token_dispatcher == "deepep":
+    channels, or DeepEP's or HybridEP's own SMs (``training.moe_dispatch_sms``) for the MoE all-to-alls
+    they run."""
+    if group == "ep" and training.moe_token_dispatcher in ("deepep", "hybridep"):
         return min(1.0, training.moe_dispatch_sms / system.accelerator.compute_units)
     return system.collective_sm_share()
 

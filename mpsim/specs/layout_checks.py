@@ -107,14 +107,19 @@ def check_moe_dispatch(scenario: Scenario) -> None:
         if training.moe_token_dispatcher != "alltoall" or training.layers_impl == "pytorch":
             raise fail("training.moe_pad_to_capacity", "only Megatron-Core's alltoall dispatcher pads to capacity; "
                                                        "set moe_token_dispatcher: alltoall with Megatron's layers")
-    if training.moe_token_dispatcher != "deepep":
+    dispatcher = training.moe_token_dispatcher
+    if dispatcher == "alltoall":
         return
     if isinstance(model, LayerStackSpec) or model.moe is None:
-        raise fail("training.moe_token_dispatcher", "deepep dispatches the tokens of mixture-of-experts layers; "
-                                                    "the model has none (set model.moe or use alltoall)")
+        raise fail("training.moe_token_dispatcher", f"{dispatcher} dispatches the tokens of mixture-of-experts "
+                                                    f"layers; the model has none (set model.moe or use alltoall)")
     if system.scale_up.topology == "torus":
-        raise fail("training.moe_token_dispatcher", f"deepep forwards tokens over NVLink and RDMA; {system.name} "
-                                                    f"is a torus (use alltoall)")
+        raise fail("training.moe_token_dispatcher", f"{dispatcher} forwards tokens over NVLink and RDMA; "
+                                                    f"{system.name} is a torus (use alltoall)")
+    if dispatcher == "hybridep" and training.layers_impl == "pytorch":
+        raise fail("training.moe_token_dispatcher", "hybridep runs under Megatron-Core's flex dispatcher; "
+                                                    "transformer_impl pytorch has no HybridEP path (use deepep "
+                                                    "or alltoall)")
     units = system.accelerator.compute_units
     if training.moe_dispatch_sms > units:
         raise fail("training.moe_dispatch_sms", f"{training.moe_dispatch_sms} SMs, but the accelerator has {units} "

@@ -262,16 +262,22 @@ class TrainingOptions(Spec):
     # How MoE tokens travel to their experts. Megatron-Core's alltoall dispatcher permutes one copy
     # per (token, expert) and exchanges them in one NCCL all-to-all over the expert-parallel group;
     # DeepEP (its flex dispatcher with --moe-enable-deepep; DeepSeek-V3's own kernels) sends a token
-    # once over the network to each node it reaches, then over NVLink once to each GPU there
-    moe_token_dispatcher: Literal["alltoall", "deepep"] = Field(
+    # once over the network to each node it reaches, then over NVLink once to each GPU there.
+    # HybridEP (DeepEP's hybrid-ep branch, Megatron-Core's flex dispatcher with
+    # --moe-flex-dispatcher-backend hybridep) sends the same way and permutes the tokens for
+    # the experts inside its dispatch; mpsim prices its traffic by DeepEP's rule
+    moe_token_dispatcher: Literal["alltoall", "deepep", "hybridep"] = Field(
         "alltoall", description="alltoall: one copy per token and expert (Megatron-Core's default); deepep: "
-                                "one copy per node over the network, then per GPU over NVLink (DeepEP)")
+                                "one copy per node over the network, then per GPU over NVLink (DeepEP); "
+                                "hybridep: the same traffic, the permutation inside the dispatch (HybridEP, "
+                                "under Megatron-Core)")
     # DeepEP's high-throughput kernels run on Buffer.num_sms SMs, 20 by default (DeepEP's first
     # release, deep_ep/buffer.py at ebfe47e; DeepSeek-V3 technical report, Sec. 3.2.2: "only 20
     # SMs are sufficient to fully utilize the bandwidths of IB and NVLink")
     moe_dispatch_sms: int = Field(
-        20, gt=0, description="SMs DeepEP's dispatch and combine hold from the compute beside them "
-                              "(moe_token_dispatcher: deepep; DeepEP's Buffer.num_sms)")
+        20, gt=0, description="SMs DeepEP's or HybridEP's dispatch and combine hold from the compute beside them "
+                              "(moe_token_dispatcher: deepep or hybridep; DeepEP's Buffer.num_sms, Megatron-Core's "
+                              "moe_flex_dispatcher_num_sms)")
     moe_dispatch_fp8: bool = Field(
         False, description="dispatch the tokens in fp8 and combine in bf16, as DeepSeek-V3 and DeepEP do "
                            "(needs moe_token_dispatcher: deepep)")

@@ -62,6 +62,12 @@ ALLTOALL_PREPROCESS_LAUNCHES = 6
 #   two again); one kernel each in the backward
 SORT_CHUNKS_LAUNCHES = 2
 UNSORT_CHUNKS_LAUNCHES = 3
+# - DeepEP under the flex dispatcher: the received indices made a map by PyTorch's operators
+#   (_DeepepManager._indices_to_multihot): two zero fills, the mask, the masked indices (a
+#   count, the indices, the gather), the row numbers, the mask's sum, repeat_interleave (a
+#   cumulative sum, its total read back, the fill), two index_put, the masked probabilities
+#   (three again) and the cast to bool
+INDICES_TO_MULTIHOT_LAUNCHES = 17
 # DeepEP's fp8 dispatch carries a float32 scale per 128 elements of each token (DeepSeek-V3's
 # fine-grained 1 x 128 activation quantization, technical report Sec. 3.3.2)
 FP8_SCALE_BLOCK = 128
@@ -90,8 +96,9 @@ class MoEShape:
         return self.load_imbalance
 
 
-def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op) -> tuple[Op, Op]:
-    """The forward's routing and permutation ops, the host's wait for the token counts marked.
+def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op, dispatch: Op) -> tuple[Op, Op, Op]:
+    """The forward's routing, permutation and dispatch ops, the host's wait for the token
+    counts marked.
 
     A dispatch that does not pad every expert to its capacity sends and receives as many
     tokens as the router picked, a number the host must read before it can size the
@@ -111,20 +118,28 @@ def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op) -> tup
       until the notify kernel at the dispatch's start has written the received counts, unless
       a worst-case size is given, which Megatron-Core does not (fused_a2a.py: "the CPU will
       wait for GPU's signal to arrive"), then launches the dispatch itself: it waits for the
-      end of what precedes it.
+      end of what precedes it. Under Megatron-Core it then waits again, for the dispatch's
+      end: its flex dispatcher turns the received expert indices into a map with boolean-mask
+      indexing (``_DeepepManager._indices_to_multihot``), which reads a count back as PyTorch
+      runs it; the permutation follows the dispatch.
+    * HybridEP (``_HybridEPManager``, the same file) permutes inside its dispatch and hands the
+      experts counts on the GPU, which ``TEGroupedMLP`` reads with ``.tolist()``
+      (megatron/core/transformer/moe/experts.py): the host waits for the dispatch's end.
     * Plain PyTorch (torchtitan's expert parallel ``_token_dispatch``): the split sizes go to
       the host before the tokens' all-to-all, after the local sort, with EP above 1 only; one
       rank's experts take their offsets on the GPU.
     """
     if moe.padded or (ctx.layers_impl == "pytorch" and ctx.moe_dispatcher != "deepep" and ctx.ep == 1):
-        return routing, permute  # sizes fixed by the capacity, or kept on the GPU: nothing to read
+        return routing, permute, dispatch  # sizes fixed by the capacity, or kept on the GPU: nothing to read
+    if ctx.moe_dispatcher == "hybridep" or (ctx.moe_dispatcher == "deepep" and ctx.layers_impl != "pytorch"):
+        return routing, permute, replace(dispatch, host_waits="end")
     if ctx.moe_dispatcher == "deepep" or ctx.layers_impl == "pytorch":
-        return routing, replace(permute, host_waits="end")
+        return routing, replace(permute, host_waits="end"), dispatch
     if moe.capacity_factor is not None:
-        return replace(routing, host_waits="end"), permute
+        return replace(routing, host_waits="end"), permute, dispatch
     if ctx.ep > 1 or ctx.etp > 1:
-        return routing, replace(permute, host_waits="start")
-    return routing, replace(permute, host_waits="end")
+        return routing, replace(permute, host_waits="start"), dispatch
+    return routing, replace(permute, host_waits="end"), dispatch
 
 
 def expert_gemms(ctx: LayerContext, ops: tuple[Op, ...], experts: int) -> tuple[Op, ...]:
@@ -161,8 +176,9 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
                         launches=ROUTER_FORWARD_LAUNCHES if megatron else 1)
     routing_grad = memory_op("moe.topk.grad", tokens * moe.num_experts * 4 * 3,
                              launches=ROUTER_BACKWARD_LAUNCHES if megatron else 1)
+    hybridep = ctx.moe_dispatcher == "hybridep"  # its permutation a kernel of its dispatch's
     permute = memory_op("moe.permute", routed * h * e * 2, launches=(
-        PERMUTE_LAUNCHES + (ALLTOALL_PREPROCESS_LAUNCHES if alltoall else 0) if megatron else 1))
+        PERMUTE_LAUNCHES + (ALLTOALL_PREPROCESS_LAUNCHES if alltoall else 0) if megatron and not hybridep else 1))
     permute_grad = replace(permute, launches=1)
     unpermute = memory_op("moe.unpermute", routed * h * e * 2)
     # the received tokens regrouped by local expert, and back: each moves them once
@@ -178,7 +194,7 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
     # dispatch it in fp8 (1 byte per element plus a scale per 128); the combine and both
     # gradients travel in bf16
     deduplicated = Routing(moe.num_experts, moe.top_k, moe.router_groups, moe.router_group_topk) \
-        if ctx.moe_dispatcher == "deepep" else None
+        if ctx.moe_dispatcher in ("deepep", "hybridep") else None
     dispatched = tokens * moe.top_k * (h + 4 * math.ceil(h / FP8_SCALE_BLOCK)) * moe.imbalance \
         if ctx.moe_dispatch_fp8 else send
     dispatch = collective("moe.dispatch_all_to_all", "all-to-all", "ep", dispatched, deduplicated)
@@ -203,8 +219,18 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
                                                          in_sequence_parallel=False), local_experts)
     act, act_grad = activation_ops("moe.experts.act", gathered_tokens * ffn_local, e, activation)
 
-    routing_fwd, permute_fwd = host_sync(ctx, moe, routing, permute)
-    routed_fwd: list[Item] = [router, routing_fwd, permute_fwd, dispatch, *gather, *sort, *fc1, act, fc2, *scatter,
+    routing_fwd, permute_fwd, dispatch_fwd = host_sync(ctx, moe, routing, permute, dispatch)
+    if ctx.moe_dispatcher == "deepep" and megatron:
+        # the flex dispatcher permutes what arrived, after the indices became a map (int64
+        # indices and fp32 probabilities, each moved about four times: traffic that hardly counts)
+        multihot = memory_op("moe.indices_to_multihot", tokens * moe.top_k * (8 + 4) * 4,
+                             launches=INDICES_TO_MULTIHOT_LAUNCHES)
+        exchange: list[Item] = [dispatch_fwd, multihot, permute_fwd]
+    elif hybridep:
+        exchange = [dispatch_fwd, permute_fwd]
+    else:
+        exchange = [permute_fwd, dispatch_fwd]
+    routed_fwd: list[Item] = [router, routing_fwd, *exchange, *gather, *sort, *fc1, act, fc2, *scatter,
                               *unsort, combine, unpermute]
     routed_in: list[Item] = [unpermute, combine_grad, *unsort_grad, *gather, fc2_dgrad, act_grad, *fc1_dgrad,
                              *scatter, *sort_grad, dispatch_grad, permute_grad, routing_grad, router_dgrad]
