@@ -70,16 +70,21 @@ PUBLISHED_TOLERANCE = 0.10
 # Then the host waited for the GPU once in every MoE layer's forward, where the dropless dispatch
 # reads its token counts (mpsim/workload/moe.py, host_sync): DeepSeek-V3 (DeepEP) +0.1 %,
 # Grok-1-like +0.06 %, Mixtral unchanged (its permutation outlasts the launches after the wait).
+# Then a Megatron-Core MoE layer launched the kernels its code does (the router's auxiliary loss,
+# the permutation's row map, the alltoall dispatcher's token counts and its regrouping of the
+# received tokens by local expert), and under DeepEP the host waited for the dispatch's end, the
+# received indices mapped by PyTorch's operators after it: DeepSeek-V3 +2.4 % (25.815 -> 26.427 s),
+# Mixtral +0.3 %, Grok-1-like +0.2 %.
 REGRESSION_PIN_S = {
-    "deepseek_v3_2048xh100.yaml": 25.82,
+    "deepseek_v3_2048xh100.yaml": 26.43,
     "deepspeech2_8xa100.yaml": 0.3873,
-    "grok1_like_512xh100.yaml": 9.713,
+    "grok1_like_512xh100.yaml": 9.730,
     "llama3_405b_128k_16384xh100.yaml": 11.34,
     "llama3_405b_16384xh100.yaml": 5.647,
     "llama3_70b_32xh100.yaml": 5.037,
     "llama3_8b_64xh100_dp8.yaml": 1.424,
     "megatron_1t_3072xa100.yaml": 17.06,
-    "mixtral_8x7b_64xh100.yaml": 3.592,
+    "mixtral_8x7b_64xh100.yaml": 3.603,
     "validation_2xcpu.yaml": 0.7389,
     "vit_22b_512xh100.yaml": 0.9290,
     "vit_h14_32xa100.yaml": 0.7806,
