@@ -311,8 +311,8 @@ class CostModel:
         launches = 0
         for index, item in enumerate(items):
             if isinstance(item, Overlap):
-                clock = host.launch(clock)
-                launches += 1
+                clock = host.launch(clock, item.comm.host_launches)
+                launches += item.comm.host_launches
                 starts.append(clock)
                 comm_s = self.collective_s(item.comm)
                 template.append(("tp", item.comm.name, index, 0.0, comm_s))
@@ -328,8 +328,8 @@ class CostModel:
                 span = self.overlapped_s(busy, comm_s, item)
                 steps.append(_Step(span, ops_s, comm_s, max(0.0, span - busy), item_flops, item.comm.group))
             elif item.kind == "collective":
-                clock = host.launch(clock)
-                launches += 1
+                clock = host.launch(clock, item.host_launches)
+                launches += item.host_launches
                 starts.append(clock)
                 comm_s = self.collective_s(item)
                 template.append(("tp", item.name, index, 0.0, comm_s))

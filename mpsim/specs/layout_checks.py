@@ -126,6 +126,40 @@ def check_moe_dispatch(scenario: Scenario) -> None:
                                                 f"(compute_units)")
 
 
+def check_cuda_graphs(scenario: Scenario) -> None:
+    """Per-layer CUDA graphs where Megatron-Core captures them (``TransformerConfig.__post_init__``'s
+    checks of ``cuda_graph_modules``)."""
+    training, model, plan = scenario.training, scenario.model, scenario.parallel
+    modules = training.cuda_graph_modules
+    if not modules:
+        return
+    field = "training.cuda_graph_modules"
+    if training.layers_impl == "pytorch":
+        raise fail(field, "captures Megatron-Core's transformer layers; transformer_impl pytorch has none "
+                          "(use transformer_engine or local)")
+    if plan.recompute in ("full", "selective-op"):
+        raise fail(field, f"per-layer graphs run with recompute none or selective (Megatron-Core), not "
+                          f"{plan.recompute}")
+    if isinstance(model, LayerStackSpec):
+        raise fail(field, "captures transformer layers; the model is a layer stack")
+    moe = model.moe
+    if moe is None and ({"moe_router", "moe_preprocess", "moe"} & set(modules)):
+        raise fail(field, "moe_router, moe_preprocess and moe capture MoE layers; the model has none")
+    if "moe_preprocess" in modules and "moe_router" not in modules:
+        raise fail(field, "moe_preprocess is captured with moe_router (add moe_router)")
+    if "moe" in modules and "moe_router" in modules:
+        raise fail(field, "moe captures the whole MoE block, moe_router part of it: choose one")
+    if moe is not None and "mlp" in modules and moe.dense_layers == 0:
+        raise fail(field, "mlp captures dense layers' MLPs; every layer of the model is a MoE layer")
+    if "moe" in modules and not training.moe_pad_to_capacity:
+        raise fail(field, "moe captures a MoE block whose sizes are fixed: set training.moe_pad_to_capacity "
+                          "(and model.moe.capacity_factor), or capture moe_router")
+    if ("moe_preprocess" in modules and training.moe_token_dispatcher == "alltoall" and moe is not None
+            and moe.capacity_factor is not None):
+        raise fail(field, "moe_preprocess cannot be captured with a capacity factor: the alltoall dispatcher "
+                          "reads the token counts back inside its preprocessing")
+
+
 def check_context_parallel(scenario: Scenario) -> None:
     """The sequence splits into the chunks context parallelism needs (and the heads, for all-to-all)."""
     plan, model = scenario.parallel, scenario.model

@@ -292,6 +292,15 @@ class TrainingOptions(Spec):
         None, description="the local experts' GEMMs: multi-stream (one GEMM per expert over 4 streams, "
                           "Transformer Engine's GroupedLinear) or grouped (one kernel for all); default: "
                           "multi-stream under transformer_impl transformer_engine, else grouped")
+    # Megatron-Core's per-layer CUDA graphs (--cuda-graph-impl transformer_engine or local with
+    # --cuda-graph-modules; CudaGraphModule in megatron/core/transformer/transformer_config.py):
+    # the captured parts of each layer are replayed with one launch (mpsim/workload/graphs.py)
+    cuda_graph_modules: list[Literal["attn", "mlp", "moe_router", "moe_preprocess", "moe"]] = Field(
+        default_factory=list, description="parts of every layer captured in CUDA graphs, each replayed with one "
+                                          "launch (Megatron-Core's --cuda-graph-modules): attn, mlp (dense layers), "
+                                          "moe_router (a MoE layer's norm, router and shared experts), "
+                                          "moe_preprocess (with moe_router: the dispatcher's preprocessing), moe "
+                                          "(a whole MoE block padded to capacity); empty: none")
     # Megatron-Core's --moe-pad-expert-input-to-capacity (token_dispatcher.py, drop_and_pad): every
     # expert's tokens are dropped or padded to its capacity, so the all-to-all's sizes are known
     # before the router runs and the host never waits for them (its cuda_sync_point stays

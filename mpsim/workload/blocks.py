@@ -64,6 +64,7 @@ class LayerContext:
     moe_dispatcher: str = "alltoall"  # TrainingOptions.moe_token_dispatcher
     moe_dispatch_fp8: bool = False  # DeepEP's fp8 dispatch (TrainingOptions.moe_dispatch_fp8)
     moe_expert_gemms: str = "grouped"  # TrainingOptions.moe_expert_gemms: multi-stream or grouped
+    cuda_graph_modules: tuple[str, ...] = ()  # TrainingOptions.cuda_graph_modules (workload/graphs.py)
 
     @property
     def bias_add_kernel(self) -> bool:

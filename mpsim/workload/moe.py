@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from mpsim.workload.blocks import (BlockWork, LayerContext, bias_dropout_add, bias_dropout_add_grad, linear,
                                    param_tensors)
+from mpsim.workload.graphs import captured_ops, graphed_block
 from mpsim.workload.norms import norm, norm_grad, norm_saved_bytes
 from mpsim.workload.mlp import activation_ops, fc1_gemms, ffn_activation, mlp_items
 from mpsim.workload.ops import Item, Op, Routing, collective, memory_op
@@ -138,6 +139,10 @@ def host_sync(ctx: LayerContext, moe: MoEShape, routing: Op, permute: Op, dispat
     if moe.capacity_factor is not None:
         return replace(routing, host_waits="end"), permute, dispatch
     if ctx.ep > 1 or ctx.etp > 1:
+        if "moe_preprocess" in ctx.cuda_graph_modules:
+            # the counts' copy ends the captured preprocessing: the host, having launched the
+            # graph, waits for all of it (the permutation included)
+            return routing, replace(permute, host_waits="end"), dispatch
         return routing, replace(permute, host_waits="start"), dispatch
     return routing, replace(permute, host_waits="end"), dispatch
 
@@ -273,10 +278,20 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
              + norm_saved_bytes(ctx))
     wbuf = (gathered_tokens * (h + fc1_width + ffn_local + h) * e + tokens * (h + moe.num_experts) * e
             + shared_wbuf)
-    return BlockWork(
+    work = BlockWork(
         forward=(*head, *routed_fwd, *shared_f, *tail),
         backward=(*grad_head, *shared_b, *routed_b, *norm_in, *norm_w),
         backward_input=(*grad_head, *shared_i, *routed_in, *norm_in),
         backward_weight=(*shared_w, *routed_w, *norm_w),
         params=float(dense_params), expert_params=float(expert_params), saved_bytes=float(saved),
         weight_grad_buffer_bytes=float(wbuf), param_tensors=param_tensors(*tensors))
+    # per-layer CUDA graphs (workload/graphs.py): the whole block padded to capacity, or its norm,
+    # router and shared experts (TransformerLayer._forward_mlp up to MoELayer.router), with the
+    # alltoall dispatcher's preprocessing and permutation where moe_preprocess is captured too
+    if "moe" in ctx.cuda_graph_modules:
+        return graphed_block(work)
+    if "moe_router" in ctx.cuda_graph_modules:
+        preprocess = [permute_fwd, permute_grad] if alltoall and "moe_preprocess" in ctx.cuda_graph_modules else []
+        return graphed_block(work, captured_ops(head, router, routing_fwd, routing_grad, router_dgrad, router_wgrad,
+                                                norm_in, norm_w, shared_f, shared_b, shared_i, shared_w, preprocess))
+    return work

@@ -93,10 +93,15 @@ class Op:
     # dropless MoE dispatch, which must know how many tokens each rank receives:
     # mpsim/workload/moe.py); "": the host does not wait
     host_waits: Literal["", "start", "end"] = ""
+    # replayed from a captured CUDA graph (mpsim/workload/graphs.py): "start", the first op of a
+    # replay, for which the host launches the graph once; "in", launched with it; "": eagerly
+    graph: Literal["", "start", "in"] = ""
 
     @property
     def host_launches(self) -> int:
-        """Kernels the host launches for it: its own and its fp8 cast's."""
+        """Launches the host makes for it: its kernels and its fp8 cast's, or one graph replay."""
+        if self.graph:
+            return 1 if self.graph == "start" else 0
         return self.launches + (self.cast_launches if self.cast_bytes else 0)
 
 

@@ -71,6 +71,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         moe_dispatcher=training.moe_token_dispatcher,
         moe_dispatch_fp8=training.moe_dispatch_fp8,
         moe_expert_gemms=training.moe_expert_gemms,
+        cuda_graph_modules=tuple(sorted(set(training.cuda_graph_modules))),
     )
 
 

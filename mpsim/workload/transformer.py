@@ -18,6 +18,7 @@ from functools import cached_property, lru_cache
 
 from mpsim.workload.attention import MLAShape, attention_block
 from mpsim.workload.blocks import BlockWork, LayerContext
+from mpsim.workload.graphs import graphed_block
 from mpsim.workload.mlp import mlp_block
 from mpsim.workload.moe import MoEShape, moe_block
 from mpsim.workload.ops import Item
@@ -96,4 +97,9 @@ def layer_work(ctx: LayerContext, mla: MLAShape | None = None, moe: MoEShape | N
     """Decompose one layer on one rank (cached: a model has few distinct layers)."""
     attention = attention_block(ctx, mla, bias, norm_params)
     ffn = moe_block(ctx, moe, bias, norm_params) if moe is not None else mlp_block(ctx, bias, norm_params)
+    # per-layer CUDA graphs (a MoE block marks its own captured parts)
+    if "attn" in ctx.cuda_graph_modules:
+        attention = graphed_block(attention)
+    if moe is None and "mlp" in ctx.cuda_graph_modules:
+        ffn = graphed_block(ffn)
     return LayerWork(attention, ffn, float(ctx.norm_tokens * ctx.hidden * ctx.act_bytes))
