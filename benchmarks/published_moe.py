@@ -50,8 +50,6 @@ GAPS = {
     "hybridep": "NVIDIA's HybridEP dispatcher: its host waits and fused permutation as Megatron-Core runs "
                 "them, its traffic by DeepEP's deduplicating rule on the same number of SMs (no published "
                 "bandwidth of HybridEP's own kernels)",
-    "moe-recompute": "recompute of the experts' activation and the layer norms (recompute_modules moe_act, "
-                     "layernorm); nearest: no recompute",
 }
 
 ASSUMPTIONS = (
@@ -102,7 +100,9 @@ def megatron_moe_table(_data: Path) -> list[Case]:
         if row["dispatcher"] == "hybridep":
             notes.append("hybridep")
         if row["recompute_modules"]:
-            notes.append("moe-recompute")
+            # Megatron-Core's --recompute-granularity selective --recompute-modules (the report's Table 20)
+            modules = ",".join(row["recompute_modules"].split())
+            overrides += ["parallel.recompute=selective", f"parallel.recompute_modules=[{modules}]"]
         if row["release"].startswith("Megatron-Core"):
             # Appendix B.2: partial CUDA graphs of the attention, the router and the preprocessing
             overrides.append("training.cuda_graph_modules=[attn,moe_router,moe_preprocess]")

@@ -24,7 +24,7 @@ from mpsim.schedules.registry import stage_chains
 from mpsim.schedules.unshard import TORCH_GATHERED_CHUNKS, Gathering
 from mpsim.specs.layout_checks import (check_context_parallel, check_deferred_head_wgrad, check_dtype,
                                        check_combined_1f1b, check_cuda_graphs, check_microbatch_groups,
-                                       check_moe_dispatch,
+                                       check_moe_dispatch, check_recompute_modules,
                                        check_tensor_parallel,
                                        check_op_recompute, check_userbuffers_sms, fail)
 from mpsim.specs.pipeline_split import layers_per_chunk
@@ -187,6 +187,7 @@ def resolve_layout(scenario: Scenario, chains: tuple[int, ...] | None = None) ->
     check_op_recompute(scenario)
     check_moe_dispatch(scenario)
     check_cuda_graphs(scenario)
+    check_recompute_modules(scenario)
     dp = _data_parallel_size(scenario)
     ep, etp = _expert_parallel_sizes(scenario, dp)
     zero, shard = _zero_sharding(scenario, dp, ep, etp)

@@ -160,6 +160,25 @@ def check_cuda_graphs(scenario: Scenario) -> None:
                           "reads the token counts back inside its preprocessing")
 
 
+def check_recompute_modules(scenario: Scenario) -> None:
+    """Megatron-Core's recompute modules with its selective recompute, on its transformer layers."""
+    plan, model = scenario.parallel, scenario.model
+    modules = plan.recompute_modules
+    if modules is None:
+        return
+    field = "parallel.recompute_modules"
+    if plan.recompute != "selective":
+        raise fail(field, f"names what Megatron-Core's selective recompute runs again; set parallel.recompute: "
+                          f"selective (got {plan.recompute})")
+    if scenario.training.layers_impl == "pytorch":
+        raise fail(field, "are Megatron-Core's; transformer_impl pytorch recomputes with parallel.recompute "
+                          "(selective, selective-op or full)")
+    if isinstance(model, LayerStackSpec):
+        raise fail(field, "apply to transformer layers; the model is a layer stack")
+    if "moe_act" in modules and model.moe is None:
+        raise fail(field, "moe_act recomputes the experts' activation; the model has no MoE layers")
+
+
 def check_context_parallel(scenario: Scenario) -> None:
     """The sequence splits into the chunks context parallelism needs (and the heads, for all-to-all)."""
     plan, model = scenario.parallel, scenario.model

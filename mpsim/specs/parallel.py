@@ -77,6 +77,14 @@ class ParallelPlan(Spec):
     # layer's forward; selective-op: PyTorch's per-operator checkpointing as torchtitan's
     # selective_ac_option "op" runs it (mpsim/workload/op_recompute.py)
     recompute: Literal["none", "selective", "full", "selective-op"] = "none"
+    # Megatron-Core's --recompute-modules with --recompute-granularity selective (TransformerConfig
+    # .recompute_modules): core_attn re-runs the attention core; moe_act and layernorm discard the
+    # experts' activation's and the separate norms' outputs after their consumers ran and re-run
+    # them before those backwards (CheckpointWithoutOutput)
+    recompute_modules: list[Literal["core_attn", "moe_act", "layernorm"]] | None = Field(
+        None, description="with recompute selective: what each layer runs again (Megatron-Core's "
+                          "--recompute-modules): core_attn, moe_act (the experts' activation), layernorm (the "
+                          "norms that are modules of their own); default [core_attn]")
     # Megatron's --recompute-granularity full --recompute-method block --recompute-num-layers N: the
     # first N transformer layers of each model chunk recompute their forward, the rest keep their
     # activations (megatron/core/transformer/transformer_block.py, _checkpointed_forward)

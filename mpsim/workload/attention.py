@@ -283,10 +283,16 @@ def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_pa
     # op-level recompute: the checkpoint keeps the layer's input and runs the norm and the
     # residual add again (the next norm reads the sum)
     op_redo = None if inner.recompute_op is None else (before, *inner.recompute_op, after)
+    # Megatron-Core's layernorm recompute: a norm that is a module of its own (Megatron's local
+    # layers; MLA's, which feeds two down projections) drops the output its consumer keeps;
+    # Transformer Engine's fused LayerNormLinear has none to drop (gpt_layer_specs.py)
+    separate_norm = ctx.layers_impl == "local" or mla is not None
+    parts = (("layernorm", (before,), float(local * h * e)),) if separate_norm else ()
     return BlockWork((before, *inner.forward, after), (*after_grad, *inner.backward, *norm_in, *norm_w),
                      (*after_grad, *inner.backward_input, *norm_in), (*inner.backward_weight, *norm_w),
                      recompute_selective=inner.recompute_selective, params=inner.params + norm_params * h,
                      saved_bytes=saved, selective_saved_bytes=inner.selective_saved_bytes,
                      weight_grad_buffer_bytes=inner.weight_grad_buffer_bytes,
                      param_tensors=inner.param_tensors + (float(h),) * norm_params,
-                     recompute_op=op_redo, op_saved_bytes=inner.op_saved_bytes + local * h * e)
+                     recompute_op=op_redo, op_saved_bytes=inner.op_saved_bytes + local * h * e,
+                     recompute_parts=parts)

@@ -65,6 +65,7 @@ class LayerContext:
     moe_dispatch_fp8: bool = False  # DeepEP's fp8 dispatch (TrainingOptions.moe_dispatch_fp8)
     moe_expert_gemms: str = "grouped"  # TrainingOptions.moe_expert_gemms: multi-stream or grouped
     cuda_graph_modules: tuple[str, ...] = ()  # TrainingOptions.cuda_graph_modules (workload/graphs.py)
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # ParallelPlan.recompute_modules, with recompute selective
 
     @property
     def bias_add_kernel(self) -> bool:
@@ -158,6 +159,9 @@ class BlockWork:
     # torchtitan's pattern (mpsim/workload/op_recompute.py)
     recompute_op: tuple[Item, ...] | None = None
     op_saved_bytes: float = 0.0
+    # Megatron-Core's other recompute modules (parallel.recompute_modules) in this block: (module,
+    # what the backward runs again, bytes the forward then no longer keeps)
+    recompute_parts: tuple[tuple[str, tuple[Item, ...], float], ...] = ()
     weight_grad_buffer_bytes: float = 0.0  # kept from I until W by a split backward
     notes: tuple[str, ...] = field(default_factory=tuple)
     # elements of each parameter tensor on this rank (dense and expert): plain PyTorch adds

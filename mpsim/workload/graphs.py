@@ -45,7 +45,9 @@ def graphed_block(work: BlockWork, captured: Callable[[Item], bool] = lambda ite
     return replace(work, forward=in_graph(work.forward, captured), backward=in_graph(work.backward, captured),
                    backward_input=in_graph(work.backward_input, captured),
                    backward_weight=in_graph(work.backward_weight, captured),
-                   recompute_selective=in_graph(work.recompute_selective, captured))
+                   recompute_selective=in_graph(work.recompute_selective, captured),
+                   recompute_parts=tuple((module, in_graph(items, captured), dropped)
+                                         for module, items, dropped in work.recompute_parts))
 
 
 def captured_ops(*groups) -> Callable[[Item], bool]:

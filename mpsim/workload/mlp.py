@@ -202,10 +202,14 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
                *(h,) * norm_params)
     saved += 2 * local * h * e + local * h * mask + norm_saved_bytes(ctx)  # norm input, FC1 input, dropout mask
     norm_in, norm_w = norm_grad(ctx, "mlp.norm")
+    # layernorm recompute: only Megatron's local layers keep the pre-MLP norm a module of its own
+    # (Transformer Engine fuses it into LayerNormMLP)
+    parts = (("layernorm", (norm(ctx, "mlp.norm"),), float(local * h * e)),) if ctx.layers_impl == "local" else ()
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),
         backward=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward, *norm_in, *norm_w),
         backward_input=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward_input, *norm_in),
         backward_weight=(*backward_weight, *norm_w),
         params=params, saved_bytes=saved, weight_grad_buffer_bytes=wbuf,
-        param_tensors=param_tensors(*tensors), recompute_op=(norm(ctx, "mlp.norm"), *op_redo), op_saved_bytes=op_saved)
+        param_tensors=param_tensors(*tensors), recompute_op=(norm(ctx, "mlp.norm"), *op_redo), op_saved_bytes=op_saved,
+        recompute_parts=parts)

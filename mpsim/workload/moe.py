@@ -284,7 +284,12 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
         backward_input=(*grad_head, *shared_i, *routed_in, *norm_in),
         backward_weight=(*shared_w, *routed_w, *norm_w),
         params=float(dense_params), expert_params=float(expert_params), saved_bytes=float(saved),
-        weight_grad_buffer_bytes=float(wbuf), param_tensors=param_tensors(*tensors))
+        weight_grad_buffer_bytes=float(wbuf), param_tensors=param_tensors(*tensors),
+        # Megatron-Core's recompute modules: the pre-MLP norm, a module of its own in a MoE layer,
+        # drops its output (the router's and the dispatch's input); moe_act drops the experts'
+        # activation output (FC2's input)
+        recompute_parts=(("layernorm", tuple(head), float(local * h * e)),
+                         ("moe_act", (act,), float(gathered_tokens * ffn_local * e))))
     # per-layer CUDA graphs (workload/graphs.py): the whole block padded to capacity, or its norm,
     # router and shared experts (TransformerLayer._forward_mlp up to MoELayer.router), with the
     # alltoall dispatcher's preprocessing and permutation where moe_preprocess is captured too

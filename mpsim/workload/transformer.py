@@ -33,14 +33,26 @@ class LayerWork:
     attention: BlockWork
     ffn: BlockWork
     layer_input_bytes: float  # what full recompute keeps
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # what selective recompute runs again
 
     @cached_property  # one tuple per layer: its twins in a stage share it (and its price)
     def forward(self) -> tuple[Item, ...]:
         return self.attention.forward + self.ffn.forward
 
-    @property
+    @cached_property
     def recompute_selective(self) -> tuple[Item, ...]:
-        return self.attention.recompute_selective
+        """What selective recompute runs again before the backward: the attention core
+        (core_attn) and the parts of Megatron-Core's other recompute modules, in forward order."""
+        core = self.attention.recompute_selective if "core_attn" in self.recompute_modules else ()
+        return core + tuple(item for block in (self.attention, self.ffn) for module, items, _ in block.recompute_parts
+                            if module in self.recompute_modules for item in items)
+
+    @property
+    def selective_dropped_bytes(self) -> float:
+        """Bytes selective recompute spares the forward from keeping."""
+        core = self.attention.selective_saved_bytes if "core_attn" in self.recompute_modules else 0.0
+        return core + sum(dropped for block in (self.attention, self.ffn)
+                          for module, _, dropped in block.recompute_parts if module in self.recompute_modules)
 
     @cached_property  # one tuple per layer, as the passes
     def recompute_op(self) -> tuple[Item, ...]:
@@ -87,7 +99,7 @@ class LayerWork:
             return self.attention.op_saved_bytes + self.ffn.op_saved_bytes
         saved = self.attention.saved_bytes + self.ffn.saved_bytes
         if recompute == "selective":
-            saved -= self.attention.selective_saved_bytes
+            saved -= self.selective_dropped_bytes
         return saved
 
 
@@ -102,4 +114,4 @@ def layer_work(ctx: LayerContext, mla: MLAShape | None = None, moe: MoEShape | N
         attention = graphed_block(attention)
     if moe is None and "mlp" in ctx.cuda_graph_modules:
         ffn = graphed_block(ffn)
-    return LayerWork(attention, ffn, float(ctx.norm_tokens * ctx.hidden * ctx.act_bytes))
+    return LayerWork(attention, ffn, float(ctx.norm_tokens * ctx.hidden * ctx.act_bytes), ctx.recompute_modules)
