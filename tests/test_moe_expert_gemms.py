@@ -18,8 +18,10 @@ from mpsim.simulate import simulate
 from mpsim.results import summarize
 from mpsim.specs import load_scenario
 from mpsim.specs.catalog import load_accelerator
-from mpsim.workload.moe import CURRENT_SCALING_CAST_KERNELS, TE_GEMM_STREAMS
+from mpsim.workload.blocks import CURRENT_SCALING_CAST_KERNELS
+from mpsim.workload.moe import TE_GEMM_STREAMS
 from mpsim.workload.ops import gemm
+from tests.conftest import SCENARIOS
 from tests.test_moe_host_sync import MIXTRAL, QWEN3
 
 H100 = load_accelerator("h100-sxm-80gb")
@@ -166,3 +168,32 @@ def test_hybridep_under_plain_pytorch_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "training.moe_token_dispatcher" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_a_dense_linear_quantizes_as_transformer_engines_current_scaling_does():
+    from mpsim.workload.blocks import CURRENT_SCALING_CAST_WITH_AMAX_KERNELS
+    llama = SCENARIOS / "llama3_70b_32xh100.yaml"
+
+    def dense_ops(recipe):
+        scenario = load_scenario(llama, ["training.dtype=fp8", f"training.fp8_recipe={recipe}"]).scenario
+        layout = resolve(scenario)
+        from mpsim.workload.embedding import padded_vocab
+        from mpsim.workload.stages import build_stage, layer_context, stage_options
+        work = build_stage(layer_context(scenario, layout), 1, 0, False, False,
+                           stage_options(scenario, layout, padded_vocab(scenario.model.vocab_size, layout.tp)))
+        found = {}
+        for blocks in (work.forward, work.backward):
+            for block in blocks:
+                for item in block.items:
+                    for op in ([item.comm, *item.compute] if hasattr(item, "comm") else [item]):
+                        found.setdefault(op.name, op)
+        return found
+
+    current, delayed = dense_ops("current"), dense_ops("delayed")
+    # QKV's input comes from the norm, which wrote its amax: the scale and the cast
+    assert current["attn.qkv"].cast_launches == CURRENT_SCALING_CAST_WITH_AMAX_KERNELS
+    # the attention core's bf16 output and every output gradient: zero the amax, find it, scale, cast
+    assert current["attn.proj"].cast_launches == CURRENT_SCALING_CAST_KERNELS
+    assert current["mlp.fc2.dgrad"].cast_launches == CURRENT_SCALING_CAST_KERNELS
+    # delayed scaling casts with its amax inside one kernel
+    assert {delayed[name].cast_launches for name in ("attn.qkv", "attn.proj", "mlp.fc2.dgrad")} == {1}

@@ -10,7 +10,7 @@ tensor-parallel collectives around column- and row-parallel GEMMs (Shoeybi et al
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mpsim.workload.ops import Item, Op, Overlap, collective, gemm, memory_op
 
@@ -176,6 +176,12 @@ def param_tensors(*elements: float) -> tuple[float, ...]:
 
 # an amax, as Transformer Engine keeps and reduces it: one float32
 AMAX_BYTES = 4
+# Transformer Engine's current-scaling quantize (Float8CurrentScalingQuantizer::quantize_impl in
+# transformer_engine/pytorch/csrc/quantizer.cpp): zero the amax, find it, compute the scale
+# (common/recipe/current_scaling.cu), then cast; with an amax the norm's or activation's own
+# kernel wrote (quantize_with_amax), the scale and the cast
+CURRENT_SCALING_CAST_KERNELS = 4
+CURRENT_SCALING_CAST_WITH_AMAX_KERNELS = 2
 
 # Transformer Engine's userbuffers defaults (transformer_engine/pytorch/module/base.py,
 # initialize_ub): an all-gather that feeds a GEMM (qkv_fprop, fc1_fprop, proj_dgrad,
@@ -382,6 +388,11 @@ def linear(ctx: LayerContext, name: str, m: int, n: int, k: int, batch: int = 1,
     wgrad = gemm(f"{name}.wgrad", k, n, m, batch=batch, in_bytes=e,
                  out_bytes=0 if fused else ctx.wgrad_accumulate_bytes,
                  accumulate_bytes=ctx.wgrad_accumulate_bytes if fused else 0, dtype=dtype, cast_bytes=x_transpose)
+    if ctx.fp8 and fp8 and ctx.fp8_current_scaling:
+        # the casts' kernels (delayed scaling's cast_transpose is one)
+        fwd = replace(fwd, cast_launches=CURRENT_SCALING_CAST_KERNELS if input_cast
+                      else CURRENT_SCALING_CAST_WITH_AMAX_KERNELS)
+        dgrad = replace(dgrad, cast_launches=CURRENT_SCALING_CAST_KERNELS)
     return fwd, dgrad, wgrad
 
 

@@ -41,10 +41,8 @@ TE_GEMM_STREAMS = 4
 # transformer_engine/pytorch/csrc/extensions/cast.cpp, TE 2.5-2.20): under delayed scaling one
 # fused multi_cast_transpose launch per this many tensors (kMaxTensorsPerKernel in
 # common/transpose/multi_cast_transpose.cu); under current scaling no fused kernel exists and
-# each expert's tensor takes four (zero the amax, find it, compute the scale, cast and transpose:
-# common/recipe/current_scaling.cu)
+# each expert's tensor is quantized on its own (blocks.CURRENT_SCALING_CAST_KERNELS)
 TE_MULTI_CAST_TENSORS = 64
-CURRENT_SCALING_CAST_KERNELS = 4
 # Kernels Megatron-Core launches around the experts (megatron/core/transformer/moe/ at d98e8a6,
 # with Transformer Engine's fused router and permutation, as NVIDIA's recipes run them; the
 # router's default auxiliary load-balancing loss):
@@ -157,9 +155,9 @@ def expert_gemms(ctx: LayerContext, ops: tuple[Op, ...], experts: int) -> tuple[
     """
     if ctx.moe_expert_gemms != "multi-stream":
         return ops
-    casts = CURRENT_SCALING_CAST_KERNELS * experts if ctx.fp8_current_scaling \
-        else math.ceil(experts / TE_MULTI_CAST_TENSORS)
-    return tuple(replace(op, launches=experts, streams=TE_GEMM_STREAMS, cast_launches=casts)
+    def casts(op: Op) -> int:
+        return op.cast_launches * experts if ctx.fp8_current_scaling else math.ceil(experts / TE_MULTI_CAST_TENSORS)
+    return tuple(replace(op, launches=experts, streams=TE_GEMM_STREAMS, cast_launches=casts(op))
                  if op.kind == "gemm" else op for op in ops)
 
 
