@@ -85,12 +85,12 @@ def test_a_padded_moe_block_is_captured_whole():
     assert not any(op.host_waits for op in moe)
 
 
-def test_capturing_what_the_gpu_waits_for_shortens_the_step_and_nothing_else_does():
+def test_capturing_what_the_gpu_waits_for_shortens_the_step_and_the_rest_remains():
     """Where each pass starts on an empty queue (a synchronisation between passes), the
     attention's and the router's launches show, and their graphs take them away; where the GPU
-    waits only after the dispatch (the experts' launches), capturing what comes before it moves
-    nothing, as Megatron Bridge found graphs of the attention, router and preprocessing
-    "slightly slower than eager" on Qwen3-30B-A3B (docs/training/cuda-graphs.md)."""
+    waits after the dispatch, for the experts' launches, which no graph covers, most of the wait
+    remains, as Megatron Bridge found graphs of the attention, router and preprocessing no faster
+    than eager on Qwen3-30B-A3B (docs/training/cuda-graphs.md)."""
     synced = (*HOST_BOUND, "training.host_sync_between_passes=true")
     eager = step(MIXTRAL, *synced)
     attention = step(MIXTRAL, *synced, "training.cuda_graph_modules=[attn]")
@@ -99,7 +99,7 @@ def test_capturing_what_the_gpu_waits_for_shortens_the_step_and_nothing_else_doe
     assert router.host_wait_s <= attention.host_wait_s < eager.host_wait_s
     ahead, ahead_graphed = step(MIXTRAL, *HOST_BOUND), step(MIXTRAL, *HOST_BOUND,
                                                              "training.cuda_graph_modules=[attn,moe_router]")
-    assert ahead_graphed.host_wait_s == pytest.approx(ahead.host_wait_s, rel=1e-9)
+    assert 0.9 * ahead.host_wait_s < ahead_graphed.host_wait_s <= ahead.host_wait_s
     # a dense layer whose GPU work outlasts its launches gains nothing, and loses nothing
     dense, dense_graphed = step(LLAMA), step(LLAMA, "training.cuda_graph_modules=[attn,mlp]")
     assert dense_graphed.step_time_s == pytest.approx(dense.step_time_s, rel=1e-3)

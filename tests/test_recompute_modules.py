@@ -83,9 +83,34 @@ def test_recomputing_more_never_keeps_more_nor_runs_less(smaller, larger):
     assert more.step_time_s >= few.step_time_s - 1e-12
 
 
+def test_whole_modules_run_again_from_their_input():
+    # a dense MLP: its GEMMs and activation, and under Transformer Engine the norm fused into
+    # LayerNormMLP; the local layers' MLP module starts after its norm
+    te = recompute_block(LLAMA, "parallel.recompute=selective", "training.transformer_impl=transformer_engine",
+                         "parallel.recompute_modules=[mlp]")
+    local = recompute_block(LLAMA, "parallel.recompute=selective", "training.transformer_impl=local",
+                            "parallel.recompute_modules=[mlp]")
+    assert "mlp.norm" in te and "mlp.norm" not in local
+    assert {"mlp.fc1", "mlp.act", "mlp.fc2"} <= set(te) & set(local)
+    # the whole MoE layer: its dispatch and combine run again, and the host waits for the counts again
+    moe = recompute_block(MIXTRAL, "parallel.recompute_modules=[moe]")
+    assert {"moe.router", "moe.dispatch_all_to_all", "moe.experts.fc1", "moe.combine_all_to_all"} <= set(moe)
+    act, whole = run(MIXTRAL, "parallel.recompute_modules=[moe_act]"), run(MIXTRAL, "parallel.recompute_modules=[moe]")
+    assert whole.peak_memory_bytes < act.peak_memory_bytes and whole.step_time_s > act.step_time_s
+    full = run(MIXTRAL, "parallel.recompute=full")
+    assert full.peak_memory_bytes < whole.peak_memory_bytes and full.step_time_s > whole.step_time_s
+    dense, mlp = (run(LLAMA, "parallel.recompute=selective", f"parallel.recompute_modules={modules}")
+                  for modules in ("[]", "[mlp]"))
+    assert mlp.peak_memory_bytes < dense.peak_memory_bytes and mlp.step_time_s > dense.step_time_s
+
+
 @pytest.mark.parametrize("path,overrides,message", [
     (MIXTRAL, ("parallel.recompute=none", "parallel.recompute_modules=[moe_act]"), "parallel.recompute: selective"),
     (LLAMA, ("parallel.recompute=selective", "parallel.recompute_modules=[moe_act]"), "no MoE layers"),
+    (MIXTRAL, ("parallel.recompute_modules=[moe,moe_act]",), "name one"),
+    (MIXTRAL, ("parallel.recompute_modules=[shared_experts]",), "none"),
+    (MIXTRAL, ("parallel.recompute_modules=[mlp]",), "every layer of the model is a MoE layer"),
+    (MIXTRAL, ("parallel.recompute_modules=[moe]", "training.cuda_graph_modules=[moe_router]"), "CUDA graph"),
     (LLAMA, ("parallel.recompute=selective", "training.transformer_impl=pytorch",
              "parallel.recompute_modules=[core_attn]"), "transformer_impl pytorch"),
 ])

@@ -175,8 +175,18 @@ def check_recompute_modules(scenario: Scenario) -> None:
                           "(selective, selective-op or full)")
     if isinstance(model, LayerStackSpec):
         raise fail(field, "apply to transformer layers; the model is a layer stack")
-    if "moe_act" in modules and model.moe is None:
-        raise fail(field, "moe_act recomputes the experts' activation; the model has no MoE layers")
+    moe_modules = {"moe_act", "moe", "shared_experts"} & set(modules)
+    if moe_modules and model.moe is None:
+        raise fail(field, f"{', '.join(sorted(moe_modules))} recompute(s) MoE layers' parts; the model has no MoE "
+                          f"layers")
+    if "moe" in modules and ({"moe_act", "shared_experts"} & set(modules)):
+        raise fail(field, "moe recomputes the whole MoE layer, moe_act and shared_experts included: name one")
+    if "shared_experts" in modules and not model.moe.shared_experts:
+        raise fail(field, "shared_experts recomputes the shared experts; the model's MoE layers have none")
+    if "mlp" in modules and model.moe is not None and model.moe.dense_layers == 0:
+        raise fail(field, "mlp recomputes dense layers' MLPs; every layer of the model is a MoE layer")
+    if "moe" in modules and "moe_router" in scenario.training.cuda_graph_modules:
+        raise fail(field, "moe recompute cannot run with the moe_router CUDA graph (Megatron-Core refuses it)")
 
 
 def check_context_parallel(scenario: Scenario) -> None:

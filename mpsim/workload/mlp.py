@@ -192,6 +192,7 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     """The dense MLP half of a layer on one rank."""
     forward, backward, backward_input, backward_weight, params, saved, wbuf, (op_redo, op_saved) = mlp_items(
         ctx, "mlp", ctx.ffn_local, bias=bias)
+    activation_kept = saved
     h, local, e = ctx.hidden, ctx.norm_tokens, ctx.act_bytes
     mask = 1 if ctx.dropout else 0
     activation = ffn_activation(ctx)
@@ -204,7 +205,12 @@ def mlp_block(ctx: LayerContext, bias: bool, norm_params: int) -> BlockWork:
     norm_in, norm_w = norm_grad(ctx, "mlp.norm")
     # layernorm recompute: only Megatron's local layers keep the pre-MLP norm a module of its own
     # (Transformer Engine fuses it into LayerNormMLP)
-    parts = (("layernorm", (norm(ctx, "mlp.norm"),), float(local * h * e)),) if ctx.layers_impl == "local" else ()
+    separate_norm = ctx.layers_impl == "local"
+    parts = (("layernorm", (norm(ctx, "mlp.norm"),), float(local * h * e)),) if separate_norm else ()
+    # mlp recompute (a checkpoint of the MLP module, which keeps its input): what the activation
+    # keeps, and, where Transformer Engine's LayerNormMLP holds the norm, FC1's input too
+    mlp_items_redo = tuple(forward) if separate_norm else (norm(ctx, "mlp.norm"), *forward)
+    parts += (("mlp", mlp_items_redo, float(activation_kept + (0 if separate_norm else local * h * e))),)
     return BlockWork(
         forward=(norm(ctx, "mlp.norm"), *forward, bias_dropout_add(ctx, "mlp.bda")),
         backward=(*bias_dropout_add_grad(ctx, "mlp.bda"), *backward, *norm_in, *norm_w),

@@ -287,7 +287,13 @@ def moe_block(ctx: LayerContext, moe: MoEShape, bias: bool, norm_params: int) ->
         # drops its output (the router's and the dispatch's input); moe_act drops the experts'
         # activation output (FC2's input)
         recompute_parts=(("layernorm", tuple(head), float(local * h * e)),
-                         ("moe_act", (act,), float(gathered_tokens * ffn_local * e))))
+                         ("moe_act", (act,), float(gathered_tokens * ffn_local * e)),
+                         # moe: a checkpoint of the whole MoE module (its input kept), dispatch,
+                         # the host's wait for the counts and combine included; shared_experts:
+                         # of the shared experts alone
+                         ("moe", (*routed_fwd, *shared_f), float(saved - 2 * local * h * e - local * h * mask
+                                                                 - norm_saved_bytes(ctx))),
+                         ("shared_experts", tuple(shared_f), float(shared_saved))))
     # per-layer CUDA graphs (workload/graphs.py): the whole block padded to capacity, or its norm,
     # router and shared experts (TransformerLayer._forward_mlp up to MoELayer.router), with the
     # alltoall dispatcher's preprocessing and permutation where moe_preprocess is captured too
