@@ -104,10 +104,20 @@ def test_whole_modules_run_again_from_their_input():
     assert mlp.peak_memory_bytes < dense.peak_memory_bytes and mlp.step_time_s > dense.step_time_s
 
 
+def test_mla_up_proj_runs_the_up_projections_again_and_drops_what_they_made():
+    deepseek = SCENARIOS / "deepseek_v3_2048xh100.yaml"
+    names = recompute_block(deepseek, "parallel.recompute=selective", "parallel.recompute_modules=[mla_up_proj]")
+    assert {"attn.q_up", "attn.kv_up", "attn.rope"} <= set(names) and "attn.down" not in names
+    kept, dropped = (run(deepseek, "parallel.recompute=selective", f"parallel.recompute_modules={modules}")
+                     for modules in ("[]", "[mla_up_proj]"))
+    assert dropped.peak_memory_bytes < kept.peak_memory_bytes and dropped.step_time_s > kept.step_time_s
+
+
 @pytest.mark.parametrize("path,overrides,message", [
     (MIXTRAL, ("parallel.recompute=none", "parallel.recompute_modules=[moe_act]"), "parallel.recompute: selective"),
     (LLAMA, ("parallel.recompute=selective", "parallel.recompute_modules=[moe_act]"), "no MoE layers"),
     (MIXTRAL, ("parallel.recompute_modules=[moe,moe_act]",), "name one"),
+    (LLAMA, ("parallel.recompute=selective", "parallel.recompute_modules=[mla_up_proj]"), "set model.mla"),
     (MIXTRAL, ("parallel.recompute_modules=[shared_experts]",), "none"),
     (MIXTRAL, ("parallel.recompute_modules=[mlp]",), "every layer of the model is a MoE layer"),
     (MIXTRAL, ("parallel.recompute_modules=[moe]", "training.cuda_graph_modules=[moe_router]"), "CUDA graph"),

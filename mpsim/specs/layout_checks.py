@@ -185,6 +185,9 @@ def check_recompute_modules(scenario: Scenario) -> None:
         raise fail(field, "shared_experts recomputes the shared experts; the model's MoE layers have none")
     if "mlp" in modules and model.moe is not None and model.moe.dense_layers == 0:
         raise fail(field, "mlp recomputes dense layers' MLPs; every layer of the model is a MoE layer")
+    if "mla_up_proj" in modules and model.mla is None:
+        raise fail(field, "mla_up_proj recomputes multi-head latent attention's up projections; the model has "
+                          "none (set model.mla)")
     if "moe" in modules and "moe_router" in scenario.training.cuda_graph_modules:
         raise fail(field, "moe recompute cannot run with the moe_router CUDA graph (Megatron-Core refuses it)")
 

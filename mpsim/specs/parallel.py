@@ -79,14 +79,16 @@ class ParallelPlan(Spec):
     recompute: Literal["none", "selective", "full", "selective-op"] = "none"
     # Megatron-Core's --recompute-modules with --recompute-granularity selective (TransformerConfig
     # .recompute_modules): core_attn, mlp, moe and shared_experts re-run their module from its
-    # kept input; moe_act and layernorm discard the experts' activation's and the separate norms'
-    # outputs after their consumers ran and re-run them before those backwards
-    # (CheckpointWithoutOutput)
-    recompute_modules: list[Literal["core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts"]] | None \
+    # kept input; moe_act, layernorm and mla_up_proj discard the experts' activation's, the
+    # separate norms' and MLA's up projections' outputs after their consumers ran and re-run them
+    # before those backwards (CheckpointWithoutOutput)
+    recompute_modules: list[Literal["core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts",
+                                    "mla_up_proj"]] | None \
         = Field(None, description="with recompute selective: what each layer runs again (Megatron-Core's "
                                   "--recompute-modules): core_attn, moe_act (the experts' activation), layernorm (the "
                                   "norms that are modules of their own), mlp (a dense layer's MLP), moe (the whole "
-                                  "MoE layer), shared_experts; default [core_attn]")
+                                  "MoE layer), shared_experts, mla_up_proj (MLA's up projections and rotary "
+                                  "embedding); default [core_attn]")
     # Megatron's --recompute-granularity full --recompute-method block --recompute-num-layers N: the
     # first N transformer layers of each model chunk recompute their forward, the rest keep their
     # activations (megatron/core/transformer/transformer_block.py, _checkpointed_forward)

@@ -266,10 +266,15 @@ def self_attention(ctx: LayerContext, mla: MLAShape | None, bias: bool) -> Block
     wbuf += (t * heads * d_v + ctx.norm_tokens * h) * e
     op_redo, op_saved = (None, 0.0) if mla is not None else attention_op_recompute(
         ctx, gather, reduce, rope, core_fwd, core_saved, context, proj)
+    # Megatron-Core's mla_up_proj recompute: the up projections and the rotary embedding run again,
+    # their outputs (the core's queries, keys and values) discarded once the core has run
+    parts = (("mla_up_proj", (q_up, kv_up, *rope), float(t * (2 * heads * d_qk + heads * d_v) * e)),) \
+        if mla is not None else ()
     return BlockWork(tuple(forward), tuple(backward), tuple(backward_input), tuple(backward_weight),
                      recompute_selective=tuple(core_fwd), params=float(params), saved_bytes=float(saved),
                      selective_saved_bytes=float(core_saved), weight_grad_buffer_bytes=float(wbuf),
-                     param_tensors=param_tensors(*tensors), recompute_op=op_redo, op_saved_bytes=op_saved)
+                     param_tensors=param_tensors(*tensors), recompute_op=op_redo, op_saved_bytes=op_saved,
+                     recompute_parts=parts)
 
 
 def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_params: int) -> BlockWork:
@@ -287,7 +292,7 @@ def attention_block(ctx: LayerContext, mla: MLAShape | None, bias: bool, norm_pa
     # layers; MLA's, which feeds two down projections) drops the output its consumer keeps;
     # Transformer Engine's fused LayerNormLinear has none to drop (gpt_layer_specs.py)
     separate_norm = ctx.layers_impl == "local" or mla is not None
-    parts = (("layernorm", (before,), float(local * h * e)),) if separate_norm else ()
+    parts = inner.recompute_parts + ((("layernorm", (before,), float(local * h * e)),) if separate_norm else ())
     return BlockWork((before, *inner.forward, after), (*after_grad, *inner.backward, *norm_in, *norm_w),
                      (*after_grad, *inner.backward_input, *norm_in), (*inner.backward_weight, *norm_w),
                      recompute_selective=inner.recompute_selective, params=inner.params + norm_params * h,
