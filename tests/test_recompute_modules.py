@@ -128,3 +128,15 @@ def test_what_makes_no_sense_names_the_field(path, overrides, message):
     with pytest.raises(InputError) as raised:
         resolve(load_scenario(path, list(overrides)).scenario)
     assert raised.value.field == "parallel.recompute_modules" and message in str(raised.value)
+
+
+def test_the_summary_says_what_is_recomputed_and_captured():
+    from mpsim.results.report import format_summary
+    summary = run(MIXTRAL, "parallel.recompute_modules=[moe_act,layernorm]", "training.cuda_graph_modules=[attn]")
+    assert (summary.recompute, summary.recompute_modules, summary.cuda_graph_modules) == (
+        "selective", ("moe_act", "layernorm"), ("attn",))
+    layout = next(line for line in format_summary(summary).splitlines() if line.strip().startswith("layout"))
+    assert layout.endswith("; recompute moe_act, layernorm; CUDA graphs of attn")
+    plain = run(MIXTRAL, "parallel.recompute=none")
+    assert plain.recompute_modules == () and "recompute" not in next(
+        line for line in format_summary(plain).splitlines() if line.strip().startswith("layout"))

@@ -113,6 +113,9 @@ class Summary:
     calibration: str | None = None  # the calibration profile that priced the step, in words; None: the datasheets
     microbatch_group_size: int | None = None  # interleaved-1f1b's microbatches per chunk in a row; None: default
     combined_1f1b: bool = False  # Megatron-Core's combined 1F1B (training.overlap_moe_expert_parallel_comm)
+    recompute: str = "none"  # parallel.recompute
+    recompute_modules: tuple[str, ...] = ()  # what selective recompute runs again (parallel.recompute_modules)
+    cuda_graph_modules: tuple[str, ...] = ()  # the parts of each layer captured in CUDA graphs
     # training.optimizer_post_validation: how much shorter the period of a long run is than the step
     # alone (its fill and drain run under the neighbouring steps); 0 when steps do not overlap
     cross_step_overlap_s: float = 0.0
@@ -233,6 +236,11 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         calibration=calibration_text(scenario.calibration),
         microbatch_group_size=layout.microbatch_group_size,
         combined_1f1b=layout.combined_1f1b,
+        recompute=scenario.parallel.recompute,
+        recompute_modules=(tuple(("core_attn",) if scenario.parallel.recompute_modules is None
+                                 else scenario.parallel.recompute_modules)
+                           if scenario.parallel.recompute == "selective" else ()),
+        cuda_graph_modules=tuple(scenario.training.cuda_graph_modules),
         cross_step_overlap_s=timeline.span_s - step,
     )
 

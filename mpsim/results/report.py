@@ -100,6 +100,20 @@ def _throughput(s: Summary) -> str:
     return text
 
 
+def _recompute_text(s: Summary) -> str:
+    """The layout line's recompute, where a layer recomputes anything."""
+    if s.recompute == "none" or (s.recompute == "selective" and not s.recompute_modules):
+        return ""
+    if s.recompute == "selective":
+        return f"; recompute {', '.join(s.recompute_modules)}"
+    return f"; recompute {s.recompute}"
+
+
+def _graphs_text(s: Summary) -> str:
+    """The layout line's per-layer CUDA graphs, where any are captured."""
+    return f"; CUDA graphs of {', '.join(s.cuda_graph_modules)}" if s.cuda_graph_modules else ""
+
+
 def format_summary(summary: Summary) -> str:
     """Human-readable summary of a simulated step."""
     s = summary
@@ -118,7 +132,8 @@ def format_summary(summary: Summary) -> str:
         f"  layout       TP {s.tp}{cp} x PP {s.pp}{vpp} x DP {s.dp}{extras}; {s.num_microbatches} microbatch{'es' if s.num_microbatches != 1 else ''} of "
         f"{s.microbatch_size} per pipeline; schedule {s.schedule}"
         f"{f' in groups of {s.microbatch_group_size}' if s.microbatch_group_size else ''}"
-        f"{', forward and backward paired (combined 1F1B)' if s.combined_1f1b else ''}",
+        f"{', forward and backward paired (combined 1F1B)' if s.combined_1f1b else ''}"
+        f"{_recompute_text(s)}{_graphs_text(s)}",
         *([f"  stages       layers per stage {format_split(s.layers_per_stage)} ({s.layer_split} split)"]
           if len(s.layers_per_stage) > 1 else []),
         f"  step time    {format_seconds(step)}{f' ({step / 3600:.2f} h)' if step >= 3600 else ''}   {_throughput(s)}",
