@@ -107,6 +107,14 @@ def load_benchmark(name: str) -> ModuleType:
     return sys.modules[name]
 
 
+def benchmark_error_line(module: ModuleType, capsys) -> tuple[str, float]:
+    """Run a benchmark's ``main()`` (it must succeed) and read its last line: (the line, its
+    ``mean_abs_error_pct``), for the tests that hold a benchmark to its documented error."""
+    assert module.main() == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    return last, float(last.split("mean_abs_error_pct=")[1].split()[0])
+
+
 # ops that make a view of a tensor (no kernel), left out of dispatch counts
 VIEW_OPS = {"view", "_unsafe_view", "expand", "t", "transpose", "detach", "alias", "as_strided", "squeeze",
             "unsqueeze", "slice", "select", "permute", "reshape", "split", "split_with_sizes"}

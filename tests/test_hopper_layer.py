@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import load_benchmark
+from tests.conftest import benchmark_error_line, load_benchmark
 
 # mean absolute error (percent) of the four readings when this check was added (docs/accuracy.md);
 # a regression guard: the test fails when it grows more than one point past it
@@ -14,12 +14,9 @@ def _module():
 
 
 def test_every_layer_reading_is_priced_and_the_error_stays_at_its_documented_value(capsys):
-    module = _module()
-    assert module.main() == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    last, mean_abs = benchmark_error_line(_module(), capsys)
     # two sequence lengths, forward and forward + backward each
-    assert lines[-1].startswith("rows=4 ")
-    mean_abs = float(lines[-1].split("mean_abs_error_pct=")[1].split()[0])
+    assert last.startswith("rows=4 ")
     assert mean_abs <= DOCUMENTED_MEAN_ABS_ERROR_PCT + 1.0
 
 

@@ -237,9 +237,7 @@ def summarize(result: SimulationResult, reference: BubbleReference | None = None
         microbatch_group_size=layout.microbatch_group_size,
         combined_1f1b=layout.combined_1f1b,
         recompute=scenario.parallel.recompute,
-        recompute_modules=(tuple(("core_attn",) if scenario.parallel.recompute_modules is None
-                                 else scenario.parallel.recompute_modules)
-                           if scenario.parallel.recompute == "selective" else ()),
+        recompute_modules=scenario.parallel.selective_modules,
         cuda_graph_modules=tuple(scenario.training.cuda_graph_modules),
         cross_step_overlap_s=timeline.span_s - step,
     )

@@ -89,6 +89,15 @@ class ParallelPlan(Spec):
                                   "norms that are modules of their own), mlp (a dense layer's MLP), moe (the whole "
                                   "MoE layer), shared_experts, mla_up_proj (MLA's up projections and rotary "
                                   "embedding); default [core_attn]")
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """What selective recompute runs again in each layer: ``recompute_modules`` (default
+        core_attn), each once, in the order given; nothing under another recompute."""
+        if self.recompute != "selective":
+            return ()
+        return ("core_attn",) if self.recompute_modules is None else tuple(dict.fromkeys(self.recompute_modules))
+
     # Megatron's --recompute-granularity full --recompute-method block --recompute-num-layers N: the
     # first N transformer layers of each model chunk recompute their forward, the rest keep their
     # activations (megatron/core/transformer/transformer_block.py, _checkpointed_forward)

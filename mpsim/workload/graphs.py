@@ -51,11 +51,7 @@ def graphed_block(work: BlockWork, captured: Callable[[Item], bool] = lambda ite
 
 
 def captured_ops(*groups) -> Callable[[Item], bool]:
-    """A predicate: the items among ``groups`` (ops or runs of them), compared as values with the
-    graph mark left out."""
-    ops: set[Op] = set()
-    for group in groups:
-        for item in (group if isinstance(group, (list, tuple)) else (group,)):
-            if isinstance(item, Op):
-                ops.add(replace(item, graph=""))
-    return lambda item: isinstance(item, Op) and replace(item, graph="") in ops
+    """A predicate: the ops among ``groups`` (ops or runs of them), before any is marked."""
+    ops = {item for group in groups for item in (group if isinstance(group, (list, tuple)) else (group,))
+           if isinstance(item, Op)}
+    return lambda item: isinstance(item, Op) and item in ops

@@ -72,8 +72,7 @@ def layer_context(scenario: Scenario, layout: Layout) -> LayerContext:
         moe_dispatch_fp8=training.moe_dispatch_fp8,
         moe_expert_gemms=training.moe_expert_gemms,
         cuda_graph_modules=tuple(sorted(set(training.cuda_graph_modules))),
-        recompute_modules=("core_attn",) if scenario.parallel.recompute_modules is None
-        else tuple(sorted(set(scenario.parallel.recompute_modules))),
+        recompute_modules=scenario.parallel.selective_modules,
     )
 
 
